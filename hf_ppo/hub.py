@@ -1,0 +1,421 @@
+"""Publishing the trained policy: which files leave the machine, the model card, and the push itself.
+
+Only the policy is published: the LoRA adapter (or the merged model), its tokenizer, the card and its plot.
+The value head, the reference and reward models, optimizer/scheduler/RNG state and `training_args.bin` stay
+local, enforced twice: an allow-list of policy file names and a deny-list for everything training leaves
+beside them. A push only reads the output folder, so a failed push loses nothing and can simply be retried.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from importlib import metadata, resources
+from pathlib import Path
+
+from hf_ppo.plots import metric_series, plot_training_curves
+
+logger = logging.getLogger(__name__)
+
+# Top-level files of a saved policy that may be published (fnmatch patterns, matched against the path in the
+# folder). Anything in a subfolder never matches: checkpoints and saved reference/reward models live there.
+POLICY_ALLOW_PATTERNS: list[str] = [
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    "config.json",
+    "generation_config.json",
+    "model*.safetensors",
+    "model*.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "README.md",
+    "*.png",
+]
+# Never published, even where an allow pattern would match (e.g. `model*.safetensors` and a value head saved as
+# `model_value_head.safetensors`, or `*.png` inside a checkpoint folder).
+POLICY_IGNORE_PATTERNS: list[str] = [
+    "*/*",
+    "*value_head*",
+    "training_args.bin",
+    "trainer_state.json",
+    "optimizer*",
+    "scheduler*",
+    "rng_state*",
+    "scaler.pt",
+    "*.pt",
+    "*.pth",
+]
+_WEIGHT_PATTERNS = ["adapter_model.safetensors", "model*.safetensors"]
+
+CARD_TEMPLATE = "policy_card.md.jinja"
+PLOT_FILE = "training_curves.png"
+CARD_TAGS = ["hf_ppo", "ppo", "rlhf"]
+# (log-history key, label) of the metrics the card reports; the first one defines "best".
+CARD_METRICS = [
+    ("objective/scores", "reward (reward-model score)"),
+    ("objective/kl", "KL(policy || reference)"),
+    ("rollout/response_length", "response length (tokens)"),
+]
+# LoRA fields worth showing, in this order; the rest of a PeftConfig dict is noise or a local path.
+LORA_FIELDS = ["r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora", "use_dora",
+               "modules_to_save", "task_type"]
+FRAMEWORKS = ["torch", "transformers", "peft", "trl", "huggingface_hub", "hf_ppo"]
+
+# A Hub repo id: "name" or "namespace/name" (letters, digits, "-", "_", "."; no "..", no leading separator).
+_HUB_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+_SECRET_KEY = re.compile(r"token|secret|password|api_key|credential", re.IGNORECASE)
+
+
+class HubPushError(RuntimeError):
+    """A push of the policy to the Hub failed; the local output folder is intact and the push can be retried."""
+
+
+# ---- Which files are the policy ------------------------------------------------------------------------------------
+def policy_files(folder) -> list[str]:
+    """The paths (relative, POSIX) in `folder` that `push_policy_folder` would upload, sorted."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    folder = Path(folder)
+    paths = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+    return sorted(filter_repo_objects(paths, allow_patterns=POLICY_ALLOW_PATTERNS,
+                                      ignore_patterns=POLICY_IGNORE_PATTERNS))
+
+
+# ---- Repo id ---------------------------------------------------------------------------------------------------------
+def resolve_repo_id(hub_model_id: str | None, output_dir: str, token: str | None) -> str:
+    """The Hub repo id to push to, resolved as `TrainingArguments`/`Trainer` do.
+
+    `hub_model_id="namespace/name"` is used as is. Otherwise the name (`hub_model_id` without a namespace, else the
+    name of `output_dir`'s folder) goes under the user the token belongs to (one `whoami` request; `token=None`
+    uses the logged-in token). Raises `ValueError` naming the fix when the id is invalid or no user can be found.
+    """
+    from huggingface_hub.utils import validate_repo_id
+
+    name = hub_model_id or Path(output_dir).absolute().name
+    if "/" not in name:
+        name = f"{_whoami(token, name)}/{name}"
+    try:
+        validate_repo_id(name)
+    except ValueError as err:
+        raise ValueError(
+            f"{name!r} is not a valid Hub repo id ({err}). Set hub_model_id='your-user/model-name'."
+        ) from err
+    return name
+
+
+def _whoami(token: str | None, name: str) -> str:
+    from huggingface_hub import HfApi
+
+    try:
+        return HfApi().whoami(token=token)["name"]
+    except Exception as err:  # no token, an invalid one, or no network: all need the same fix
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(
+            f"Cannot tell which Hub repo to push to: hub_model_id does not name a namespace, and the Hub user "
+            f"could not be found ({reason}). Set hub_model_id='your-user/{name}', or log in with `hf auth login` "
+            f"(or pass hub_token) so that the repo goes under your user."
+        ) from err
+
+
+# ---- Model card ------------------------------------------------------------------------------------------------------
+def write_model_card(
+    folder,
+    *,
+    repo_id: str,
+    base_model: str | None,
+    reward_model: str | None,
+    ref_model: str | None,
+    dataset_names: list[str],
+    peft_config: dict | None,
+    hyperparameters: dict,
+    log_history: list[dict],
+    merged: bool = False,
+) -> Path:
+    """Render the policy's model card into `folder/README.md` and its plot into `folder/training_curves.png`.
+
+    The card (template `model_cards/policy_card.md.jinja`) names the base, reward and reference models and the
+    datasets, lists LoRA and PPO hyperparameters, the final and best-reward metrics from `log_history` (reward =
+    `objective/scores`, KL = `objective/kl`, length = `rollout/response_length`), how to load the policy, framework
+    versions and citations. Its YAML metadata holds `base_model`, `library_name` (`peft`, or `transformers` when
+    `merged`), `tags` and `datasets`. Nothing local is written: model and dataset names that are not Hub ids
+    become "a local model"/"a local dataset", and hyperparameters holding a path or a secret are left out.
+    Returns the path of README.md.
+    """
+    import jinja2
+    from huggingface_hub import ModelCard, ModelCardData
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    plot = plot_training_curves(
+        log_history,
+        folder / PLOT_FILE,
+        panels={"objective/scores": "reward (reward-model score)", "objective/kl": "KL(policy || reference)"},
+        title=f"PPO training of {repo_id.split('/')[-1]}",
+    )
+    base_id, reward_id, ref_id = _hub_id(base_model), _hub_id(reward_model), _hub_id(ref_model)
+    hub_datasets = [d for d in (_hub_id(name) for name in dataset_names) if d]
+    card_data = ModelCardData(
+        base_model=base_id,
+        library_name="transformers" if merged else "peft",
+        pipeline_tag="text-generation",
+        tags=list(CARD_TAGS),
+        datasets=hub_datasets or None,
+        model_name=repo_id.split("/")[-1],
+    )
+    if ref_model is not None:
+        reference_text = _model_text(ref_id, ref_model)
+    elif peft_config is not None:
+        reference_text = "the initial policy: the base model with the LoRA adapter disabled"
+    else:
+        reference_text = "the initial policy (a frozen copy of the base model)"
+    metrics, last_step, best_step = _metric_rows(log_history)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    content = env.from_string(_card_template()).render(
+        card_data=card_data.to_yaml(),
+        model_name=repo_id.split("/")[-1],
+        repo_id=repo_id,
+        merged=merged,
+        base_model_text=_model_text(base_id, base_model),
+        base_model_id=base_id or "<base model id>",
+        reward_model_text=_model_text(reward_id, reward_model),
+        reference_text=reference_text,
+        datasets_text=_datasets_text(dataset_names),
+        metrics=metrics,
+        last_step=last_step,
+        best_step=best_step,
+        plot_file=PLOT_FILE if plot is not None else None,
+        lora=_lora_rows(peft_config),
+        hyperparameters=_public_rows(hyperparameters),
+        versions=[(name, _version(name)) for name in FRAMEWORKS],
+    )
+    path = folder / "README.md"
+    ModelCard(content).save(path)  # parsing it here fails fast on broken YAML metadata
+    return path
+
+
+def _card_template() -> str:
+    """The card template: from the installed package first, else from the source checkout's `model_cards/`."""
+    try:
+        return resources.files("hf_ppo.model_cards").joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError):
+        # A source checkout that is not installed: `hf_ppo.model_cards` only exists in the wheel's layout.
+        return (Path(__file__).resolve().parent.parent / "model_cards" / CARD_TEMPLATE).read_text(encoding="utf-8")
+
+
+def _looks_local(value: str) -> bool:
+    """True when `value` reads as a path on this machine (absolute, home-relative, or an existing file/folder)."""
+    value = value.strip()
+    if not value:
+        return False
+    if os.path.isabs(value) or value.startswith(("~", "./", "../", ".\\")) or re.match(r"^[A-Za-z]:[\\/]", value):
+        return True
+    if str(Path.home()) in value:
+        return True
+    try:
+        return os.sep in value and Path(value).exists()
+    except OSError:
+        return False
+
+
+def _hub_id(value: str | None) -> str | None:
+    """`value` when it is a Hub repo id and not a local folder; None otherwise (so no local path leaks)."""
+    if not value:
+        return None
+    value = str(value)
+    if _HUB_ID.match(value) and not _looks_local(value) and not Path(value).exists():
+        return value
+    return None
+
+
+def _model_text(hub_id: str | None, given: str | None) -> str:
+    if hub_id:
+        return f"[{hub_id}](https://huggingface.co/{hub_id})"
+    return "a local model" if given else "not recorded"
+
+
+def _datasets_text(names: list[str]) -> str:
+    shown = []
+    for name in names:
+        hub_id = _hub_id(name)
+        shown.append(f"[{hub_id}](https://huggingface.co/datasets/{hub_id})" if hub_id else "a local dataset")
+    return ", ".join(dict.fromkeys(shown)) or "not recorded"
+
+
+def _contains_local(value) -> bool:
+    if isinstance(value, str):
+        return _looks_local(value)
+    if isinstance(value, dict):
+        return any(_contains_local(v) for v in value.values())
+    if isinstance(value, (list, tuple, set)):
+        return any(_contains_local(v) for v in value)
+    return False
+
+
+def _format_value(value) -> str:
+    if isinstance(value, float):
+        text = f"{value:.6g}"
+    elif isinstance(value, (set, frozenset)):
+        text = ", ".join(sorted(map(str, value)))
+    elif isinstance(value, (list, tuple)):
+        text = ", ".join(map(str, value))
+    elif isinstance(value, dict):
+        text = json.dumps(value, sort_keys=True, default=str)
+    else:
+        text = str(value)
+    # A "|" would end the markdown table cell.
+    return "`" + text.replace("|", "\\|").replace("`", "'") + "`"
+
+
+def _public_rows(values: dict | None) -> list[tuple[str, str]]:
+    """(key, formatted value) rows safe to publish: secrets and anything naming a local path are dropped."""
+    rows = []
+    for key, value in (values or {}).items():
+        if _SECRET_KEY.search(str(key)) or _contains_local(value):
+            continue
+        rows.append((str(key), _format_value(value)))
+    return rows
+
+
+def _lora_rows(peft_config: dict | None) -> list[tuple[str, str]]:
+    if not peft_config:
+        return []
+    picked = {k: peft_config[k] for k in LORA_FIELDS if peft_config.get(k) is not None}
+    return _public_rows(picked)
+
+
+def _fmt(x: float | None) -> str:
+    return "–" if x is None else f"{x:.4g}"
+
+
+def _metric_rows(log_history: list[dict]) -> tuple[list[dict], int | None, int | None]:
+    """Rows (final, at the best-reward step, min, max) for each logged card metric; plus last and best step."""
+    series = {key: metric_series(log_history, key) for key, _ in CARD_METRICS}
+    series = {key: s for key, s in series.items() if s[0]}
+    if not series:
+        return [], None, None
+    last_step = max(steps[-1] for steps, _ in series.values())
+    best_step = None
+    reward_key = CARD_METRICS[0][0]
+    if reward_key in series:
+        steps, values = series[reward_key]
+        best_step = steps[max(range(len(values)), key=values.__getitem__)]
+    rows = []
+    for key, label in CARD_METRICS:
+        if key not in series:
+            continue
+        steps, values = series[key]
+        at_best = dict(zip(steps, values)).get(best_step) if best_step is not None else None
+        rows.append({"label": label, "final": _fmt(values[-1]), "at_best": _fmt(at_best),
+                     "min": _fmt(min(values)), "max": _fmt(max(values))})
+    return rows, last_step, best_step
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "source checkout" if package == "hf_ppo" else "not installed"
+
+
+# ---- Push ------------------------------------------------------------------------------------------------------------
+def push_policy_folder(
+    folder,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
+    revision: str | None = None,
+    create_pr: bool = False,
+    commit_message: str = "Upload PPO policy",
+) -> str:
+    """Upload the policy files of `folder` (see `POLICY_ALLOW_PATTERNS`) to the Hub model repo `repo_id`.
+
+    Creates the repo if needed (`private` only applies then, as on the Hub), creates branch `revision` from main
+    when given, and commits the policy files in one commit (to a new pull request with `create_pr=True`, which
+    targets main). Value head, reference/reward weights, optimizer/scheduler/RNG state and `training_args.bin` are
+    never uploaded. Returns the commit url (a `huggingface_hub.CommitInfo`, a str with `.oid` and `.pr_url`).
+
+    Raises `ValueError` before any request when `folder` holds no policy weights or when `create_pr` is combined
+    with a branch; `HubPushError` when the Hub cannot be reached or refuses the push. `folder` is only read.
+    """
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import filter_repo_objects
+
+    folder = Path(folder)
+    files = policy_files(folder) if folder.is_dir() else []
+    if not list(filter_repo_objects(files, allow_patterns=_WEIGHT_PATTERNS)):
+        raise ValueError(
+            f"{folder} holds no policy weights (adapter_model.safetensors or model*.safetensors): nothing to push. "
+            "Save the policy there first (trainer.save_model())."
+        )
+    branch = revision if revision not in (None, "main") else None
+    if create_pr and branch is not None:
+        raise ValueError(
+            f"create_pr=True opens a pull request against main, so it cannot be combined with hub_revision={revision!r}: "
+            "set one of them."
+        )
+    _warn_on_local_base_path(folder)
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        if branch is not None:
+            api.create_branch(repo_id, branch=branch, exist_ok=True)
+        return api.upload_folder(
+            repo_id=repo_id,
+            folder_path=folder,
+            allow_patterns=POLICY_ALLOW_PATTERNS,
+            ignore_patterns=list(POLICY_IGNORE_PATTERNS),  # a copy: upload_folder appends its defaults in place
+            revision=branch,
+            create_pr=create_pr,
+            commit_message=commit_message,
+        )
+    except Exception as err:
+        raise HubPushError(
+            f"Could not push the policy to the Hub repo {repo_id!r}: {_describe_failure(err, api.endpoint)}. "
+            f"The local output in {folder} is intact (a push only reads it): fix the cause, then retry with "
+            "trainer.push_to_hub(); no retraining is needed."
+        ) from err
+
+
+def _warn_on_local_base_path(folder: Path) -> None:
+    # PEFT writes the base model's `_name_or_path` into adapter_config.json; a local path there is published
+    # as is (the file is uploaded byte for byte) and makes `AutoPeftModel.from_pretrained(repo_id)` fail elsewhere.
+    config_path = folder / "adapter_config.json"
+    if not config_path.is_file():
+        return
+    base = json.loads(config_path.read_text()).get("base_model_name_or_path")
+    if base and _hub_id(base) is None:
+        logger.warning(
+            "adapter_config.json names a local base model (base_model_name_or_path is a path on this machine); it is "
+            "uploaded as is. Set it to the base model's Hub id before saving to make the adapter loadable by id."
+        )
+
+
+def _describe_failure(err: Exception, endpoint: str) -> str:
+    from huggingface_hub.errors import HfHubHTTPError
+
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, HfHubHTTPError) and err.response is not None:
+        status = err.response.status_code
+        if status in (401, 403):
+            return (f"the Hub refused the credentials (HTTP {status}); log in with `hf auth login` or pass a "
+                    "hub_token with write access to this repo")
+        if status >= 500:
+            return f"the Hub answered with a server error (HTTP {status}), usually temporary"
+        return f"the Hub answered HTTP {status} ({first_line})"
+    if isinstance(err, ValueError):
+        return f"the Hub rejected the upload ({first_line})"
+    return (f"the Hub at {endpoint} could not be reached ({type(err).__name__}: {first_line}); "
+            "check the network connection and HF_ENDPOINT")

@@ -1,0 +1,52 @@
+"""PNG plots of training curves from `trainer.state.log_history` (used by the model card and the demo)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Metric name -> axis label, in the order panels are drawn.
+DEFAULT_PANELS = {
+    "objective/scores": "reward-model score",
+    "objective/kl": "KL(policy || reference)",
+    "rollout/response_length": "response length (tokens)",
+    "objective/entropy": "entropy (nats/token)",
+}
+
+
+def metric_series(log_history: list[dict], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of `key` across the logged entries that have it."""
+    steps, values = [], []
+    for entry in log_history:
+        if key in entry and "step" in entry:
+            steps.append(entry["step"])
+            values.append(float(entry[key]))
+    return steps, values
+
+
+def plot_training_curves(
+    log_history: list[dict], path: str | Path, panels: dict[str, str] | None = None, title: str = "PPO training"
+) -> Path | None:
+    """Draw one panel per metric in `panels` that was logged; write `path` (PNG). None when nothing was logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = panels or DEFAULT_PANELS
+    series = {k: metric_series(log_history, k) for k in panels}
+    series = {k: v for k, v in series.items() if v[0]}
+    if not series:
+        return None
+    fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.2), squeeze=False)
+    for ax, (key, (steps, values)) in zip(axes[0], series.items()):
+        ax.plot(steps, values, marker="o", markersize=3)
+        ax.set_title(panels[key], fontsize=10)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

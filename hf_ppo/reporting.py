@@ -1,0 +1,51 @@
+"""What the user sees while PPO runs: a progress bar with iteration, reward and KL, and sample-completion tables."""
+
+from __future__ import annotations
+
+from transformers.trainer_callback import ProgressCallback
+
+
+class PPOProgressCallback(ProgressCallback):
+    """Trainer's progress bar (it counts optimizer steps), captioned with the PPO iteration, reward and KL."""
+
+    def __init__(self, steps_per_iteration: int):
+        super().__init__()
+        self.steps_per_iteration = steps_per_iteration
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and logs and "objective/scores" in logs:
+            total = max(1, state.max_steps // self.steps_per_iteration)
+            self.training_bar.set_description(f"PPO iteration {logs.get('iteration', 0)}/{total}")
+            self.training_bar.set_postfix(reward=f"{logs['objective/scores']:.3f}", kl=f"{logs['objective/kl']:.3f}",
+                                          refresh=False)
+        super().on_log(args, state, control, logs=logs, **kwargs)
+
+
+def log_samples_table(rows: list[tuple[str, str, float]], iteration: int, step: int, report_to: list[str]) -> None:
+    """Show (prompt, completion, score) rows: a wandb/trackio table when one is active, else a rich table printed."""
+    report_to = report_to or []
+    if "wandb" in report_to:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.log({"completions": wandb.Table(columns=["prompt", "completion", "score"], data=[list(r) for r in rows])},
+                      step=step)
+            return
+    if "trackio" in report_to:
+        import trackio
+
+        trackio.log({"completions": trackio.Table(columns=["prompt", "completion", "score"], data=[list(r) for r in rows])},
+                    step=step)
+        return
+    if [r for r in report_to if r not in ("none",)]:
+        return  # other trackers (tensorboard, ...) have no table type: the scalars are logged as usual
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Samples at PPO iteration {iteration} (step {step})", show_lines=True)
+    table.add_column("prompt", overflow="fold")
+    table.add_column("completion", overflow="fold")
+    table.add_column("score", justify="right")
+    for prompt, completion, score in rows:
+        table.add_row(prompt, completion, f"{score:.3f}")
+    Console().print(table)

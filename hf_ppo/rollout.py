@@ -1,0 +1,228 @@
+"""Rollout: sample responses, score them, and bundle everything PPO needs in one `RolloutBatch`.
+
+Steps (each a function below, called in order by the trainer):
+1. `generate`: KV-cached sampling of `response_length` new tokens from left-padded prompts.
+2. `truncate_after_stop`: everything after the first stop token becomes padding (the "EOS trick", N+ paper).
+3. `policy_forward`: old log-probs and values in one no-grad forward of policy + value head; the same function gives
+   the reference log-probs (a frozen model, or the policy with its adapter disabled).
+4. `score_responses`: the reward model's score read at the last real token, or a reward callable on text.
+Micro-batching (`batch_size`) bounds the memory of every no-grad pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, fields
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .ppo_math import entropy_from_logits, last_token_index, logprobs_from_logits
+
+RewardFn = Callable[[list[str], list[str]], list[float]]
+
+
+@dataclass
+class RolloutBatch:
+    """One PPO iteration's experience. B = prompts, Q = prompt length (left-padded), R = response_length.
+
+    queries (B, Q) long; query_mask (B, Q) bool; responses (B, R) long, pad after the stop token;
+    response_mask (B, R) bool, True = a real response token (the stop token included); logprobs, ref_logprobs,
+    values (B, R) float32 from the rollout-time policy / reference / value head; scores (B,) reward after penalties;
+    rewards, non_score_rewards, advantages, returns (B, R), 0 at masked positions; contains_stop (B,) bool.
+    """
+
+    queries: torch.Tensor
+    query_mask: torch.Tensor
+    responses: torch.Tensor
+    response_mask: torch.Tensor
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    values: torch.Tensor
+    scores: torch.Tensor
+    contains_stop: torch.Tensor
+    rewards: torch.Tensor | None = None
+    non_score_rewards: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.queries.shape[0]
+
+    def select(self, index: torch.Tensor) -> "RolloutBatch":
+        """The rows `index` of every tensor (a minibatch or micro-batch)."""
+        return RolloutBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index]
+                               for f in fields(self)})
+
+
+def sequence_inputs(queries, query_mask, responses, response_mask) -> dict[str, torch.Tensor]:
+    """input_ids / attention_mask / position_ids of prompt + response; positions count real tokens only."""
+    attention_mask = torch.cat([query_mask, response_mask], dim=1).long()
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    return {"input_ids": torch.cat([queries, responses], dim=1), "attention_mask": attention_mask,
+            "position_ids": position_ids}
+
+
+def _chunks(n: int, size: int):
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor, *, response_length: int, temperature: float,
+    top_k: int | None, top_p: float, pad_token_id: int, stop_token_id: int | None, batch_size: int,
+) -> torch.Tensor:
+    """Sample `response_length` tokens per prompt with the model's KV cache: (B, Q) -> responses (B, R).
+
+    Generation stops early once every sequence emitted the stop token; shorter outputs are right-padded with
+    `pad_token_id` to exactly R columns.
+    """
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        max_new_tokens=response_length, min_new_tokens=0, do_sample=True, temperature=temperature,
+        top_k=top_k if top_k is not None else 0, top_p=top_p, pad_token_id=pad_token_id,
+        eos_token_id=stop_token_id, use_cache=True,
+    )
+    outputs = []
+    for rows in _chunks(queries.shape[0], batch_size):
+        out = model.generate(input_ids=queries[rows], attention_mask=query_mask[rows].long(), generation_config=config)
+        response = out[:, queries.shape[1]:]
+        if response.shape[1] < response_length:
+            pad = response.new_full((response.shape[0], response_length - response.shape[1]), pad_token_id)
+            response = torch.cat([response, pad], dim=1)
+        outputs.append(response)
+    return torch.cat(outputs)
+
+
+def truncate_after_stop(
+    responses: torch.Tensor, stop_token_id: int | None, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keep each response up to and including its first stop token; pad the rest.
+
+    responses (B, R) -> (responses, response_mask (B, R) bool, contains_stop (B,) bool).
+    """
+    if stop_token_id is None:
+        mask = torch.ones_like(responses, dtype=torch.bool)
+        return responses, mask, torch.zeros(responses.shape[0], dtype=torch.bool, device=responses.device)
+    is_stop = responses == stop_token_id
+    # A position is real if no stop token appeared strictly before it.
+    stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
+    mask = stops_before == 0
+    return responses.masked_fill(~mask, pad_token_id), mask, is_stop.any(dim=1)
+
+
+@torch.no_grad()
+def policy_forward(
+    model: nn.Module, queries, query_mask, responses, response_mask, *, temperature: float, batch_size: int,
+    with_values: bool = True, with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Log-probs of the response tokens (temperature-scaled logits), and values / entropy when asked.
+
+    `model` is the policy+value head (`with_values=True`) or any causal LM (the reference). Returns logprobs
+    (B, R) fp32, values (B, R) fp32 or None, entropy (B, R) or None.
+    """
+    R = responses.shape[1]
+    logprobs, values, entropies = [], [], []
+    for rows in _chunks(queries.shape[0], batch_size):
+        inputs = sequence_inputs(queries[rows], query_mask[rows], responses[rows], response_mask[rows])
+        out = model(**inputs, logits_to_keep=R + 1, **({} if with_values else {"use_cache": False}))
+        logits = out.logits[:, :-1]
+        logprobs.append(logprobs_from_logits(logits, responses[rows], temperature))
+        if with_values:
+            values.append(out.values[:, :-1].float())
+        if with_entropy:
+            entropies.append(entropy_from_logits(logits, temperature))
+    return (torch.cat(logprobs), torch.cat(values) if with_values else None,
+            torch.cat(entropies) if with_entropy else None)
+
+
+def adapter_disabled(model: nn.Module):
+    """Context in which a PEFT policy runs as its base model (the reference when `ref_model` is None)."""
+    peft_model = getattr(model, "pretrained_model", model)
+    return peft_model.disable_adapter() if hasattr(peft_model, "disable_adapter") else contextlib.nullcontext()
+
+
+@torch.no_grad()
+def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batch_size: int) -> torch.Tensor:
+    """Scalar score of each sequence, read at its last real token. input_ids/attention_mask (B, T) -> (B,) fp32.
+
+    The backbone's hidden states go through the classification head at every position and the value at the last
+    position with attention_mask == 1 is taken, so it never depends on the model's pad_token_id setting.
+    """
+    backbone = getattr(reward_model, reward_model.base_model_prefix, None)
+    head = getattr(reward_model, "score", None)
+    scores = []
+    for rows in _chunks(input_ids.shape[0], batch_size):
+        ids, mask = input_ids[rows], attention_mask[rows]
+        position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
+        last = last_token_index(mask.bool())
+        if backbone is not None and isinstance(head, nn.Module):
+            hidden = backbone(input_ids=ids, attention_mask=mask, position_ids=position_ids).last_hidden_state
+            per_token = head(hidden)[..., 0]
+            scores.append(per_token[torch.arange(ids.shape[0], device=ids.device), last].float())
+        else:  # an architecture without a `score` head: let it pool (it must know its pad token)
+            scores.append(reward_model(input_ids=ids, attention_mask=mask).logits[:, 0].float())
+    return torch.cat(scores)
+
+
+def check_reward_values(values, expected: int) -> torch.Tensor:
+    """A reward callable's output as a (B,) tensor; a clear error for a wrong length, non-numbers or NaN/inf."""
+    try:
+        scores = torch.as_tensor([float(v) for v in values], dtype=torch.float32)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"The reward function must return a list of {expected} floats; got {values!r:.200}.") from err
+    if scores.numel() != expected:
+        raise ValueError(f"The reward function returned {scores.numel()} scores for {expected} completions: it must "
+                         "return one float per (prompt, completion) pair, in order.")
+    if not torch.isfinite(scores).all():
+        bad = [i for i, s in enumerate(scores.tolist()) if not math.isfinite(s)]
+        raise ValueError(f"The reward function returned NaN/inf for completions {bad[:10]}: return finite floats.")
+    return scores
+
+
+def completions_text(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+    """Decoded responses without special tokens (the stop token and padding removed)."""
+    ids = responses.masked_fill(~response_mask, tokenizer.pad_token_id)
+    return tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
+def _reward_texts(reward_tokenizer, prompts: list, prompt_texts: list[str], completions: list[str]) -> tuple[list[str], bool]:
+    """Texts for a reward model with its own tokenizer; True when they were rendered with its chat template."""
+    conversational = all(isinstance(p, list) for p in prompts)
+    if conversational and getattr(reward_tokenizer, "chat_template", None):
+        return [reward_tokenizer.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False)
+                for p, c in zip(prompts, completions)], True
+    return [p + c for p, c in zip(prompt_texts, completions)], False
+
+
+@torch.no_grad()
+def score_responses(
+    reward, *, queries, query_mask, responses, response_mask, tokenizer, prompts: list, batch_size: int,
+    reward_tokenizer=None,
+) -> torch.Tensor:
+    """One score per response: (B,) fp32.
+
+    `reward` is a callable `(prompts, completions) -> list[float]` (called on text), or a frozen reward model.
+    With `reward_tokenizer=None` the reward model shares the policy's tokenizer and scores the token ids directly
+    (no decode). Otherwise prompt + response are decoded, rendered with the reward tokenizer's chat template when it
+    has one and the prompts are conversational, re-tokenized, and scored.
+    """
+    if callable(reward) and not isinstance(reward, nn.Module):
+        prompt_texts = tokenizer.batch_decode(queries.masked_fill(~query_mask, tokenizer.pad_token_id),
+                                              skip_special_tokens=True)
+        values = reward(prompt_texts, completions_text(tokenizer, responses, response_mask))
+        return check_reward_values(values, len(prompt_texts)).to(queries.device)
+    if reward_tokenizer is None:
+        inputs = sequence_inputs(queries, query_mask, responses, response_mask)
+        return reward_model_scores(reward, inputs["input_ids"], inputs["attention_mask"], batch_size)
+    prompt_texts = tokenizer.batch_decode(queries.masked_fill(~query_mask, tokenizer.pad_token_id),
+                                          skip_special_tokens=True)
+    texts, templated = _reward_texts(reward_tokenizer, prompts, prompt_texts,
+                                     completions_text(tokenizer, responses, response_mask))
+    encoded = reward_tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=not templated)
+    device = queries.device
+    return reward_model_scores(reward, encoded["input_ids"].to(device), encoded["attention_mask"].to(device), batch_size)

@@ -1,0 +1,574 @@
+"""`PPOLMTrainer`: clipped-PPO RLHF as a thin `transformers.Trainer` subclass.
+
+Trainer keeps its loop, optimizer, LR schedule, gradient accumulation, `max_grad_norm` clipping, mixed precision,
+callbacks, logging, checkpoint rotation and hub plumbing. PPO plugs into its seams:
+
+- the sampler repeats each rollout batch of prompts once per micro-batch of the iteration, so Trainer's step
+  counting (`max_steps`, epochs, `save_steps`) is right;
+- `_prepare_inputs`, on the first micro-batch of an iteration: 1. generate, 2. score, 3. KL-penalised rewards,
+  4. GAE, 5. whitening, 6. update the KL controller; then it hands out shuffled micro-batches of that rollout for
+  `num_ppo_epochs` epochs;
+- `compute_loss`: 7. clipped policy loss + vf_coef * clipped value loss (- entropy bonus), normalised by the
+  minibatch's token count so accumulation gives the minibatch gradient exactly;
+- `log`: the averaged PPO metrics; `_save` / `_save_checkpoint` / `_load_from_checkpoint` / `push_to_hub`: only the
+  policy is saved and published, checkpoints also hold the value head and the PPO state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections import defaultdict
+
+import torch
+from torch.utils.data import Sampler
+from transformers import PreTrainedModel, Trainer
+from transformers.trainer_callback import ProgressCallback
+
+from . import loading
+from .config import PPOConfig
+from .modeling import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
+from .ppo_math import (
+    AdaptiveKLController,
+    FixedKLController,
+    RunningMoments,
+    compute_gae,
+    compute_rewards,
+    entropy_from_logits,
+    explained_variance,
+    kl_estimate,
+    logprobs_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    policy_loss,
+    value_loss,
+)
+from .reporting import PPOProgressCallback, log_samples_table
+from .rollout import (
+    RolloutBatch,
+    adapter_disabled,
+    check_reward_values,
+    completions_text,
+    generate,
+    policy_forward,
+    score_responses,
+    sequence_inputs,
+    truncate_after_stop,
+)
+
+PPO_STATE_FILE = "ppo_state.json"
+
+
+class RolloutRepeatSampler(Sampler):
+    """Shuffled prompt indices, each global rollout batch repeated `repeat` times in a row.
+
+    The DataLoader's batch is one device's rollout batch, so accelerate hands each process its slice of the same
+    global batch `repeat` times: once per micro-batch of the PPO iteration. Incomplete batches are dropped.
+    """
+
+    def __init__(self, num_prompts: int, global_batch_size: int, repeat: int, seed: int):
+        self.num_prompts, self.global_batch_size, self.repeat, self.seed = num_prompts, global_batch_size, repeat, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.num_prompts, generator=generator).tolist()
+        for start in range(0, len(self) // self.repeat, self.global_batch_size):
+            chunk = order[start:start + self.global_batch_size]
+            for _ in range(self.repeat):
+                yield from chunk
+
+    def __len__(self) -> int:
+        return (self.num_prompts // self.global_batch_size) * self.global_batch_size * self.repeat
+
+
+class PromptCollator:
+    """Left-pads tokenized prompts: {"queries": (B, Q) long, "query_mask": (B, Q) bool, "prompts": raw prompts}."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, features: list[dict]) -> dict:
+        width = max(len(f["input_ids"]) for f in features)
+        queries = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(features), width), dtype=torch.bool)
+        for row, f in enumerate(features):
+            n = len(f["input_ids"])
+            queries[row, width - n:] = torch.tensor(f["input_ids"], dtype=torch.long)
+            mask[row, width - n:] = True
+        return {"queries": queries, "query_mask": mask, "prompts": [f["prompt"] for f in features]}
+
+
+class PPOLMTrainer(Trainer):
+    """PPO for causal LMs with a value head, on `transformers.Trainer`.
+
+    Args:
+        model: Hub id, local path, `PreTrainedModel`, `PeftModel` or `AutoModelForCausalLMWithValueHead`.
+        args: a `PPOConfig`.
+        processing_class: the policy's tokenizer (loaded with the model when `model` is an id/path and this is None).
+        reward_model: Hub id / path / `AutoModelForSequenceClassification` with num_labels=1 / callable
+            `(prompts: list[str], completions: list[str]) -> list[float]`.
+        ref_model: None (the policy with its LoRA adapter disabled; without LoRA, a frozen copy of the starting
+            policy), or an id / path / model.
+        train_dataset / eval_dataset: `datasets.Dataset` with a "prompt" (text) or "messages" (chat) column.
+        peft_config: a peft `LoraConfig` (None: full fine-tuning).
+        reward_processing_class: the reward model's tokenizer when the reward model is passed as an object and its
+            tokenizer differs from the policy's (loaded automatically when `reward_model` is an id/path).
+    """
+
+    _tag_names = ["hf_ppo", "ppo", "rlhf"]
+    # compute_loss already divides by the minibatch token count, so Trainer must not divide again.
+    loss_is_scaled_for_ga = True
+
+    def __init__(
+        self,
+        model,
+        args: PPOConfig | None = None,
+        processing_class=None,
+        reward_model=None,
+        ref_model=None,
+        train_dataset=None,
+        eval_dataset=None,
+        peft_config=None,
+        reward_processing_class=None,
+        callbacks=None,
+        optimizers=(None, None),
+    ):
+        args = args if args is not None else PPOConfig(output_dir="ppo_output")
+        if not isinstance(args, PPOConfig):
+            raise TypeError(f"args must be a PPOConfig, got {type(args).__name__}: PPOConfig(**args.to_dict()) converts it.")
+        if reward_model is None:
+            raise ValueError("PPOLMTrainer needs a reward_model: a Hub id or path, an "
+                             "AutoModelForSequenceClassification (num_labels=1), or a callable (prompts, completions) -> list[float].")
+        device, dtype = args.device, loading.compute_dtype(args.bf16, args.fp16)
+        self._model_sources = {"model": model if isinstance(model, str) else _name_of(model),
+                               "reward_model": reward_model if isinstance(reward_model, str) else _name_of(reward_model),
+                               "ref_model": ref_model if isinstance(ref_model, str) else _name_of(ref_model)}
+
+        # Tokenizer: a dedicated pad token, left padding.
+        if processing_class is None:
+            if not isinstance(model, str):
+                raise ValueError("Pass processing_class=tokenizer when model is not a Hub id or path.")
+            processing_class = loading.load_tokenizer(model, "policy", args.model_init_kwargs)
+        tokenizer = loading.check_tokenizer(processing_class)
+
+        # Models: the policy + value head (trainable), the reference and the reward model (frozen).
+        policy = loading.load_policy(model, args.model_init_kwargs, args.policy_quantization, peft_config, dtype,
+                                     device, args.gradient_checkpointing)
+        self.ref_model = loading.load_reference(ref_model, model, args.ref_model_init_kwargs, args.ref_quantization,
+                                                dtype, device, uses_peft=policy.is_peft_model)
+        self.reward_model = loading.load_reward_model(reward_model, args.reward_model_init_kwargs,
+                                                      args.reward_quantization, dtype, device)
+        if isinstance(reward_model, str) and reward_processing_class is None:
+            reward_processing_class = loading.load_tokenizer(reward_model, "reward model", args.reward_model_init_kwargs)
+        self.reward_tokenizer = _reward_tokenizer(self.reward_model, tokenizer, reward_processing_class)
+        if args.disable_dropout:
+            for m in (policy, self.ref_model, self.reward_model):
+                if isinstance(m, torch.nn.Module):
+                    loading.disable_dropout(m)
+        _check_vocab(policy, tokenizer)
+        self.stop_token_id = tokenizer.eos_token_id if args.stop_token == "eos" else args.stop_token_id
+
+        # Data: validated and tokenized here, so bad prompts fail before training starts.
+        context = _max_positions(policy.config)
+        train_dataset = _prepare_prompts(train_dataset, tokenizer, args, context, "train_dataset")
+        eval_dataset = _prepare_prompts(eval_dataset, tokenizer, args, context, "eval_dataset")
+        self._check_batch_sizes(args, train_dataset)
+        if callable(self.reward_model) and not isinstance(self.reward_model, torch.nn.Module) and train_dataset is not None:
+            probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
+            probe = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in probe]
+            check_reward_values(self.reward_model(probe, [""] * len(probe)), len(probe))
+
+        super().__init__(
+            model=policy, args=args, data_collator=PromptCollator(tokenizer.pad_token_id),
+            train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
+            callbacks=callbacks, optimizers=optimizers,
+        )
+        if self.pop_callback(ProgressCallback) is not None:
+            self.add_callback(PPOProgressCallback(self.args.optimizer_steps_per_iteration))
+
+        self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
+                       else FixedKLController(args.kl_coef))
+        self.reward_moments = RunningMoments() if args.normalize_rewards else None
+        self.iteration = 0  # rollouts done so far (restored on resume)
+        self._micro_step = None  # position in the current iteration; derived from global_step on first use
+        self._schedule: list[dict] = []
+        self._metrics: dict[str, list[torch.Tensor]] = defaultdict(list)
+        self._train_phase_start = None
+
+    # ---- validation -------------------------------------------------------------------------------------------
+    def _check_batch_sizes(self, args: PPOConfig, train_dataset) -> None:
+        if args.local_rollout_forward_batch_size < 1:
+            raise ValueError("local_rollout_forward_batch_size must be >= 1.")
+        if train_dataset is None:
+            return
+        global_batch = args.rollout_batch_size * args.world_size
+        if len(train_dataset) < global_batch:
+            raise ValueError(
+                f"One PPO iteration samples {global_batch} prompts (per_device_train_batch_size "
+                f"{args.per_device_train_batch_size} x gradient_accumulation_steps {args.gradient_accumulation_steps} x "
+                f"num_mini_batches {args.num_mini_batches} x {args.world_size} processes), but train_dataset has "
+                f"{len(train_dataset)}. Add prompts or lower one of those factors."
+            )
+        if args.max_steps > 0 and args.max_steps % args.optimizer_steps_per_iteration:
+            warnings.warn(f"max_steps={args.max_steps} is not a multiple of num_ppo_epochs x num_mini_batches = "
+                          f"{args.optimizer_steps_per_iteration}: the last PPO iteration will stop part-way.")
+
+    # ---- data: one rollout batch per iteration, repeated for every micro-batch ---------------------------------------
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        repeat = self.args.optimizer_steps_per_iteration * self.args.gradient_accumulation_steps
+        return RolloutRepeatSampler(len(dataset), self.args.rollout_batch_size * self.args.world_size, repeat,
+                                    self.args.seed)
+
+    def get_train_dataloader(self):
+        if self.train_dataset is None:
+            raise ValueError("PPOLMTrainer: training requires a train_dataset of prompts.")
+        return self._get_dataloader(dataset=self.train_dataset, description="Training",
+                                    batch_size=self.args.rollout_batch_size, sampler_fn=self._get_train_sampler,
+                                    is_training=True)
+
+    def _prepare_inputs(self, inputs: dict) -> dict:
+        if not self.model.training:
+            return super()._prepare_inputs(inputs)
+        steps_per_iteration = self.args.optimizer_steps_per_iteration * self.args.gradient_accumulation_steps
+        if self._micro_step is None:
+            self._micro_step = self.state.global_step * self.args.gradient_accumulation_steps
+        position = self._micro_step % steps_per_iteration
+        if position == 0 or not self._schedule:
+            batch = self._rollout(super()._prepare_inputs(inputs))
+            # Resumed part-way through an iteration: a fresh rollout serves only the micro-batches still to do.
+            self._schedule = self._minibatch_schedule(batch)[position:]
+        self._micro_step += 1
+        return self._schedule.pop(0)
+
+    def _minibatch_schedule(self, batch: RolloutBatch) -> list[dict]:
+        """`num_ppo_epochs` shuffled passes; each minibatch split into gradient-accumulation micro-batches."""
+        args, schedule = self.args, []
+        micro = args.per_device_train_batch_size
+        for _ in range(args.num_ppo_epochs):
+            order = torch.randperm(len(batch), device=batch.queries.device)
+            for m in range(args.num_mini_batches):
+                minibatch = order[m * args.minibatch_size:(m + 1) * args.minibatch_size]
+                normalizer = batch.response_mask[minibatch].sum().clamp(min=1)
+                for k in range(args.gradient_accumulation_steps):
+                    schedule.append({"batch": batch.select(minibatch[k * micro:(k + 1) * micro]),
+                                     "normalizer": normalizer})
+        return schedule
+
+    # ---- rollout: steps 1-6 ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _rollout(self, inputs: dict) -> RolloutBatch:
+        args, tokenizer = self.args, self.processing_class
+        model = self.accelerator.unwrap_model(self.model)
+        queries, query_mask, prompts = inputs["queries"], inputs["query_mask"], inputs["prompts"]
+        start = time.perf_counter()
+        if self._train_phase_start is not None:
+            self._record({"time/train": start - self._train_phase_start})
+        was_training = model.training
+        model.eval()
+        # 1. Generate (KV cache; the unwrapped model, never the DDP wrapper).
+        responses = generate(
+            model.pretrained_model, queries, query_mask, response_length=args.response_length,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, pad_token_id=tokenizer.pad_token_id,
+            stop_token_id=self.stop_token_id, batch_size=args.local_rollout_forward_batch_size,
+        )
+        responses, response_mask, contains_stop = truncate_after_stop(responses, self.stop_token_id,
+                                                                      tokenizer.pad_token_id)
+        generated = time.perf_counter()
+        # 2. Score: old log-probs and values in one pass, reference log-probs, reward.
+        batch_size = args.local_rollout_forward_batch_size
+        logprobs, values, entropy = policy_forward(model, queries, query_mask, responses, response_mask,
+                                                   temperature=args.temperature, batch_size=batch_size,
+                                                   with_entropy=True)
+        if self.ref_model is None:
+            with adapter_disabled(model):
+                ref_logprobs, _, _ = policy_forward(model.pretrained_model, queries, query_mask, responses,
+                                                    response_mask, temperature=args.temperature,
+                                                    batch_size=batch_size, with_values=False)
+        else:
+            ref_logprobs, _, _ = policy_forward(self.ref_model, queries, query_mask, responses, response_mask,
+                                                temperature=args.temperature, batch_size=batch_size, with_values=False)
+        scores = score_responses(self.reward_model, queries=queries, query_mask=query_mask, responses=responses,
+                                 response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
+                                 batch_size=batch_size, reward_tokenizer=self.reward_tokenizer)
+        scored = time.perf_counter()
+        model.train(was_training)
+
+        # 3. KL-penalised per-token rewards (EOS penalty and optional normalisation on the score first).
+        if args.missing_eos_penalty is not None:
+            scores = scores - args.missing_eos_penalty * (~contains_stop).float()
+        shaped = scores
+        if self.reward_moments is not None:
+            self.reward_moments.update(self.accelerator.gather(scores))
+            shaped = self.reward_moments.normalize(scores, args.reward_clip)
+        elif args.reward_clip is not None:
+            shaped = scores.clamp(-args.reward_clip, args.reward_clip)
+        kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)
+        rewards, non_score_rewards = compute_rewards(shaped, kl, response_mask, self.kl_ctl.value)
+        if args.whiten_rewards:
+            rewards = masked_whiten(rewards, response_mask, shift_mean=False)
+        # 4-5. GAE, then advantage whitening over the batch's real tokens.
+        advantages, returns = compute_gae(rewards, values, response_mask, args.gamma, args.lam)
+        if args.whiten_advantages:
+            advantages = masked_whiten(advantages, response_mask)
+        batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
+                             contains_stop, rewards, non_score_rewards, advantages, returns)
+
+        # Metrics, averaged over processes (so every rank's KL controller sees the same KL).
+        kl_sum = masked_sum(kl, response_mask, dim=1)
+        lengths = response_mask.sum(1).float()
+        stats = torch.stack([
+            kl_sum.mean(), masked_sum(-logprobs, response_mask, dim=1).mean(),
+            masked_sum(non_score_rewards, response_mask, dim=1).mean(),
+            (scores + masked_sum(non_score_rewards, response_mask, dim=1)).mean(), scores.mean(),
+            lengths.mean(), contains_stop.float().mean(), (responses == tokenizer.eos_token_id).sum().float(),
+            explained_variance(values, returns, response_mask), masked_mean(entropy, response_mask),
+            masked_mean(advantages, response_mask), masked_mean(returns, response_mask),
+        ])
+        stats = self.accelerator.reduce(stats, reduction="mean")
+        names = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
+                 "objective/scores", "rollout/response_length", "rollout/eos_rate", "val/num_eos_tokens",
+                 "val/explained_variance", "rollout/token_entropy", "rollout/advantages_mean", "rollout/returns_mean"]
+        episodes = len(batch) * self.args.world_size
+        self._record(dict(zip(names, stats)))
+        self._record({"objective/kl_coef": self.kl_ctl.value, "time/generate": generated - start,
+                      "time/score": scored - generated,
+                      "rollout/tokens_per_second": lengths.sum().item() * self.args.world_size / max(generated - start, 1e-9)})
+        # 6. The KL controller moves after each rollout, by the number of episodes it saw.
+        self.kl_ctl.update(stats[0].item(), episodes)
+        self.iteration += 1
+        self._maybe_log_samples(tokenizer, queries, query_mask, responses, response_mask, scores)
+        self._train_phase_start = time.perf_counter()
+        return batch
+
+    def _maybe_log_samples(self, tokenizer, queries, query_mask, responses, response_mask, scores) -> None:
+        n = self.args.num_sample_generations
+        if n <= 0 or not self.is_world_process_zero():
+            return
+        total = max(1, self.state.max_steps // self.args.optimizer_steps_per_iteration)
+        every = max(1, total // n)
+        if (self.iteration - 1) % every:
+            return
+        prompts = tokenizer.batch_decode(queries.masked_fill(~query_mask, tokenizer.pad_token_id), skip_special_tokens=True)
+        rows = list(zip(prompts, completions_text(tokenizer, responses, response_mask), scores.tolist()))[:8]
+        log_samples_table(rows, self.iteration, self.state.global_step, self.args.report_to)
+
+    # ---- loss: step 7 ---------------------------------------------------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        args, batch, normalizer = self.args, inputs["batch"], inputs["normalizer"]
+        mask = batch.response_mask
+        out = model(**sequence_inputs(batch.queries, batch.query_mask, batch.responses, mask),
+                    logits_to_keep=batch.responses.shape[1] + 1)
+        logits, values = out.logits[:, :-1], out.values[:, :-1]
+        logprobs = logprobs_from_logits(logits, batch.responses, args.temperature)
+        pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, batch.logprobs, batch.advantages, mask, args.cliprange,
+                                                     normalizer)
+        vf_loss, vf_clipfrac = value_loss(values, batch.values, batch.returns, mask, args.cliprange_value, normalizer)
+        loss = pg_loss + args.vf_coef * vf_loss
+        if args.entropy_coef:
+            entropy = entropy_from_logits(logits, args.temperature)
+            loss = loss - args.entropy_coef * masked_sum(entropy, mask) / normalizer
+        else:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits, args.temperature)
+        with torch.no_grad():
+            # Losses are reported as this micro-batch's token means (the returned loss is scaled for accumulation).
+            scale = normalizer / mask.sum().clamp(min=1)
+            ratio = torch.exp(logprobs - batch.logprobs)
+            self._record({
+                "loss/policy_avg": pg_loss * scale, "loss/value_avg": vf_loss * scale,
+                "policy/approxkl_avg": approxkl, "policy/clipfrac_avg": pg_clipfrac,
+                "policy/entropy_avg": masked_mean(entropy, mask), "val/clipfrac_avg": vf_clipfrac,
+                "val/ratio": masked_mean(ratio, mask), "val/ratio_var": masked_var(ratio, mask),
+            })
+        return (loss, out) if return_outputs else loss
+
+    # ---- logging --------------------------------------------------------------------------------------------------
+    def _record(self, metrics: dict) -> None:
+        for key, value in metrics.items():
+            self._metrics[key].append(value.detach().float() if torch.is_tensor(value) else torch.tensor(float(value)))
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.model is not None and self.model.training and self._metrics:
+            for key, values in self._metrics.items():
+                logs[key] = torch.stack([v.cpu() for v in values]).mean().item()
+            logs["episode"] = self.iteration * self.args.rollout_batch_size * self.args.world_size
+            logs["iteration"] = self.iteration
+            if "learning_rate" in logs:
+                logs["lr"] = logs["learning_rate"]
+            self._metrics.clear()
+        super().log(logs, start_time)
+
+    # ---- evaluation: sample and score the eval prompts -----------------------------------------------------------------
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = super()._prepare_inputs(inputs)
+        batch = self._rollout_for_eval(inputs)
+        return -batch.mean().detach(), None, None
+
+    @torch.no_grad()
+    def _rollout_for_eval(self, inputs) -> torch.Tensor:
+        """Scores of freshly sampled responses to eval prompts (eval_loss = -mean score)."""
+        args, tokenizer = self.args, self.processing_class
+        model = self.accelerator.unwrap_model(self.model)
+        responses = generate(model.pretrained_model, inputs["queries"], inputs["query_mask"],
+                             response_length=args.response_length, temperature=args.temperature, top_k=args.top_k,
+                             top_p=args.top_p, pad_token_id=tokenizer.pad_token_id, stop_token_id=self.stop_token_id,
+                             batch_size=args.local_rollout_forward_batch_size)
+        responses, mask, _ = truncate_after_stop(responses, self.stop_token_id, tokenizer.pad_token_id)
+        return score_responses(self.reward_model, queries=inputs["queries"], query_mask=inputs["query_mask"],
+                               responses=responses, response_mask=mask, tokenizer=tokenizer, prompts=inputs["prompts"],
+                               batch_size=args.local_rollout_forward_batch_size, reward_tokenizer=self.reward_tokenizer)
+
+    # ---- saving: the policy alone; checkpoints add the value head and PPO state ------------------------------------
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        policy = self.accelerator.unwrap_model(self.model).pretrained_model
+        policy.save_pretrained(output_dir)
+        self.processing_class.save_pretrained(output_dir)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        super()._save_checkpoint(model, trial)
+        if not self.args.should_save:
+            return
+        checkpoint = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        self.accelerator.unwrap_model(self.model).save_value_head(checkpoint)
+        state = {"iteration": self.iteration, "kl_controller": self.kl_ctl.state_dict(),
+                 "reward_moments": self.reward_moments.state_dict() if self.reward_moments else None}
+        with open(os.path.join(checkpoint, PPO_STATE_FILE), "w") as f:
+            json.dump(state, f, indent=2)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        wrapper = self.accelerator.unwrap_model(model if model is not None else self.model)
+        policy = wrapper.pretrained_model
+        if wrapper.is_peft_model:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            adapter_file = os.path.join(resume_from_checkpoint, "adapter_model.safetensors")
+            set_peft_model_state_dict(policy, load_file(adapter_file, device=str(wrapper.v_head.weight.device)))
+        else:
+            from transformers.modeling_utils import load_sharded_checkpoint
+
+            load_sharded_checkpoint(policy, resume_from_checkpoint, strict=False)
+        head_file = os.path.join(resume_from_checkpoint, VALUE_HEAD_FILE)
+        if os.path.isfile(head_file):
+            from safetensors.torch import load_file
+
+            wrapper.load_value_head_state_dict(load_file(head_file))
+        state_file = os.path.join(resume_from_checkpoint, PPO_STATE_FILE)
+        if os.path.isfile(state_file):
+            with open(state_file) as f:
+                state = json.load(f)
+            self.iteration = state["iteration"]
+            self.kl_ctl.load_state_dict(state["kl_controller"])
+            if self.reward_moments is not None and state["reward_moments"]:
+                self.reward_moments.load_state_dict(state["reward_moments"])
+        self._micro_step, self._schedule = None, []
+
+
+# ---- construction helpers ------------------------------------------------------------------------------------------
+def _name_of(obj) -> str | None:
+    if obj is None:
+        return None
+    model = getattr(obj, "pretrained_model", obj)
+    config = getattr(model, "config", None)
+    return getattr(config, "_name_or_path", None) or type(obj).__name__
+
+
+def _max_positions(config) -> int | None:
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text_config, "max_position_embeddings", None)
+
+
+def _check_vocab(policy: AutoModelForCausalLMWithValueHead, tokenizer) -> None:
+    vocab = policy.pretrained_model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > vocab:
+        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the policy's embedding has {vocab}: "
+                         "call model.resize_token_embeddings(len(tokenizer)) after adding tokens, or pass the "
+                         "tokenizer that belongs to the model.")
+
+
+def _reward_tokenizer(reward_model, tokenizer, reward_processing_class):
+    """None when the reward model reads the policy's token ids as they are; else its own tokenizer."""
+    if not isinstance(reward_model, PreTrainedModel):
+        return None
+    if reward_processing_class is None:
+        vocab = reward_model.get_input_embeddings().num_embeddings
+        if len(tokenizer) > vocab:
+            raise ValueError(f"The reward model's embedding has {vocab} tokens, fewer than the policy tokenizer's "
+                             f"{len(tokenizer)}: it uses another tokenizer. Pass reward_processing_class=<its tokenizer>.")
+        return None
+    if loading.same_tokenizer(tokenizer, reward_processing_class):
+        return None
+    if reward_processing_class.pad_token_id is None:
+        raise ValueError("The reward model's tokenizer has no pad token: set one (e.g. "
+                         "reward_tokenizer.pad_token = reward_tokenizer.eos_token is fine for scoring).")
+    return reward_processing_class
+
+
+def _prepare_prompts(dataset, tokenizer, args: PPOConfig, context: int | None, name: str):
+    """Check the prompt column and tokenize it; truncate over-long prompts from the left with one warning.
+
+    Returns a dataset with columns "prompt" (the raw text or messages) and "input_ids".
+    """
+    if dataset is None:
+        return None
+    columns = dataset.column_names
+    if "prompt" in columns:
+        key = "prompt"
+    elif "messages" in columns:
+        key = "messages"
+    else:
+        raise ValueError(f"{name} needs a 'prompt' column (text) or a 'messages' column (chat); it has {columns}. "
+                         f"Rename yours, e.g. {name}.rename_column('{columns[0] if columns else 'text'}', 'prompt').")
+    if len(dataset) == 0:
+        raise ValueError(f"{name} is empty: it needs prompts.")
+    first = dataset[0][key]
+    chat = isinstance(first, list)
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{name} holds chat messages but the tokenizer has no chat template: set "
+                         "tokenizer.chat_template, or give plain-text prompts in a 'prompt' column.")
+    budget = args.max_prompt_length
+    if context is not None:
+        room = context - args.response_length
+        if room < 1:
+            raise ValueError(f"response_length={args.response_length} leaves no room for a prompt in the policy's "
+                             f"context of {context} tokens: lower response_length.")
+        budget = room if budget is None else min(budget, room)
+
+    def tokenize(batch):
+        prompts = batch[key]
+        if chat:
+            ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
+                   for p in prompts]
+        else:
+            ids = tokenizer(prompts, add_special_tokens=True)["input_ids"]
+        empty = [not (p if chat else p.strip()) for p in prompts]
+        return {"input_ids": ids, "_empty": empty, "_length": [len(i) for i in ids]}
+
+    tokenized = dataset.map(tokenize, batched=True, remove_columns=[c for c in columns if c != key],
+                            desc=f"Tokenizing {name}")
+    empty = [i for i, e in enumerate(tokenized["_empty"]) if e]
+    if empty:
+        raise ValueError(f"{name} has {len(empty)} empty prompt(s) (rows {empty[:10]}): remove them, e.g. "
+                         f"{name}.filter(lambda x: x['{key}'].strip()).")
+    too_long = sum(length > budget for length in tokenized["_length"]) if budget else 0
+    if too_long:
+        warnings.warn(f"{too_long} prompt(s) of {name} are longer than {budget} tokens (max_prompt_length, capped so "
+                      f"prompt + response_length fits the model's context); they are truncated from the left.")
+        tokenized = tokenized.map(lambda x: {"input_ids": x["input_ids"][-budget:]})
+    tokenized = tokenized.remove_columns(["_empty", "_length"])
+    if key != "prompt":
+        tokenized = tokenized.rename_column(key, "prompt")
+    return tokenized
