@@ -46,7 +46,9 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "Load the policy's base in '4bit' (NF4, QLoRA: needs `peft_config`), '8bit' or 'none'."},
     )
     ref_quantization: Quantization = field(
-        default="4bit", metadata={"help": "Quantization of a separately loaded frozen reference model."}
+        default="4bit",
+        metadata={"help": "Quantization of a reference model given by id/path. (ref_model=None uses the policy with "
+                  "its adapter disabled, or without LoRA an unquantized copy of the starting policy.)"},
     )
     reward_quantization: Quantization = field(
         default="4bit", metadata={"help": "Quantization of the frozen reward model."}

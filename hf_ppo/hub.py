@@ -64,7 +64,7 @@ CARD_TAGS = ["hf_ppo", "ppo", "rlhf"]
 # (log-history key, label) of the metrics the card reports; the first one defines "best".
 CARD_METRICS = [
     ("objective/scores", "reward (reward-model score)"),
-    ("objective/kl", "KL(policy || reference)"),
+    ("objective/kl", "KL to the reference"),
     ("rollout/response_length", "response length (tokens)"),
 ]
 # LoRA fields worth showing, in this order; the rest of a PeftConfig dict is noise or a local path.
@@ -160,7 +160,7 @@ def write_model_card(
     plot = plot_training_curves(
         log_history,
         folder / PLOT_FILE,
-        panels={"objective/scores": "reward (reward-model score)", "objective/kl": "KL(policy || reference)"},
+        panels={key: label for key, label in CARD_METRICS[:2]},
         title=f"PPO training of {repo_id.split('/')[-1]}",
     )
     base_id, reward_id, ref_id = _hub_id(base_model), _hub_id(reward_model), _hub_id(ref_model)
@@ -363,8 +363,8 @@ def push_policy_folder(
     branch = revision if revision not in (None, "main") else None
     if create_pr and branch is not None:
         raise ValueError(
-            f"create_pr=True opens a pull request against main, so it cannot be combined with hub_revision={revision!r}: "
-            "set one of them."
+            f"create_pr=True opens a pull request against main, so it cannot be combined with "
+            f"hub_revision={revision!r}: set one of them."
         )
     _warn_on_local_base_path(folder)
     api = HfApi(token=token)

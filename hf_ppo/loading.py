@@ -147,13 +147,14 @@ def load_reference(
 ) -> nn.Module | None:
     """The frozen reference policy. None means "the policy with its adapter disabled" (only with LoRA).
 
-    Without LoRA and without `ref_model`, the reference is a second copy of the starting policy: loaded again
-    from the same id/path (quantized as `ref_quantization` says) or deep-copied from the model object.
+    Without LoRA and without `ref_model`, the reference is a second copy of the starting policy, in the policy's
+    own precision (so step-0 KL is exactly 0): loaded again from the same id/path or deep-copied from the model
+    object. `quantization` applies to a reference given by id/path.
     """
     if ref_model is None and uses_peft:
         return None
     if ref_model is None:
-        ref_model = policy_source
+        ref_model, quantization = policy_source, "none"
     if isinstance(ref_model, AutoModelForCausalLMWithValueHead):
         ref_model = ref_model.pretrained_model
     if isinstance(ref_model, str):

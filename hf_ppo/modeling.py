@@ -107,11 +107,20 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
     def generate(self, *args, **kwargs):
         return self.pretrained_model.generate(*args, **kwargs)
 
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None, **kwargs):
+        """Checkpoint the body's activations (Trainer calls this when `gradient_checkpointing=True`)."""
+        self.pretrained_model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=activation_checkpointing_kwargs, **kwargs)
+
+    def activation_checkpointing_disable(self):
+        self.pretrained_model.activation_checkpointing_disable()
+
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None):
-        self.pretrained_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+        """The older name of `activation_checkpointing_enable`, kept for callers that use it."""
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs)
 
     def gradient_checkpointing_disable(self):
-        self.pretrained_model.gradient_checkpointing_disable()
+        self.activation_checkpointing_disable()
 
     # ---- saving -----------------------------------------------------------------------------------------------
     def value_head_state_dict(self) -> dict[str, torch.Tensor]:

@@ -1,0 +1,41 @@
+from hub_fixtures import *  # noqa: F401,F403 - first: sets HF_ENDPOINT/HF_HOME before huggingface_hub is imported
+
+"""Shared fixtures: tiny models and tokenizers built offline, saved once per session, loaded with from_pretrained."""
+
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Two cores: keep each test process from oversubscribing them.
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """Paths of a tiny Llama policy and a tiny Llama reward model (num_labels=1), sharing one tokenizer."""
+    from hf_ppo.tiny import save_tiny_models
+
+    policy, reward = save_tiny_models(tmp_path_factory.mktemp("tiny"))
+    return {"policy": policy, "reward": reward}
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_models):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_models["policy"])
+
+
+@pytest.fixture
+def prompts_dataset():
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": ["the movie was", "the food was", "the book was", "the show was"] * 4})
+
+
+@pytest.fixture
+def lora_config():
+    from peft import LoraConfig
+
+    return LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")

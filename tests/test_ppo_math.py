@@ -1,0 +1,492 @@
+"""hf_ppo.ppo_math against numbers worked out by hand, plus the invariances the trainer relies on.
+
+Every expected value carries its arithmetic in a comment. Tensors are float64 where the hand numbers need it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hf_ppo.ppo_math import (
+    AdaptiveKLController,
+    FixedKLController,
+    RunningMoments,
+    compute_gae,
+    compute_rewards,
+    entropy_from_logits,
+    explained_variance,
+    kl_estimate,
+    logprobs_from_logits,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+    policy_loss,
+    value_loss,
+)
+
+F64 = torch.float64
+T, F = True, False
+
+
+def t64(x):
+    return torch.tensor(x, dtype=F64)
+
+
+def close(actual, expected, atol=1e-9, rtol=1e-7):
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64), atol=atol, rtol=rtol)
+
+
+# ---- masked statistics ------------------------------------------------------------------------------------------
+def test_masked_mean_all_and_per_row():
+    values = t64([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[T, T, F], [T, F, F]])
+    close(masked_mean(values, mask), 7.0 / 3.0)  # (1 + 2 + 4) / 3
+    close(masked_mean(values, mask, dim=1), [1.5, 4.0])  # row 0: (1 + 2) / 2; row 1: 4 / 1
+
+
+def test_masked_mean_empty_row_is_zero():
+    values = t64([[1.0, 2.0], [3.0, 4.0]])
+    mask = torch.tensor([[T, T], [F, F]])
+    close(masked_mean(values, mask, dim=1), [1.5, 0.0])  # (1 + 2) / 2; nothing selected -> 0
+
+
+def test_masked_var_biased_and_unbiased():
+    values = t64([1.0, 3.0, 5.0, 7.0, 100.0])
+    mask = torch.tensor([T, T, T, T, F])
+    # mean = (1 + 3 + 5 + 7) / 4 = 4; squared deviations 9, 1, 1, 9 -> sum 20
+    close(masked_var(values, mask, unbiased=False), 5.0)  # 20 / 4
+    close(masked_var(values, mask, unbiased=True), 20.0 / 3.0)  # 20 / (4 - 1)
+
+
+def test_masked_var_three_values():
+    values = t64([[1.0, 2.0, 9.0], [4.0, 9.0, 9.0]])
+    mask = torch.tensor([[T, T, F], [T, F, F]])
+    # selected 1, 2, 4: mean 7/3; deviations -4/3, -1/3, 5/3; squares 16/9 + 1/9 + 25/9 = 42/9
+    close(masked_var(values, mask, unbiased=False), 42.0 / 9.0 / 3.0)  # 14/9
+    close(masked_var(values, mask, unbiased=True), 42.0 / 9.0 / 2.0)  # 7/3
+
+
+def test_masked_whiten_shift_and_scale_only():
+    values = t64([1.0, 3.0, 5.0, 7.0, 0.0])
+    mask = torch.tensor([T, T, T, T, F])
+    std = math.sqrt(20.0 / 3.0)  # unbiased variance 20/3 (see above) -> std 2.581989
+    expected = [-3.0 / std, -1.0 / std, 1.0 / std, 3.0 / std, 0.0]  # (x - 4) / std; masked slot -> 0
+    close(masked_whiten(values, mask), expected, atol=1e-7)
+    # shift_mean=False adds the mean 4 back: (x - 4) / std + 4; the masked slot still comes back 0
+    expected_no_shift = [4.0 - 3.0 / std, 4.0 - 1.0 / std, 4.0 + 1.0 / std, 4.0 + 3.0 / std, 0.0]
+    close(masked_whiten(values, mask, shift_mean=False), expected_no_shift, atol=1e-7)
+
+
+@pytest.mark.parametrize("junk", [float("nan"), float("inf"), float("-inf"), 1e30])
+def test_masked_stats_ignore_values_at_masked_positions(junk):
+    torch.manual_seed(0)
+    values = torch.randn(3, 6, dtype=F64)
+    mask = torch.tensor([[T, T, T, T, F, F], [T, T, T, T, T, T], [T, F, F, F, F, F]])
+    dirty = values.clone()
+    dirty[~mask] = junk
+    close(masked_mean(dirty, mask), masked_mean(values, mask))
+    close(masked_mean(dirty, mask, dim=1), masked_mean(values, mask, dim=1))
+    for unbiased in (True, False):
+        close(masked_var(dirty, mask, unbiased=unbiased), masked_var(values, mask, unbiased=unbiased))
+    for shift in (True, False):
+        out = masked_whiten(dirty, mask, shift_mean=shift)
+        close(out, masked_whiten(values, mask, shift_mean=shift))
+        assert torch.all(out[~mask] == 0)
+    # the whitened real entries have mean 0 and unbiased variance 1
+    w = masked_whiten(dirty, mask)
+    close(masked_mean(w, mask), 0.0, atol=1e-9)
+    close(masked_var(w, mask), 1.0, atol=1e-6)
+
+
+# ---- log-probs, entropy --------------------------------------------------------------------------------------------
+def test_logprobs_match_log_softmax_gather():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11)
+    tokens = torch.randint(0, 11, (2, 5))
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    out = logprobs_from_logits(logits, tokens)
+    assert out.shape == (2, 5) and out.dtype == torch.float32
+    torch.testing.assert_close(out, expected)
+    # bf16 logits come back as float32 log-probs
+    assert logprobs_from_logits(logits.bfloat16(), tokens).dtype == torch.float32
+
+
+def test_logprobs_hand_example_and_temperature():
+    ln2, ln3 = math.log(2.0), math.log(3.0)
+    logits = t64([[[0.0, 2 * ln2, 2 * ln3]]])  # exp -> 1, 4, 9 (sum 14)
+    tokens = torch.tensor([[1]])
+    close(logprobs_from_logits(logits, tokens), [[math.log(4.0 / 14.0)]])  # p(1) = 4/14
+    # temperature 2 halves the logits: [0, ln2, ln3] -> exp 1, 2, 3 (sum 6) -> p(1) = 2/6 = 1/3
+    close(logprobs_from_logits(logits, tokens, temperature=2.0), [[math.log(1.0 / 3.0)]], atol=1e-6)
+    # temperature 2 on token 2: p = 3/6
+    close(logprobs_from_logits(logits, torch.tensor([[2]]), temperature=2.0), [[math.log(0.5)]], atol=1e-6)
+
+
+def test_entropy_uniform_is_log_vocab():
+    for vocab in (2, 7, 100):
+        logits = torch.full((3, 4, vocab), 1.7)
+        torch.testing.assert_close(entropy_from_logits(logits), torch.full((3, 4), math.log(vocab)))
+
+
+def test_entropy_hand_example_and_temperature():
+    ln2, ln3 = math.log(2.0), math.log(3.0)
+    logits = t64([[[0.0, 2 * ln2, 2 * ln3]]])
+    # T = 2 -> logits [0, ln2, ln3] -> p = 1/6, 1/3, 1/2
+    # H = 1/6 ln 6 + 1/3 ln 3 + 1/2 ln 2 = 0.298627 + 0.366204 + 0.346574 = 1.011404
+    expected = math.log(6.0) / 6 + ln3 / 3 + ln2 / 2
+    close(entropy_from_logits(logits, temperature=2.0), [[expected]], atol=1e-6)
+    # T = 1 -> p = 1/14, 4/14, 9/14: H = sum p ln(1/p)
+    p = [1 / 14, 4 / 14, 9 / 14]
+    close(entropy_from_logits(logits), [[-sum(x * math.log(x) for x in p)]], atol=1e-6)
+    # a higher temperature flattens the distribution: entropy rises toward ln 3
+    h = [entropy_from_logits(logits, temperature=tmp).item() for tmp in (0.5, 1.0, 2.0, 100.0)]
+    assert h == sorted(h) and h[-1] < math.log(3.0) and h[-1] > math.log(3.0) - 1e-3
+
+
+# ---- KL estimators -----------------------------------------------------------------------------------------------
+def test_kl_estimators_hand_values():
+    logp = t64([math.log(0.5), math.log(0.25), math.log(0.3)])
+    ref = t64([math.log(0.25), math.log(0.5), math.log(0.3)])
+    ln2 = math.log(2.0)
+    # log ratio = logp - ref = ln 2, -ln 2, 0
+    close(kl_estimate(logp, ref, "k1"), [ln2, -ln2, 0.0])
+    close(kl_estimate(logp, ref, "k2"), [0.5 * ln2**2, 0.5 * ln2**2, 0.0])  # 0.5 * 0.480453 = 0.240227
+    # k3 = (r - 1) - ln r with r = p_ref / p: r = 0.5 -> -0.5 + ln2 = 0.193147; r = 2 -> 1 - ln2 = 0.306853; r = 1 -> 0
+    close(kl_estimate(logp, ref, "k3"), [-0.5 + ln2, 1.0 - ln2, 0.0])
+    close(kl_estimate(logp, ref), [ln2, -ln2, 0.0])  # default is k1
+
+
+def test_k3_is_never_negative():
+    gen = torch.Generator().manual_seed(0)
+    scale = torch.logspace(-12, 1.5, 200_000, dtype=F64)
+    log_ratio = torch.randn(200_000, generator=gen, dtype=F64) * scale
+    for dtype in (F64, torch.float32):
+        k3 = kl_estimate(log_ratio.to(dtype), torch.zeros_like(log_ratio, dtype=dtype), "k3")
+        assert torch.all(k3 >= 0)
+
+
+def test_k1_and_k3_unbiased_k2_biased_monte_carlo():
+    p = t64([0.5, 0.3, 0.2])
+    q = t64([0.2, 0.3, 0.5])
+    # KL(p||q) = 0.5 ln(0.5/0.2) + 0.3 ln 1 + 0.2 ln(0.2/0.5) = 0.5 * 0.916291 - 0.2 * 0.916291 = 0.274887
+    true_kl = 0.3 * math.log(2.5)
+    assert true_kl == pytest.approx((p * (p / q).log()).sum().item())
+    gen = torch.Generator().manual_seed(1234)
+    tokens = torch.multinomial(p, 200_000, replacement=True, generator=gen)
+    logp, logq = p.log()[tokens], q.log()[tokens]
+    assert kl_estimate(logp, logq, "k1").mean().item() == pytest.approx(true_kl, abs=0.01)
+    assert kl_estimate(logp, logq, "k3").mean().item() == pytest.approx(true_kl, abs=0.01)
+    # E[k2] = 0.5 * (0.5 + 0.2) * ln(2.5)^2 = 0.35 * 0.839589 = 0.293856: biased upward by ~0.019
+    k2 = kl_estimate(logp, logq, "k2").mean().item()
+    assert k2 == pytest.approx(0.35 * math.log(2.5) ** 2, abs=0.005)
+    assert k2 - true_kl > 0.01
+
+
+def test_unknown_kl_estimator_raises():
+    with pytest.raises(ValueError, match="k4"):
+        kl_estimate(torch.zeros(2), torch.zeros(2), "k4")
+
+
+# ---- rewards --------------------------------------------------------------------------------------------------------
+def test_compute_rewards_score_on_last_real_token():
+    kl = t64([[1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]])
+    mask = torch.tensor([[T, T, T, T], [T, T, F, F], [F, F, F, F]])
+    scores = t64([10.0, 20.0, 5.0])
+    rewards, non_score = compute_rewards(scores, kl, mask, kl_coef=0.1)
+    # -0.1 * KL at real tokens, 0 at pads
+    close(non_score, [[-0.1, -0.2, -0.3, -0.4], [-0.1, -0.2, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    close(
+        rewards,
+        [
+            [-0.1, -0.2, -0.3, 9.6],  # -0.4 + 10 on the 4th (last real) token
+            [-0.1, 19.8, 0.0, 0.0],  # -0.2 + 20 on the 2nd token, not on the pad slots after it
+            [0.0, 0.0, 0.0, 0.0],  # all-masked row: no KL penalty, no score
+        ],
+    )
+
+
+def test_compute_rewards_ignores_kl_at_masked_positions():
+    kl = t64([[0.5, float("nan"), float("inf")], [0.5, 1.0, 1.0]])
+    mask = torch.tensor([[T, F, F], [T, T, F]])
+    rewards, non_score = compute_rewards(t64([1.0, 2.0]), kl, mask, kl_coef=0.2)
+    close(non_score, [[-0.1, 0.0, 0.0], [-0.1, -0.2, 0.0]])  # -0.2 * 0.5, -0.2 * 1.0
+    close(rewards, [[0.9, 0.0, 0.0], [-0.1, 1.8, 0.0]])  # 1 - 0.1; 2 - 0.2
+
+
+def test_compute_rewards_float32_kl_with_float64_scores():
+    kl = torch.tensor([[1.0, 1.0]])
+    rewards, _ = compute_rewards(t64([3.0]), kl, torch.tensor([[T, T]]), kl_coef=0.5)
+    assert rewards.dtype == torch.float32
+    torch.testing.assert_close(rewards, torch.tensor([[-0.5, 2.5]]))  # -0.5 * 1; -0.5 + 3
+
+
+# ---- GAE --------------------------------------------------------------------------------------------------------------
+def test_gae_gamma_one_hand_example():
+    rewards = t64([[0.0, 0.0, 1.0]])
+    values = t64([[0.5, 0.5, 0.5]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    adv, ret = compute_gae(rewards, values, mask, gamma=1.0, lam=0.95)
+    # t=2: delta = 1 + 1*0 - 0.5 = 0.5          A2 = 0.5
+    # t=1: delta = 0 + 1*0.5 - 0.5 = 0          A1 = 0 + 0.95 * 0.5 = 0.475
+    # t=0: delta = 0                           A0 = 0.95 * 0.475 = 0.45125
+    close(adv, [[0.45125, 0.475, 0.5]])
+    close(ret, [[0.95125, 0.975, 1.0]])  # A + V
+    close(ret, adv + values)
+
+
+def test_gae_gamma_below_one_hand_example():
+    rewards = t64([[1.0, 0.0, 2.0]])
+    values = t64([[0.5, 1.0, 0.25]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    adv, ret = compute_gae(rewards, values, mask, gamma=0.9, lam=0.5)
+    # gamma * lam = 0.45
+    # t=2: delta = 2 + 0.9*0 - 0.25 = 1.75                 A2 = 1.75
+    # t=1: delta = 0 + 0.9*0.25 - 1.0 = -0.775             A1 = -0.775 + 0.45*1.75 = 0.0125
+    # t=0: delta = 1 + 0.9*1.0 - 0.5 = 1.4                 A0 = 1.4 + 0.45*0.0125 = 1.405625
+    close(adv, [[1.405625, 0.0125, 1.75]])
+    close(ret, [[1.905625, 1.0125, 2.0]])  # 1.405625 + 0.5, 0.0125 + 1.0, 1.75 + 0.25
+
+
+def test_gae_ignores_masked_trailing_positions():
+    rewards = t64([[0.0, 0.0, 1.0, 0.0, 0.0]])
+    values = t64([[0.5, 0.5, 0.5, 0.0, 0.0]])
+    mask = torch.tensor([[T, T, T, F, F]])
+    adv, ret = compute_gae(rewards, values, mask, gamma=1.0, lam=0.95)
+    close(adv, [[0.45125, 0.475, 0.5, 0.0, 0.0]])  # same as the 3-token hand example; pads -> 0
+    close(ret, [[0.95125, 0.975, 1.0, 0.0, 0.0]])
+    # junk after the episode (a value to bootstrap from, a reward, NaN) changes nothing
+    for junk_r, junk_v in [(7.0, 3.0), (float("nan"), float("nan")), (-1e9, 1e9)]:
+        r2, v2 = rewards.clone(), values.clone()
+        r2[0, 3:], v2[0, 3:] = junk_r, junk_v
+        adv2, ret2 = compute_gae(r2, v2, mask, gamma=1.0, lam=0.95)
+        close(adv2, adv)
+        close(ret2, ret)
+
+
+def test_gae_rows_of_different_lengths_equal_each_row_alone():
+    torch.manual_seed(0)
+    lengths = [6, 4, 1, 0, 3]
+    rewards = torch.randn(len(lengths), 6, dtype=F64)
+    values = torch.randn(len(lengths), 6, dtype=F64)
+    mask = torch.arange(6).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    adv, ret = compute_gae(rewards, values, mask, gamma=0.99, lam=0.9)
+    for i, n in enumerate(lengths):
+        if n == 0:  # an empty row: all zeros
+            assert torch.all(adv[i] == 0) and torch.all(ret[i] == 0)
+            continue
+        row_mask = torch.ones(1, n, dtype=torch.bool)
+        a, r = compute_gae(rewards[i : i + 1, :n], values[i : i + 1, :n], row_mask, gamma=0.99, lam=0.9)
+        close(adv[i, :n], a[0])
+        close(ret[i, :n], r[0])
+        assert torch.all(adv[i, n:] == 0) and torch.all(ret[i, n:] == 0)
+
+
+# ---- policy loss -------------------------------------------------------------------------------------------------------
+def test_policy_loss_hand_example():
+    # ratios and advantages, cliprange 0.2 (clip range [0.8, 1.2]):
+    #   r=1.1, A=+1: unclipped -1.1, clipped -1.1 -> -1.1   (inside the range)
+    #   r=1.5, A=+1: unclipped -1.5, clipped -1.2 -> -1.2   (clipped term wins: counted in clipfrac)
+    #   r=0.5, A=-1: unclipped  0.5, clipped  0.8 ->  0.8   (clipped term wins: counted)
+    #   r=0.5, A=+1: unclipped -0.5, clipped -0.8 -> -0.5   (outside, but the pessimistic unclipped term wins)
+    #   r=1.5, A=-2: unclipped  3.0, clipped  2.4 ->  3.0   (outside, unclipped wins)
+    #   6th token masked (junk)
+    ratios = [1.1, 1.5, 0.5, 0.5, 1.5, 1.0]
+    logprobs = t64([[math.log(r) for r in ratios]])
+    old_logprobs = torch.zeros_like(logprobs)
+    logprobs[0, 5] = 50.0  # a huge ratio at the masked slot must not matter
+    advantages = t64([[1.0, 1.0, -1.0, 1.0, -2.0, 1e6]])
+    mask = torch.tensor([[T, T, T, T, T, F]])
+    loss, clipfrac, approxkl = policy_loss(logprobs, old_logprobs, advantages, mask, cliprange=0.2)
+    close(loss, (-1.1 - 1.2 + 0.8 - 0.5 + 3.0) / 5)  # 1.0 / 5 = 0.2
+    close(clipfrac, 2.0 / 5.0)  # tokens 2 and 3
+    # approx KL = 0.5 * mean(ln r ^ 2):
+    #   ln1.1^2 = 0.00908403, ln1.5^2 = 0.16440195 (x2), ln0.5^2 = 0.48045301 (x2) -> sum 1.29879395
+    #   0.5 * 1.29879395 / 5 = 0.12987940
+    expected_kl = 0.5 * (math.log(1.1) ** 2 + 2 * math.log(1.5) ** 2 + 2 * math.log(0.5) ** 2) / 5
+    close(approxkl, expected_kl)
+    assert abs(expected_kl - 0.1298794) < 1e-6
+    assert not clipfrac.requires_grad and not approxkl.requires_grad
+
+
+def test_policy_loss_nan_at_masked_positions_does_not_leak():
+    logprobs = t64([[math.log(1.5), float("nan")]])
+    advantages = t64([[1.0, float("nan")]])
+    mask = torch.tensor([[T, F]])
+    loss, clipfrac, approxkl = policy_loss(logprobs, torch.zeros_like(logprobs), advantages, mask, 0.2)
+    close(loss, -1.2)  # r = 1.5 clipped to 1.2, A = 1
+    close(clipfrac, 1.0)
+    close(approxkl, 0.5 * math.log(1.5) ** 2)
+
+
+def test_policy_loss_gradient_is_zero_where_clipped():
+    # d loss / d logp = -A * r / n where the unclipped term is active, 0 where the clipped (constant) term wins
+    logprobs = t64([[math.log(1.1), math.log(1.5)]]).requires_grad_(True)
+    loss, _, _ = policy_loss(logprobs, torch.zeros(1, 2, dtype=F64), t64([[1.0, 1.0]]), torch.ones(1, 2, dtype=torch.bool), 0.2)
+    loss.backward()
+    close(logprobs.grad, [[-1.1 / 2, 0.0]])  # -A * r / n = -1 * 1.1 / 2; clipped token: 0
+
+
+def _random_ppo_batch(seed=0, rows=4, length=7):
+    gen = torch.Generator().manual_seed(seed)
+    logprobs = torch.randn(rows, length, generator=gen, dtype=F64) * 0.3 - 2.0
+    old_logprobs = logprobs + torch.randn(rows, length, generator=gen, dtype=F64) * 0.3
+    advantages = torch.randn(rows, length, generator=gen, dtype=F64)
+    lengths = torch.tensor([7, 2, 5, 3])
+    mask = torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)
+    return logprobs, old_logprobs, advantages, mask
+
+
+def test_policy_loss_normalizer_gradient_accumulation_invariance():
+    logprobs, old, adv, mask = _random_ppo_batch()
+    total = mask.sum()  # 7 + 2 + 5 + 3 = 17 tokens
+    assert total.item() == 17
+
+    full_lp = logprobs.clone().requires_grad_(True)
+    full_loss, _, _ = policy_loss(full_lp, old, adv, mask, cliprange=0.2)
+    full_loss.backward()
+
+    # two micro-batches of very different token counts (9 and 8), each normalised by the whole minibatch's 17
+    micro_lp = logprobs.clone().requires_grad_(True)
+    loss_sum = 0.0
+    for rows in (slice(0, 2), slice(2, 4)):
+        loss, _, _ = policy_loss(micro_lp[rows], old[rows], adv[rows], mask[rows], cliprange=0.2, normalizer=total)
+        loss.backward()
+        loss_sum = loss_sum + loss.detach()
+    close(loss_sum, full_loss.detach())
+    close(micro_lp.grad, full_lp.grad)
+    # a per-micro-batch mean (no normalizer) would NOT give the same loss here: the counts differ (9 vs 8)
+    naive = sum(policy_loss(logprobs[r], old[r], adv[r], mask[r], 0.2)[0] for r in (slice(0, 2), slice(2, 4))) / 2
+    assert abs(naive.item() - full_loss.item()) > 1e-6
+    # a float normalizer works the same as a tensor one
+    float_loss, _, _ = policy_loss(logprobs, old, adv, mask, 0.2, normalizer=17.0)
+    close(float_loss, full_loss.detach())
+
+
+# ---- value loss ------------------------------------------------------------------------------------------------------
+def test_value_loss_hand_example():
+    # cliprange_value 0.2: V_clipped = V_old + clip(V - V_old, -0.2, 0.2)
+    #   V=1.0 V_old=0.9 R=1.5: diff 0.1 inside -> Vc=1.0; (1-1.5)^2 = 0.25 both          -> 0.25
+    #   V=2.0 V_old=1.0 R=1.5: Vc=1.2; (2-1.5)^2 = 0.25, (1.2-1.5)^2 = 0.09               -> 0.25
+    #   V=2.0 V_old=1.0 R=3.0: Vc=1.2; (2-3)^2 = 1.0,  (1.2-3)^2 = 3.24  (clipped wins)   -> 3.24
+    #   V=0.0 V_old=1.0 R=2.0: Vc=0.8; (0-2)^2 = 4.0,  (0.8-2)^2 = 1.44                   -> 4.0
+    #   5th token masked (junk)
+    values = t64([[1.0, 2.0, 2.0, 0.0, 1e6]])
+    old_values = t64([[0.9, 1.0, 1.0, 1.0, float("nan")]])
+    returns = t64([[1.5, 1.5, 3.0, 2.0, -1e6]])
+    mask = torch.tensor([[T, T, T, T, F]])
+    loss, clipfrac = value_loss(values, old_values, returns, mask, cliprange_value=0.2)
+    close(loss, 0.5 * (0.25 + 0.25 + 3.24 + 4.0) / 4)  # 0.5 * 7.74 / 4 = 0.9675
+    close(clipfrac, 1.0 / 4.0)  # only the 3rd token
+    # with a normalizer: 0.5 * 7.74 / 8 = 0.48375
+    loss_n, _ = value_loss(values, old_values, returns, mask, cliprange_value=0.2, normalizer=8)
+    close(loss_n, 0.48375)
+    assert not clipfrac.requires_grad
+
+
+def test_value_loss_gradient_only_through_active_branch():
+    values = t64([[1.0, 2.0]]).requires_grad_(True)
+    old_values, returns = t64([[0.9, 1.0]]), t64([[1.5, 3.0]])
+    loss, _ = value_loss(values, old_values, returns, torch.ones(1, 2, dtype=torch.bool), 0.2)
+    loss.backward()
+    # token 1 unclipped: d/dV 0.5 * (V - R)^2 / 2 = (1.0 - 1.5) / 2 = -0.25; token 2 clipped (constant in V): 0
+    close(values.grad, [[-0.25, 0.0]])
+
+
+# ---- explained variance ------------------------------------------------------------------------------------------------
+def test_explained_variance():
+    torch.manual_seed(0)
+    returns = torch.randn(3, 8, dtype=F64)
+    mask = torch.rand(3, 8) > 0.3
+    close(explained_variance(returns, returns, mask), 1.0)  # perfect critic
+    close(explained_variance(torch.full_like(returns, 0.7), returns, mask), 0.0, atol=1e-9)  # constant critic
+    # hand: R = 1, 2, 3, 4; V = 1, 2, 3, 3 -> R - V = 0, 0, 0, 1
+    # Var(R - V) = mean 0.25; (0.0625 * 3 + 0.5625) / 4 = 0.1875; Var(R) = 1.25; EV = 1 - 0.1875 / 1.25 = 0.85
+    r = t64([[1.0, 2.0, 3.0, 4.0, 99.0]])
+    v = t64([[1.0, 2.0, 3.0, 3.0, -99.0]])
+    close(explained_variance(v, r, torch.tensor([[T, T, T, T, F]])), 0.85)
+
+
+# ---- KL controllers ----------------------------------------------------------------------------------------------
+def test_fixed_kl_controller():
+    ctl = FixedKLController(0.05)
+    for kl in (0.0, 6.0, 100.0):
+        ctl.update(kl, n_steps=1000)
+    assert ctl.value == 0.05
+    other = FixedKLController(1.0)
+    other.load_state_dict(ctl.state_dict())
+    assert other.value == 0.05
+
+
+def test_adaptive_kl_controller_hand_updates():
+    ctl = AdaptiveKLController(0.2, target=6.0, horizon=10000)
+    ctl.update(9.0, n_steps=100)  # error 9/6 - 1 = 0.5 -> clipped to 0.2; 0.2 * (1 + 0.2 * 100/10000) = 0.2004
+    assert ctl.value == pytest.approx(0.2004, abs=1e-12)
+
+    ctl = AdaptiveKLController(0.2, target=6.0, horizon=10000)
+    ctl.update(6.6, n_steps=100)  # error 6.6/6 - 1 = 0.1 (inside); 0.2 * (1 + 0.1 * 0.01) = 0.2002
+    assert ctl.value == pytest.approx(0.2002, abs=1e-12)
+
+    ctl = AdaptiveKLController(0.2, target=6.0, horizon=10000)
+    ctl.update(3.0, n_steps=100)  # error 3/6 - 1 = -0.5 -> clipped to -0.2; 0.2 * (1 - 0.002) = 0.1996
+    assert ctl.value == pytest.approx(0.1996, abs=1e-12)
+    assert ctl.value < 0.2  # below target -> the coefficient decreases
+
+    ctl = AdaptiveKLController(0.2, target=6.0, horizon=10000)
+    ctl.update(6.0, n_steps=100)  # on target: unchanged
+    assert ctl.value == pytest.approx(0.2, abs=1e-15)
+
+
+def test_adaptive_kl_controller_state_dict_round_trip():
+    ctl = AdaptiveKLController(0.2, target=6.0, horizon=10000)
+    ctl.update(9.0, n_steps=100)
+    ctl.update(9.0, n_steps=100)  # 0.2 * 1.002^2 = 0.2008008
+    assert ctl.value == pytest.approx(0.2008008, abs=1e-12)
+    restored = AdaptiveKLController(0.2, target=6.0, horizon=10000)
+    restored.load_state_dict(ctl.state_dict())
+    assert restored.value == ctl.value
+    ctl.update(1.0, 50)
+    restored.update(1.0, 50)
+    assert restored.value == ctl.value
+
+
+# ---- running moments ----------------------------------------------------------------------------------------------
+def test_running_moments_equal_statistics_of_all_values():
+    rm = RunningMoments()
+    for chunk in ([1.0, 2.0, 3.0], [4.0, 5.0], [6.0], []):
+        rm.update(torch.tensor(chunk))
+    # 1..6: mean 3.5; population variance = sum((x - 3.5)^2) / 6 = (6.25 + 2.25 + 0.25) * 2 / 6 = 17.5 / 6 = 2.916667
+    assert rm.count == 6
+    assert rm.mean == pytest.approx(3.5, abs=1e-12)
+    assert rm.var == pytest.approx(17.5 / 6, abs=1e-12)
+    assert rm.std == pytest.approx(math.sqrt(17.5 / 6), abs=1e-12)  # 1.707825
+
+    # against torch on random batches of random sizes
+    gen = torch.Generator().manual_seed(0)
+    rm, seen = RunningMoments(), []
+    for n in (1, 5, 17, 3, 64):
+        xs = torch.randn(n, generator=gen, dtype=F64) * 3 + 2
+        rm.update(xs)
+        seen.append(xs)
+    everything = torch.cat(seen)
+    assert rm.mean == pytest.approx(everything.mean().item(), abs=1e-10)
+    assert rm.std == pytest.approx(everything.std(unbiased=False).item(), abs=1e-10)
+
+
+def test_running_moments_normalize_with_clip_and_state_dict():
+    rm = RunningMoments()
+    rm.update(torch.tensor([1.0, 3.0]))  # mean 2, population var 1, std 1
+    torch.testing.assert_close(rm.normalize(torch.tensor([2.0, 4.0, -10.0])), torch.tensor([0.0, 2.0, -12.0]))
+    # (x - 2) / 1 then clipped to [-1.5, 1.5]
+    torch.testing.assert_close(rm.normalize(torch.tensor([2.0, 4.0, -10.0]), clip=1.5), torch.tensor([0.0, 1.5, -1.5]))
+
+    restored = RunningMoments()
+    restored.load_state_dict(rm.state_dict())
+    assert (restored.mean, restored.var, restored.count) == (rm.mean, rm.var, rm.count)
+    rm.update(torch.tensor([5.0]))
+    restored.update(torch.tensor([5.0]))
+    # 1, 3, 5: mean 3, population var (4 + 0 + 4) / 3 = 8/3
+    assert restored.mean == pytest.approx(3.0) and restored.var == pytest.approx(8.0 / 3.0)
+    assert (restored.mean, restored.var, restored.count) == (rm.mean, rm.var, rm.count)

@@ -1,0 +1,225 @@
+"""PPOLMTrainer end to end on tiny models loaded with from_pretrained (CPU, offline)."""
+
+import math
+import os
+
+import pytest
+import torch
+from datasets import Dataset
+from safetensors import safe_open
+
+from hf_ppo import PPOConfig, PPOLMTrainer
+
+METRICS = [
+    "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward", "objective/scores",
+    "objective/kl_coef", "policy/approxkl_avg", "policy/clipfrac_avg", "policy/entropy_avg", "loss/policy_avg",
+    "loss/value_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens",
+    "val/explained_variance", "rollout/response_length", "rollout/eos_rate", "time/generate", "time/score", "lr",
+    "episode",
+]
+
+
+def make_args(tmp_path, **overrides) -> PPOConfig:
+    defaults = dict(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+        num_mini_batches=1, num_ppo_epochs=2, max_steps=4, response_length=8, logging_steps=1, learning_rate=1e-2,
+        report_to=[], save_strategy="no", num_sample_generations=0, disable_tqdm=True, seed=0,
+    )
+    defaults.update(overrides)
+    return PPOConfig(**defaults)
+
+
+def count_e(prompts, completions):
+    """Rule-based reward: +1 per letter 'e' in the completion."""
+    return [float(c.count("e")) for c in completions]
+
+
+def test_qlora_policy_4bit_reward_adapter_disabled_reference(tiny_models, tokenizer, prompts_dataset, lora_config, tmp_path):
+    args = make_args(tmp_path, policy_quantization="4bit", reward_quantization="4bit")
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer,
+                           reward_model=tiny_models["reward"], train_dataset=prompts_dataset, peft_config=lora_config)
+    policy = trainer.model.pretrained_model
+    assert trainer.ref_model is None  # the reference is the policy with its adapter disabled
+    assert trainer.reward_model.is_loaded_in_4bit and policy.get_base_model().is_loaded_in_4bit
+    assert not any(p.requires_grad for p in trainer.reward_model.parameters())
+
+    lora = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}
+    # 4-bit weights may be repacked in place by bitsandbytes' CPU backend, so the base is checked by what it computes
+    # (adapter disabled) and, for its unquantized tensors (norms, embeddings), by value.
+    plain = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" not in n and p.dtype != torch.uint8}
+    probe = tokenizer(["the movie was great", "the food"], return_tensors="pt", padding=True)
+    with torch.no_grad(), policy.disable_adapter():
+        base_logits = policy(**probe).logits
+    head = trainer.model.v_head.weight.detach().clone()
+    assert torch.count_nonzero(head) == 0  # zero-initialised
+
+    trainer.train()
+
+    history = trainer.state.log_history
+    # Step 0: a fresh adapter is the identity, so policy and reference agree exactly.
+    assert abs(history[0]["objective/kl"]) < 1e-6
+    now = dict(policy.named_parameters())
+    assert any(not torch.equal(lora[n], now[n]) for n in lora), "LoRA weights did not change"
+    changed = [n for n in plain if not torch.equal(plain[n], now[n])]
+    assert not changed, f"unquantized base weights changed: {changed}"
+    with torch.no_grad(), policy.disable_adapter():
+        torch.testing.assert_close(policy(**probe).logits, base_logits, rtol=0, atol=1e-6)
+    assert not any(p.requires_grad for n, p in policy.named_parameters() if "lora_" not in n)
+    assert not torch.equal(head, trainer.model.v_head.weight), "value head did not change"
+    trained = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert trained == {id(p) for n, p in trainer.model.named_parameters() if "lora_" in n or n.startswith("v_head")}
+    logged = set().union(*history)
+    assert set(METRICS) <= logged, f"missing metrics: {set(METRICS) - logged}"
+    assert all(math.isfinite(e["objective/kl"]) for e in history if "objective/kl" in e)
+
+    out = tmp_path / "saved"
+    trainer.save_model(str(out))
+    files = set(os.listdir(out))
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= files
+    assert not files & {"value_head.safetensors", "training_args.bin", "model.safetensors", "optimizer.pt"}
+    with safe_open(out / "adapter_model.safetensors", "pt") as f:
+        assert all("lora_" in k for k in f.keys())
+
+
+def test_rule_based_reward_rises_full_finetune(tiny_models, tokenizer, tmp_path):
+    prompts = Dataset.from_dict({"prompt": ["the movie was", "the food was", "the book was", "the show was"] * 8})
+    args = make_args(tmp_path, per_device_train_batch_size=8, gradient_accumulation_steps=1, num_mini_batches=2,
+                     num_ppo_epochs=4, max_steps=160, learning_rate=1e-3, temperature=1.0, kl_coef=0.01,
+                     logging_steps=8)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer, reward_model=count_e,
+                           train_dataset=prompts)
+    ref_before = [p.detach().clone() for p in trainer.ref_model.parameters()]
+    trainer.train()
+    rollouts = [e for e in trainer.state.log_history if "objective/scores" in e]
+    assert len(rollouts) == 20
+    assert abs(rollouts[0]["objective/kl"]) < 1e-6  # without LoRA the reference is an exact copy of the start
+    first = sum(e["objective/scores"] for e in rollouts[:5]) / 5
+    last = sum(e["objective/scores"] for e in rollouts[-5:]) / 5
+    assert last > first + 0.5, f"reward did not rise: first {first:.2f}, last {last:.2f}"
+    assert all(math.isfinite(e["objective/kl"]) for e in rollouts)
+    assert all(torch.equal(a, b) for a, b in zip(ref_before, trainer.ref_model.parameters()))
+
+
+def test_gradient_accumulation_gives_the_whole_minibatch_gradient(tiny_models, tokenizer, prompts_dataset, tmp_path):
+    """One optimizer step on a minibatch of 8: 1 x 8 and 2 x 4 (accumulated) must move the weights identically."""
+    weights = []
+    for micro, accumulation in [(8, 1), (4, 2)]:
+        args = make_args(tmp_path, per_device_train_batch_size=micro, gradient_accumulation_steps=accumulation,
+                         num_ppo_epochs=1, max_steps=1, optim="sgd", learning_rate=1.0, max_grad_norm=0.0)
+        trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer,
+                               reward_model=count_e, train_dataset=prompts_dataset)
+        trainer.train()
+        weights.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+    for name, value in weights[0].items():
+        torch.testing.assert_close(weights[1][name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_checkpoint_holds_value_head_and_ppo_state(tiny_models, tokenizer, prompts_dataset, lora_config, tmp_path):
+    args = make_args(tmp_path, save_strategy="steps", save_steps=4, adaptive_kl=True, kl_coef=0.2)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer, reward_model=count_e,
+                           train_dataset=prompts_dataset, peft_config=lora_config)
+    trainer.train()
+    checkpoint = tmp_path / "out" / "checkpoint-4"
+    files = set(os.listdir(checkpoint))
+    assert {"adapter_model.safetensors", "value_head.safetensors", "ppo_state.json", "optimizer.pt",
+            "scheduler.pt", "trainer_state.json", "rng_state.pth"} <= files
+    assert trainer.kl_ctl.value != 0.2  # the adaptive controller moved, and its state is in the checkpoint
+
+
+# ---- bad input: a clear error at construction ---------------------------------------------------------------------
+def build(tiny_models, tokenizer, tmp_path, dataset=None, reward=count_e, **overrides):
+    dataset = dataset if dataset is not None else Dataset.from_dict({"prompt": ["the movie was"] * 8})
+    return PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path, **overrides), processing_class=tokenizer,
+                        reward_model=reward, train_dataset=dataset)
+
+
+def test_missing_prompt_column(tiny_models, tokenizer, tmp_path):
+    with pytest.raises(ValueError, match=r"'prompt' column.*it has \['text'\]"):
+        build(tiny_models, tokenizer, tmp_path, Dataset.from_dict({"text": ["a"] * 8}))
+
+
+def test_empty_prompts(tiny_models, tokenizer, tmp_path):
+    with pytest.raises(ValueError, match=r"2 empty prompt\(s\)"):
+        build(tiny_models, tokenizer, tmp_path, Dataset.from_dict({"prompt": ["the movie", "  ", ""] + ["a"] * 5}))
+
+
+def test_long_prompts_are_truncated_from_the_left_with_one_warning(tiny_models, tokenizer, tmp_path):
+    long = "the movie was great and the acting was wonderful and the music was lovely"
+    with pytest.warns(UserWarning, match="truncated from the left") as record:
+        trainer = build(tiny_models, tokenizer, tmp_path, Dataset.from_dict({"prompt": [long] * 8}),
+                        max_prompt_length=4)
+    assert len([w for w in record if "truncated" in str(w.message)]) == 1
+    ids = trainer.train_dataset[0]["input_ids"]
+    assert ids == tokenizer(long)["input_ids"][-4:]
+
+
+def test_response_longer_than_context(tiny_models, tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="lower response_length"):
+        build(tiny_models, tokenizer, tmp_path, response_length=256)
+
+
+@pytest.mark.parametrize("pad", [None, "eos"])
+def test_tokenizer_needs_a_dedicated_pad_token(tiny_models, tokenizer, tmp_path, pad):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_models["policy"])
+    tok.pad_token = tok.eos_token if pad == "eos" else None
+    with pytest.raises(ValueError, match="add_special_tokens"):
+        PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path), processing_class=tok, reward_model=count_e,
+                     train_dataset=Dataset.from_dict({"prompt": ["a"] * 8}))
+
+
+def test_reward_model_with_two_labels(tiny_models, tokenizer, tmp_path):
+    from hf_ppo.tiny import build_reward_model
+
+    model = build_reward_model(tokenizer)
+    model.config.num_labels = 2
+    with pytest.raises(ValueError, match="num_labels=2"):
+        build(tiny_models, tokenizer, tmp_path, reward=model)
+
+
+@pytest.mark.parametrize("reward, message", [
+    (lambda p, c: [1.0], "returned 1 scores for 2 completions"),
+    (lambda p, c: [float("nan")] * len(c), "NaN/inf"),
+    (lambda p, c: ["good"] * len(c), "list of 2 floats"),
+])
+def test_bad_reward_callable(tiny_models, tokenizer, tmp_path, reward, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        build(tiny_models, tokenizer, tmp_path, reward=reward)
+
+
+def test_dataset_smaller_than_one_rollout(tiny_models, tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="samples 8 prompts.*has 3"):
+        build(tiny_models, tokenizer, tmp_path, Dataset.from_dict({"prompt": ["a", "b", "c"]}))
+
+
+def test_quantized_policy_needs_lora(tiny_models, tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="needs `peft_config`"):
+        build(tiny_models, tokenizer, tmp_path, policy_quantization="4bit")
+
+
+def test_chat_prompts_need_a_chat_template(tiny_models, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_models["policy"])
+    tok.chat_template = None
+    chats = Dataset.from_dict({"messages": [[{"role": "user", "content": "hi"}]] * 8})
+    with pytest.raises(ValueError, match="no chat template"):
+        PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path), processing_class=tok, reward_model=count_e,
+                     train_dataset=chats)
+
+
+def test_chat_prompts_are_rendered_with_the_template(tiny_models, tokenizer, tmp_path):
+    chats = Dataset.from_dict({"messages": [[{"role": "user", "content": "the movie was"}]] * 8})
+    trainer = build(tiny_models, tokenizer, tmp_path, chats, max_steps=2, num_ppo_epochs=1)
+    expected = tokenizer.apply_chat_template([{"role": "user", "content": "the movie was"}], add_generation_prompt=True)
+    assert trainer.train_dataset[0]["input_ids"] == list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+    trainer.train()
+
+
+def test_reward_model_with_another_vocabulary_needs_its_tokenizer(tiny_models, tokenizer, tmp_path):
+    from hf_ppo.tiny import build_reward_model, build_tokenizer
+
+    small = build_tokenizer(vocab_size=300)
+    with pytest.raises(ValueError, match="reward_processing_class"):
+        build(tiny_models, tokenizer, tmp_path, reward=build_reward_model(small))
