@@ -24,7 +24,7 @@ from collections import defaultdict
 
 import torch
 from torch.utils.data import Sampler
-from transformers import PreTrainedModel, Trainer
+from transformers import PreTrainedModel, Trainer, set_seed
 from transformers.trainer_callback import ProgressCallback
 
 from . import loading
@@ -147,6 +147,8 @@ class PPOLMTrainer(Trainer):
         if reward_model is None:
             raise ValueError("PPOLMTrainer needs a reward_model: a Hub id or path, an "
                              "AutoModelForSequenceClassification (num_labels=1), or a callable (prompts, completions) -> list[float].")
+        # Seed before any model is built: LoRA and value-head initialisation must follow `seed` too.
+        set_seed(args.seed)
         device, dtype = args.device, loading.compute_dtype(args.bf16, args.fp16)
         self._model_sources = {"model": model if isinstance(model, str) else _name_of(model),
                                "reward_model": reward_model if isinstance(reward_model, str) else _name_of(reward_model),
@@ -458,9 +460,7 @@ class PPOLMTrainer(Trainer):
             adapter_file = os.path.join(resume_from_checkpoint, "adapter_model.safetensors")
             set_peft_model_state_dict(policy, load_file(adapter_file, device=str(wrapper.v_head.weight.device)))
         else:
-            from transformers.modeling_utils import load_sharded_checkpoint
-
-            load_sharded_checkpoint(policy, resume_from_checkpoint, strict=False)
+            _load_full_weights(policy, resume_from_checkpoint)
         head_file = os.path.join(resume_from_checkpoint, VALUE_HEAD_FILE)
         if os.path.isfile(head_file):
             from safetensors.torch import load_file
@@ -477,7 +477,100 @@ class PPOLMTrainer(Trainer):
         self._micro_step, self._schedule = None, []
 
 
+    # ---- publishing: the policy alone, with its model card ----------------------------------------------------------
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Resolve the repo id at construction (a clear error now, not after training); the push creates it."""
+        from .hub import resolve_repo_id
+
+        self.hub_model_id = resolve_repo_id(self.args.hub_model_id, self.args.output_dir,
+                                            token if token is not None else self.args.hub_token)
+        self.push_in_progress = None
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """Checkpoints hold optimizer and value-head state, which never go to the Hub: only `push_to_hub` pushes."""
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
+                    token: str | None = None, revision: str | None = None, private: bool | None = None,
+                    create_pr: bool = False, dataset_name: str | list[str] | None = None, **kwargs):
+        """Save the policy to `output_dir`, render its model card and upload only the policy files.
+
+        The LoRA adapter (or full weights) + tokenizer + card + training-curve plot; with `push_merged_model`, the
+        adapter merged into a full-precision base instead (in `output_dir/merged`). Never the value head, the
+        reference, the reward model, optimizer state or training_args.bin. A failed push raises `HubPushError`,
+        leaves the local output intact, and can be retried by calling `push_to_hub()` again.
+        """
+        from .hub import push_policy_folder, resolve_repo_id, write_model_card
+
+        args = self.args
+        token = token if token is not None else args.hub_token
+        repo_id = self.hub_model_id or resolve_repo_id(args.hub_model_id, args.output_dir, token)
+        self.save_model(args.output_dir, _internal_call=True)
+        folder = self._save_merged_policy() if args.push_merged_model else args.output_dir
+        if not self.is_world_process_zero():
+            return None
+        policy = self.accelerator.unwrap_model(self.model).pretrained_model
+        peft_config = policy.peft_config["default"].to_dict() if hasattr(policy, "peft_config") else None
+        names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
+        write_model_card(folder, repo_id=repo_id, base_model=self._model_sources["model"],
+                         reward_model=self._model_sources["reward_model"], ref_model=self._model_sources["ref_model"],
+                         dataset_names=names, peft_config=peft_config, hyperparameters=self._card_hyperparameters(),
+                         log_history=self.state.log_history, merged=args.push_merged_model)
+        return push_policy_folder(folder, repo_id, token=token,
+                                  private=private if private is not None else args.hub_private_repo,
+                                  revision=revision if revision is not None else args.hub_revision,
+                                  create_pr=create_pr, commit_message=commit_message or "Upload PPO policy")
+
+    def _card_hyperparameters(self) -> dict:
+        args = self.args
+        names = ["learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
+                 "gradient_accumulation_steps", "num_mini_batches", "num_ppo_epochs", "response_length",
+                 "temperature", "top_k", "top_p", "kl_coef", "kl_estimator", "adaptive_kl", "gamma", "lam",
+                 "cliprange", "cliprange_value", "vf_coef", "entropy_coef", "whiten_rewards", "missing_eos_penalty",
+                 "normalize_rewards", "policy_quantization", "ref_quantization", "reward_quantization", "seed"]
+        values = {name: getattr(args, name) for name in names}
+        values["rollout_batch_size (per device)"] = args.rollout_batch_size
+        values["world_size"] = args.world_size
+        return values
+
+    def _save_merged_policy(self) -> str:
+        """The adapter merged into the base reloaded in full precision (a quantized base is never merged into)."""
+        folder = os.path.join(self.args.output_dir, "merged")
+        policy = self.accelerator.unwrap_model(self.model).pretrained_model
+        if not hasattr(policy, "peft_config"):
+            self.save_model(folder, _internal_call=True)
+            return folder
+        source = self._model_sources["model"]
+        if not isinstance(source, str) or not (os.path.isdir(source) or "/" in source):
+            raise ValueError("push_merged_model needs the policy given by Hub id or path (the base is reloaded in "
+                             "full precision to merge into); push the adapter instead (push_merged_model=False).")
+        if self.args.should_save:
+            from peft import PeftModel
+            from transformers import AutoModelForCausalLM
+
+            init = {k: v for k, v in (self.args.model_init_kwargs or {}).items()
+                    if k in ("revision", "token", "trust_remote_code", "cache_dir", "dtype")}
+            base = loading.from_pretrained(AutoModelForCausalLM, source, "policy base (for merging)", **init)
+            merged = PeftModel.from_pretrained(base, self.args.output_dir).merge_and_unload()
+            merged.save_pretrained(folder)
+            self.processing_class.save_pretrained(folder)
+        return folder
+
+
 # ---- construction helpers ------------------------------------------------------------------------------------------
+def _load_full_weights(model, folder: str) -> None:
+    """Load `model.safetensors` (or its shards, listed in the index) saved by `save_pretrained` into `model`."""
+    from safetensors.torch import load_file
+
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        shards = ["model.safetensors"]
+    for shard in shards:
+        model.load_state_dict(load_file(os.path.join(folder, shard)), strict=False)
+
+
 def _name_of(obj) -> str | None:
     if obj is None:
         return None
