@@ -152,6 +152,11 @@ def load_reference(
     object. `quantization` applies to a reference given by id/path.
     """
     if ref_model is None and uses_peft:
+        if _has_trained_adapter(policy_source):
+            raise ValueError(
+                "The policy is a PeftModel whose adapter is already trained, so the base with the adapter disabled is "
+                "not the starting policy and cannot be the reference. Pass ref_model=<the starting policy> (e.g. the "
+                "merged SFT model's id), or merge the adapter into the base and train a fresh one with peft_config.")
         return None
     if ref_model is None:
         ref_model, quantization = policy_source, "none"
@@ -165,6 +170,14 @@ def load_reference(
     if not _is_quantized(ref_model):
         ref_model = ref_model.to(device)
     return freeze(ref_model)
+
+
+def _has_trained_adapter(model) -> bool:
+    """True for a PeftModel (or a value-head wrapper of one) whose LoRA B matrices are not all zero."""
+    model = getattr(model, "pretrained_model", model)
+    if not hasattr(model, "peft_config"):
+        return False
+    return any(p.count_nonzero() > 0 for n, p in model.named_parameters() if "lora_B" in n)
 
 
 def load_reward_model(
