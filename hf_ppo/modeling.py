@@ -24,10 +24,14 @@ _TRL_HEAD_FILES = ("model.safetensors", "adapter_model.safetensors", "pytorch_mo
 
 @dataclass
 class CausalLMOutputWithValue(ModelOutput):
-    """logits: (batch, kept_len, vocab); values: (batch, kept_len), fp32."""
+    """logits: (batch, kept_len, vocab); value: (batch, kept_len), fp32.
+
+    The field is `value`, not `values`: a ModelOutput is a mapping, and a `values` field would hide `.values()`,
+    which DDP and pytree flattening call on outputs.
+    """
 
     logits: torch.Tensor | None = None
-    values: torch.Tensor | None = None
+    value: torch.Tensor | None = None
 
 
 class AutoModelForCausalLMWithValueHead(nn.Module):
@@ -86,7 +90,7 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
     ) -> CausalLMOutputWithValue:
         """One pass of the body: logits and values for the last `logits_to_keep` positions (0 = all).
 
-        input_ids, attention_mask, position_ids: (batch, seq). Returns logits (batch, kept, vocab) and values
+        input_ids, attention_mask, position_ids: (batch, seq). Returns logits (batch, kept, vocab) and `value`
         (batch, kept) computed in fp32 from the final (normed) hidden state.
         """
         out = self.pretrained_model(
@@ -102,7 +106,7 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         values = self.v_head(hidden.to(self.v_head.weight.dtype)).squeeze(-1)
-        return CausalLMOutputWithValue(logits=out.logits, values=values)
+        return CausalLMOutputWithValue(logits=out.logits, value=values)
 
     def generate(self, *args, **kwargs):
         return self.pretrained_model.generate(*args, **kwargs)

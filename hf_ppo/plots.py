@@ -9,7 +9,7 @@ DEFAULT_PANELS = {
     "objective/scores": "reward-model score",
     "objective/kl": "KL(policy || reference)",
     "rollout/response_length": "response length (tokens)",
-    "objective/entropy": "entropy (nats/token)",
+    "objective/entropy": "entropy (nats per response)",
 }
 
 

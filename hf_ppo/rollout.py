@@ -133,7 +133,7 @@ def policy_forward(
         logits = out.logits[:, :-1]
         logprobs.append(logprobs_from_logits(logits, responses[rows], temperature))
         if with_values:
-            values.append(out.values[:, :-1].float())
+            values.append(out.value[:, :-1].float())
         if with_entropy:
             entropies.append(entropy_from_logits(logits, temperature))
     return (torch.cat(logprobs), torch.cat(values) if with_values else None,

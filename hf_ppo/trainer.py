@@ -369,7 +369,7 @@ class PPOLMTrainer(Trainer):
         mask = batch.response_mask
         out = model(**sequence_inputs(batch.queries, batch.query_mask, batch.responses, mask),
                     logits_to_keep=batch.responses.shape[1] + 1)
-        logits, values = out.logits[:, :-1], out.values[:, :-1]
+        logits, values = out.logits[:, :-1], out.value[:, :-1]
         logprobs = logprobs_from_logits(logits, batch.responses, args.temperature)
         pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, batch.logprobs, batch.advantages, mask, args.cliprange,
                                                      normalizer)

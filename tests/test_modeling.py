@@ -80,8 +80,8 @@ def test_value_head_is_fp32_and_zero_initialised(tok, inputs):
         out = wrapper(**inputs)
         plain = model(**inputs).logits
     batch, seq = inputs["input_ids"].shape
-    assert out.values.shape == (batch, seq) and out.values.dtype == torch.float32
-    assert torch.all(out.values == 0)
+    assert out.value.shape == (batch, seq) and out.value.dtype == torch.float32
+    assert torch.all(out.value == 0)
     torch.testing.assert_close(out.logits, plain, rtol=0, atol=0)
     assert wrapper.config is model.config and not wrapper.is_peft_model
     assert wrapper.quantization_method is None
@@ -101,7 +101,7 @@ def test_values_come_from_final_normed_hidden_state(tok, inputs):
         out = wrapper(**inputs)
         last_hidden = model.model(**inputs).last_hidden_state  # after the final RMSNorm
     expected = last_hidden @ wrapper.v_head.weight[0] + 0.3
-    torch.testing.assert_close(out.values, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.value, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_logits_to_keep_returns_last_positions(tok, inputs):
@@ -110,9 +110,9 @@ def test_logits_to_keep_returns_last_positions(tok, inputs):
         full = wrapper(**inputs)
         for k in (1, 3):
             part = wrapper(**inputs, logits_to_keep=k)
-            assert part.logits.shape == (2, k, len(tok)) and part.values.shape == (2, k)
+            assert part.logits.shape == (2, k, len(tok)) and part.value.shape == (2, k)
             torch.testing.assert_close(part.logits, full.logits[:, -k:], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(part.values, full.values[:, -k:], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(part.value, full.value[:, -k:], atol=1e-5, rtol=1e-5)
 
 
 def test_position_ids_are_passed_through(tok, inputs):
@@ -138,8 +138,8 @@ def test_wraps_peft_model_and_backward_reaches_lora_and_head_only(tok, inputs):
     with torch.no_grad():
         plain = peft_model(**inputs).logits
     torch.testing.assert_close(out.logits, plain, rtol=0, atol=0)
-    assert torch.all(out.values == 0)
-    (out.logits.float().logsumexp(-1).mean() + out.values.pow(2).mean() + out.values.mean()).backward()
+    assert torch.all(out.value == 0)
+    (out.logits.float().logsumexp(-1).mean() + out.value.pow(2).mean() + out.value.mean()).backward()
     _assert_only_lora_and_head_get_grads(wrapper)
     assert wrapper.v_head.weight.grad.abs().sum() > 0
 
@@ -153,8 +153,8 @@ def test_wraps_4bit_model(tok, inputs, model_4bit):
     with torch.no_grad():
         out = wrapper(**inputs)
         plain = model_4bit(**inputs).logits
-    assert out.values.shape == inputs["input_ids"].shape and out.values.dtype == torch.float32
-    assert torch.all(out.values == 0)
+    assert out.value.shape == inputs["input_ids"].shape and out.value.dtype == torch.float32
+    assert torch.all(out.value == 0)
     torch.testing.assert_close(out.logits, plain, rtol=0, atol=0)
 
 
@@ -163,7 +163,7 @@ def test_bf16_body_still_gives_fp32_head_and_values(tok, inputs):
     assert wrapper.v_head.weight.dtype == torch.float32
     with torch.no_grad():
         out = wrapper(**inputs)
-    assert out.logits.dtype == torch.bfloat16 and out.values.dtype == torch.float32
+    assert out.logits.dtype == torch.bfloat16 and out.value.dtype == torch.float32
 
 
 def test_quantization_method_passes_through(tok, model_4bit):
@@ -181,7 +181,7 @@ def test_qlora_backward_reaches_lora_and_head_only(policy_dir, inputs):
     assert wrapper.is_peft_model
     assert wrapper.quantization_method == base.quantization_method  # through the PeftModel too
     out = wrapper(**inputs)
-    (out.logits.float().logsumexp(-1).mean() + out.values.mean()).backward()
+    (out.logits.float().logsumexp(-1).mean() + out.value.mean()).backward()
     _assert_only_lora_and_head_get_grads(wrapper)
 
 
@@ -201,7 +201,7 @@ def test_gradient_checkpointing_passes_through_and_gives_same_grads(tok, inputs)
     def grads(wrapper):
         wrapper.zero_grad()
         out = wrapper(**inputs)
-        (out.logits.float().logsumexp(-1).mean() + out.values.pow(2).mean()).backward()
+        (out.logits.float().logsumexp(-1).mean() + out.value.pow(2).mean()).backward()
         return {n: p.grad.clone() for n, p in wrapper.named_parameters() if p.grad is not None}
 
     wrapper = _random_head(Wrapper(build_causal_lm(tok)))
@@ -223,7 +223,7 @@ def test_gradient_checkpointing_with_peft_still_trains_lora(tok, inputs):
     wrapper.gradient_checkpointing_enable()  # transformers' default kwargs (non-reentrant)
     assert wrapper.pretrained_model.base_model.model.is_gradient_checkpointing
     out = wrapper(**inputs)
-    (out.logits.float().logsumexp(-1).mean() + out.values.mean()).backward()
+    (out.logits.float().logsumexp(-1).mean() + out.value.mean()).backward()
     _assert_only_lora_and_head_get_grads(wrapper)
 
 
@@ -243,7 +243,7 @@ def test_save_and_from_pretrained_round_trip(tok, inputs, tmp_path):
     with torch.no_grad():
         a, b = wrapper(**inputs), loaded(**inputs)
     torch.testing.assert_close(b.logits, a.logits, rtol=0, atol=0)
-    torch.testing.assert_close(b.values, a.values, rtol=0, atol=0)
+    torch.testing.assert_close(b.value, a.value, rtol=0, atol=0)
 
 
 def test_from_pretrained_4bit_restores_head(tok, inputs, tmp_path):
@@ -255,7 +255,7 @@ def test_from_pretrained_4bit_restores_head(tok, inputs, tmp_path):
     torch.testing.assert_close(loaded.v_head.weight, wrapper.v_head.weight, rtol=0, atol=0)
     assert loaded.v_head.weight.dtype == torch.float32
     with torch.no_grad():
-        assert loaded(**inputs).values.shape == inputs["input_ids"].shape
+        assert loaded(**inputs).value.shape == inputs["input_ids"].shape
 
 
 def test_save_without_value_head_loads_a_zero_head(tok, tmp_path):
