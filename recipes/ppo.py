@@ -164,9 +164,10 @@ def main(argv: list[str] | None = None) -> PPOLMTrainer:
         peft_config=peft_config,
     )
     trainer.train(resume_from_checkpoint=ppo_config.resume_from_checkpoint)
-    trainer.save_model(ppo_config.output_dir)
-    if ppo_config.push_to_hub:
-        trainer.push_to_hub()
+    if ppo_config.push_to_hub:  # saves the policy to output_dir, then uploads it with its card
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    else:
+        trainer.save_model(ppo_config.output_dir)
     return trainer
 
 
