@@ -93,6 +93,12 @@ class PPOConfig(TrainingArguments):
     cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio (epsilon)."})
     cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value update around V_old."})
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss."})
+    value_head_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Learning rate of the value head (None: learning_rate). The head starts at zero and Adam "
+                  "moves each weight by about lr per step, so at LoRA-sized learning rates a larger one lets the "
+                  "critic reach the scale of the returns."},
+    )
     entropy_coef: float = field(default=0.0, metadata={"help": "Weight of an entropy bonus (0: off)."})
     whiten_advantages: bool = field(default=True, metadata={"help": "Whiten advantages over the rollout batch."})
     whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE."})

@@ -265,6 +265,18 @@ class PPOLMTrainer(Trainer):
                                      "normalizer": normalizer})
         return schedule
 
+    def create_optimizer(self, model=None):
+        """Trainer's optimizer, with the value head in a group of its own when `value_head_learning_rate` is set."""
+        optimizer = super().create_optimizer(model)
+        if self.args.value_head_learning_rate is None:
+            return optimizer
+        head = list(self.accelerator.unwrap_model(self.model).v_head.parameters())
+        ids = {id(p) for p in head}
+        for group in optimizer.param_groups:
+            group["params"] = [p for p in group["params"] if id(p) not in ids]
+        optimizer.add_param_group({"params": head, "lr": self.args.value_head_learning_rate, "weight_decay": 0.0})
+        return optimizer
+
     # ---- rollout: steps 1-6 ---------------------------------------------------------------------------------------
     @torch.no_grad()
     def _rollout(self, inputs: dict) -> RolloutBatch:
@@ -411,12 +423,11 @@ class PPOLMTrainer(Trainer):
 
     # ---- evaluation: sample and score the eval prompts -----------------------------------------------------------------
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        inputs = super()._prepare_inputs(inputs)
-        batch = self._rollout_for_eval(inputs)
-        return -batch.mean().detach(), None, None
+        scores = self._eval_scores(super()._prepare_inputs(inputs))
+        return -scores.mean().detach(), None, None
 
     @torch.no_grad()
-    def _rollout_for_eval(self, inputs) -> torch.Tensor:
+    def _eval_scores(self, inputs) -> torch.Tensor:
         """Scores of freshly sampled responses to eval prompts (eval_loss = -mean score)."""
         args, tokenizer = self.args, self.processing_class
         model = self.accelerator.unwrap_model(self.model)

@@ -252,3 +252,12 @@ def test_gradient_checkpointing_with_lora(tiny_models, tokenizer, prompts_datase
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
     trainer.train()
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters() if n in before)
+
+
+def test_value_head_learning_rate_gets_its_own_param_group(tiny_models, tokenizer, prompts_dataset, tmp_path):
+    trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, value_head_learning_rate=0.5)
+    optimizer = trainer.create_optimizer()
+    head = {id(p) for p in trainer.model.v_head.parameters()}
+    groups = [g for g in optimizer.param_groups if {id(p) for p in g["params"]} & head]
+    assert len(groups) == 1 and groups[0]["lr"] == 0.5 and {id(p) for p in groups[0]["params"]} == head
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(trainer.model.parameters()))
