@@ -243,6 +243,10 @@ class PPOLMTrainer(Trainer):
         steps_per_iteration = self.args.optimizer_steps_per_iteration * self.args.gradient_accumulation_steps
         if self._micro_step is None:
             self._micro_step = self.state.global_step * self.args.gradient_accumulation_steps
+            if self.state.global_step == 0 and self.args.world_size > 1:
+                # Every rank was seeded with `seed`: sampling noise must differ per rank. (A resume restores each
+                # rank's own RNG state from the checkpoint instead.)
+                set_seed(self.args.seed + self.args.process_index)
         position = self._micro_step % steps_per_iteration
         if position == 0 or not self._schedule:
             batch = self._rollout(super()._prepare_inputs(inputs))

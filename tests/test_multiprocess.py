@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # (LoRA + value head), whether it was the saving process, and the first completions it sampled.
 DRIVER = textwrap.dedent("""
     import hashlib, importlib.util, json, os, sys
+    import torch
     spec = importlib.util.spec_from_file_location("ppo_recipe", sys.argv[1])
     ppo = importlib.util.module_from_spec(spec)
     sys.modules["ppo_recipe"] = ppo
@@ -44,7 +45,8 @@ DRIVER = textwrap.dedent("""
     rank = trainer.args.process_index
     with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "world_size": trainer.args.world_size, "sha": trained, "lora_sha": lora,
-                   "should_save": trainer.args.should_save, "steps": trainer.state.global_step}, f)
+                   "should_save": trainer.args.should_save, "steps": trainer.state.global_step,
+                   "sampling_seed": torch.initial_seed()}, f)
 """)
 
 
@@ -90,6 +92,7 @@ def test_two_cpu_processes_train_identical_adapters_and_save_once(tmp_path):
     assert [r["steps"] for r in reports] == [4, 4]
     assert reports[0]["sha"] == reports[1]["sha"], "the two ranks ended with different adapter weights"
     assert [r["should_save"] for r in reports] == [True, False], "exactly one process (rank 0) saves"
+    assert reports[0]["sampling_seed"] != reports[1]["sampling_seed"], "both ranks sampled with the same seed"
 
     # One saved adapter, loadable, equal to what both ranks trained (the value head is not part of the export).
     out = tmp_path / "out"
