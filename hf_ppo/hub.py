@@ -92,6 +92,33 @@ def policy_files(folder) -> list[str]:
                                       ignore_patterns=POLICY_IGNORE_PATTERNS))
 
 
+# ---- Merged export ---------------------------------------------------------------------------------------------------
+def save_merged_policy(adapter_dir, base_source, folder, tokenizer, init_kwargs: dict | None = None) -> Path:
+    """Merge the adapter saved in `adapter_dir` into its base reloaded in full precision; save it to `folder`.
+
+    A quantized base is never merged into (that would re-quantize the merged weights): `base_source` must be the
+    policy's Hub id or path, so the base loads again unquantized (`revision`, `token`, `dtype`... from
+    `init_kwargs`).
+    """
+    import os
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from .loading import from_pretrained
+
+    if not isinstance(base_source, str) or not (os.path.isdir(base_source) or "/" in base_source):
+        raise ValueError("push_merged_model needs the policy given by Hub id or path (the base is reloaded in full "
+                         "precision to merge into); push the adapter instead (push_merged_model=False).")
+    init = {k: v for k, v in (init_kwargs or {}).items()
+            if k in ("revision", "token", "trust_remote_code", "cache_dir", "dtype")}
+    base = from_pretrained(AutoModelForCausalLM, base_source, "policy base (for merging)", **init)
+    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    merged.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
 # ---- Repo id ---------------------------------------------------------------------------------------------------------
 def resolve_repo_id(hub_model_id: str | None, output_dir: str, token: str | None) -> str:
     """The Hub repo id to push to, resolved as `TrainingArguments`/`Trainer` do.

@@ -3,9 +3,10 @@
 Steps (each a function below, called in order by the trainer):
 1. `generate`: KV-cached sampling of `response_length` new tokens from left-padded prompts.
 2. `truncate_after_stop`: everything after the first stop token becomes padding (the "EOS trick", N+ paper).
-3. `policy_forward`: old log-probs and values in one no-grad forward of policy + value head; the same function gives
-   the reference log-probs (a frozen model, or the policy with its adapter disabled).
+3. `policy_forward`: old log-probs and values in one no-grad forward of policy + value head; `reference_logprobs`
+   gives the reference's (a frozen model, or the policy with its adapter disabled).
 4. `score_responses`: the reward model's score read at the last real token, or a reward callable on text.
+5. `add_advantages`: KL-penalised per-token rewards, GAE, whitening; `rollout_stats` summarises the batch.
 Micro-batching (`batch_size`) bounds the memory of every no-grad pass.
 """
 
@@ -19,7 +20,18 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .ppo_math import entropy_from_logits, last_token_index, logprobs_from_logits
+from .ppo_math import (
+    compute_gae,
+    compute_rewards,
+    entropy_from_logits,
+    explained_variance,
+    kl_estimate,
+    last_token_index,
+    logprobs_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_whiten,
+)
 
 RewardFn = Callable[[list[str], list[str]], list[float]]
 
@@ -147,6 +159,18 @@ def adapter_disabled(model: nn.Module):
 
 
 @torch.no_grad()
+def reference_logprobs(policy: nn.Module, ref_model: nn.Module | None, queries, query_mask, responses, response_mask,
+                       *, temperature: float, batch_size: int) -> torch.Tensor:
+    """Reference log-probs (B, R): the frozen `ref_model`, or with `ref_model=None` the policy's adapter disabled."""
+    if ref_model is not None:
+        return policy_forward(ref_model, queries, query_mask, responses, response_mask, temperature=temperature,
+                              batch_size=batch_size, with_values=False)[0]
+    with adapter_disabled(policy):
+        return policy_forward(getattr(policy, "pretrained_model", policy), queries, query_mask, responses,
+                              response_mask, temperature=temperature, batch_size=batch_size, with_values=False)[0]
+
+
+@torch.no_grad()
 def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batch_size: int) -> torch.Tensor:
     """Scalar score of each sequence, read at its last real token. input_ids/attention_mask (B, T) -> (B,) fp32.
 
@@ -226,3 +250,47 @@ def score_responses(
     encoded = reward_tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=not templated)
     device = queries.device
     return reward_model_scores(reward, encoded["input_ids"].to(device), encoded["attention_mask"].to(device), batch_size)
+
+
+@torch.no_grad()
+def add_advantages(
+    batch: RolloutBatch, shaped_scores: torch.Tensor, *, kl_coef: float, kl_estimator: str, gamma: float, lam: float,
+    whiten_rewards: bool, whiten_advantages: bool,
+) -> torch.Tensor:
+    """Fill `batch.rewards`, `non_score_rewards`, `advantages` and `returns`; return the per-token KL (B, R).
+
+    rewards = -kl_coef * KL per token + the (shaped) score at the last real token; optional reward whitening without
+    mean shift; GAE; advantage whitening over the batch's real tokens (returns use the raw advantages).
+    """
+    mask = batch.response_mask
+    kl = kl_estimate(batch.logprobs, batch.ref_logprobs, kl_estimator)
+    rewards, batch.non_score_rewards = compute_rewards(shaped_scores, kl, mask, kl_coef)
+    if whiten_rewards:
+        rewards = masked_whiten(rewards, mask, shift_mean=False)
+    advantages, batch.returns = compute_gae(rewards, batch.values, mask, gamma, lam)
+    batch.rewards = rewards
+    batch.advantages = masked_whiten(advantages, mask) if whiten_advantages else advantages
+    return kl
+
+
+ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
+                 "objective/scores", "rollout/response_length", "rollout/eos_rate", "val/num_eos_tokens",
+                 "val/explained_variance", "rollout/token_entropy", "rollout/advantages_mean", "rollout/returns_mean"]
+
+
+@torch.no_grad()
+def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """The metrics named in `ROLLOUT_STATS`, stacked in one tensor (one all-reduce across processes).
+
+    Sequence-level sums as the removed TRL trainer logged them (KL, -logp "entropy", non-score reward per response),
+    then means over the batch; token entropy is the true per-token entropy of the temperature-scaled policy.
+    """
+    mask = batch.response_mask
+    non_score = masked_sum(batch.non_score_rewards, mask, dim=1)
+    return torch.stack([
+        masked_sum(kl, mask, dim=1).mean(), masked_sum(-batch.logprobs, mask, dim=1).mean(), non_score.mean(),
+        (batch.scores + non_score).mean(), batch.scores.mean(), mask.sum(1).float().mean(),
+        batch.contains_stop.float().mean(), (batch.responses == eos_token_id).sum().float(),
+        explained_variance(batch.values, batch.returns, mask), masked_mean(entropy, mask),
+        masked_mean(batch.advantages, mask), masked_mean(batch.returns, mask),
+    ])

@@ -29,32 +29,31 @@ from transformers.trainer_callback import ProgressCallback
 
 from . import loading
 from .config import PPOConfig
+from .data import PromptCollator, prepare_prompts
 from .modeling import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
 from .ppo_math import (
     AdaptiveKLController,
     FixedKLController,
     RunningMoments,
-    compute_gae,
-    compute_rewards,
     entropy_from_logits,
-    explained_variance,
-    kl_estimate,
     logprobs_from_logits,
     masked_mean,
     masked_sum,
     masked_var,
-    masked_whiten,
     policy_loss,
     value_loss,
 )
 from .reporting import PPOProgressCallback, log_samples_table
 from .rollout import (
+    ROLLOUT_STATS,
     RolloutBatch,
-    adapter_disabled,
+    add_advantages,
     check_reward_values,
     completions_text,
     generate,
     policy_forward,
+    reference_logprobs,
+    rollout_stats,
     score_responses,
     sequence_inputs,
     truncate_after_stop,
@@ -87,23 +86,6 @@ class RolloutRepeatSampler(Sampler):
 
     def __len__(self) -> int:
         return (self.num_prompts // self.global_batch_size) * self.global_batch_size * self.repeat
-
-
-class PromptCollator:
-    """Left-pads tokenized prompts: {"queries": (B, Q) long, "query_mask": (B, Q) bool, "prompts": raw prompts}."""
-
-    def __init__(self, pad_token_id: int):
-        self.pad_token_id = pad_token_id
-
-    def __call__(self, features: list[dict]) -> dict:
-        width = max(len(f["input_ids"]) for f in features)
-        queries = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(features), width), dtype=torch.bool)
-        for row, f in enumerate(features):
-            n = len(f["input_ids"])
-            queries[row, width - n:] = torch.tensor(f["input_ids"], dtype=torch.long)
-            mask[row, width - n:] = True
-        return {"queries": queries, "query_mask": mask, "prompts": [f["prompt"] for f in features]}
 
 
 class PPOLMTrainer(Trainer):
@@ -180,8 +162,10 @@ class PPOLMTrainer(Trainer):
 
         # Data: validated and tokenized here, so bad prompts fail before training starts.
         context = _max_positions(policy.config)
-        train_dataset = _prepare_prompts(train_dataset, tokenizer, args, context, "train_dataset")
-        eval_dataset = _prepare_prompts(eval_dataset, tokenizer, args, context, "eval_dataset")
+        train_dataset = prepare_prompts(train_dataset, tokenizer, "train_dataset", context=context,
+                                        max_prompt_length=args.max_prompt_length, response_length=args.response_length)
+        eval_dataset = prepare_prompts(eval_dataset, tokenizer, "eval_dataset", context=context,
+                                       max_prompt_length=args.max_prompt_length, response_length=args.response_length)
         self._check_batch_sizes(args, train_dataset)
         if callable(self.reward_model) and not isinstance(self.reward_model, torch.nn.Module) and train_dataset is not None:
             probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
@@ -306,66 +290,46 @@ class PPOLMTrainer(Trainer):
         logprobs, values, entropy = policy_forward(model, queries, query_mask, responses, response_mask,
                                                    temperature=args.temperature, batch_size=batch_size,
                                                    with_entropy=True)
-        if self.ref_model is None:
-            with adapter_disabled(model):
-                ref_logprobs, _, _ = policy_forward(model.pretrained_model, queries, query_mask, responses,
-                                                    response_mask, temperature=args.temperature,
-                                                    batch_size=batch_size, with_values=False)
-        else:
-            ref_logprobs, _, _ = policy_forward(self.ref_model, queries, query_mask, responses, response_mask,
-                                                temperature=args.temperature, batch_size=batch_size, with_values=False)
+        ref_logprobs = reference_logprobs(model, self.ref_model, queries, query_mask, responses, response_mask,
+                                          temperature=args.temperature, batch_size=batch_size)
         scores = score_responses(self.reward_model, queries=queries, query_mask=query_mask, responses=responses,
                                  response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
                                  batch_size=batch_size, reward_tokenizer=self.reward_tokenizer)
         scored = time.perf_counter()
         model.train(was_training)
 
-        # 3. KL-penalised per-token rewards (EOS penalty and optional normalisation on the score first).
+        # 3-5. KL-penalised per-token rewards (EOS penalty and optional normalisation on the score first), GAE,
+        # whitening.
         if args.missing_eos_penalty is not None:
             scores = scores - args.missing_eos_penalty * (~contains_stop).float()
-        shaped = scores
-        if self.reward_moments is not None:
-            self.reward_moments.update(self.accelerator.gather(scores))
-            shaped = self.reward_moments.normalize(scores, args.reward_clip)
-        elif args.reward_clip is not None:
-            shaped = scores.clamp(-args.reward_clip, args.reward_clip)
-        kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)
-        rewards, non_score_rewards = compute_rewards(shaped, kl, response_mask, self.kl_ctl.value)
-        if args.whiten_rewards:
-            rewards = masked_whiten(rewards, response_mask, shift_mean=False)
-        # 4-5. GAE, then advantage whitening over the batch's real tokens.
-        advantages, returns = compute_gae(rewards, values, response_mask, args.gamma, args.lam)
-        if args.whiten_advantages:
-            advantages = masked_whiten(advantages, response_mask)
         batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
-                             contains_stop, rewards, non_score_rewards, advantages, returns)
+                             contains_stop)
+        kl = add_advantages(batch, self._shape_scores(scores), kl_coef=self.kl_ctl.value,
+                            kl_estimator=args.kl_estimator, gamma=args.gamma, lam=args.lam,
+                            whiten_rewards=args.whiten_rewards, whiten_advantages=args.whiten_advantages)
 
         # Metrics, averaged over processes (so every rank's KL controller sees the same KL).
-        kl_sum = masked_sum(kl, response_mask, dim=1)
-        lengths = response_mask.sum(1).float()
-        stats = torch.stack([
-            kl_sum.mean(), masked_sum(-logprobs, response_mask, dim=1).mean(),
-            masked_sum(non_score_rewards, response_mask, dim=1).mean(),
-            (scores + masked_sum(non_score_rewards, response_mask, dim=1)).mean(), scores.mean(),
-            lengths.mean(), contains_stop.float().mean(), (responses == tokenizer.eos_token_id).sum().float(),
-            explained_variance(values, returns, response_mask), masked_mean(entropy, response_mask),
-            masked_mean(advantages, response_mask), masked_mean(returns, response_mask),
-        ])
-        stats = self.accelerator.reduce(stats, reduction="mean")
-        names = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
-                 "objective/scores", "rollout/response_length", "rollout/eos_rate", "val/num_eos_tokens",
-                 "val/explained_variance", "rollout/token_entropy", "rollout/advantages_mean", "rollout/returns_mean"]
-        episodes = len(batch) * self.args.world_size
-        self._record(dict(zip(names, stats)))
+        stats = self.accelerator.reduce(rollout_stats(batch, kl, entropy, tokenizer.eos_token_id), reduction="mean")
+        self._record(dict(zip(ROLLOUT_STATS, stats)))
+        generated_tokens = response_mask.sum().item() * args.world_size
         self._record({"objective/kl_coef": self.kl_ctl.value, "time/generate": generated - start,
                       "time/score": scored - generated,
-                      "rollout/tokens_per_second": lengths.sum().item() * self.args.world_size / max(generated - start, 1e-9)})
+                      "rollout/tokens_per_second": generated_tokens / max(generated - start, 1e-9)})
         # 6. The KL controller moves after each rollout, by the number of episodes it saw.
-        self.kl_ctl.update(stats[0].item(), episodes)
+        self.kl_ctl.update(stats[0].item(), len(batch) * args.world_size)
         self.iteration += 1
         self._maybe_log_samples(tokenizer, queries, query_mask, responses, response_mask, scores)
         self._train_phase_start = time.perf_counter()
         return batch
+
+    def _shape_scores(self, scores: torch.Tensor) -> torch.Tensor:
+        """Running normalisation (statistics over all processes) and clipping of the scores, when configured."""
+        if self.reward_moments is not None:
+            self.reward_moments.update(self.accelerator.gather(scores))
+            return self.reward_moments.normalize(scores, self.args.reward_clip)
+        if self.args.reward_clip is not None:
+            return scores.clamp(-self.args.reward_clip, self.args.reward_clip)
+        return scores
 
     def _maybe_log_samples(self, tokenizer, queries, query_mask, responses, response_mask, scores) -> None:
         n = self.args.num_sample_generations
@@ -548,26 +512,16 @@ class PPOLMTrainer(Trainer):
         return values
 
     def _save_merged_policy(self) -> str:
-        """The adapter merged into the base reloaded in full precision (a quantized base is never merged into)."""
+        """Save the adapter merged into a full-precision base to `output_dir/merged`; return that folder."""
+        from .hub import save_merged_policy
+
         folder = os.path.join(self.args.output_dir, "merged")
         policy = self.accelerator.unwrap_model(self.model).pretrained_model
         if not hasattr(policy, "peft_config"):
             self.save_model(folder, _internal_call=True)
-            return folder
-        source = self._model_sources["model"]
-        if not isinstance(source, str) or not (os.path.isdir(source) or "/" in source):
-            raise ValueError("push_merged_model needs the policy given by Hub id or path (the base is reloaded in "
-                             "full precision to merge into); push the adapter instead (push_merged_model=False).")
-        if self.args.should_save:
-            from peft import PeftModel
-            from transformers import AutoModelForCausalLM
-
-            init = {k: v for k, v in (self.args.model_init_kwargs or {}).items()
-                    if k in ("revision", "token", "trust_remote_code", "cache_dir", "dtype")}
-            base = loading.from_pretrained(AutoModelForCausalLM, source, "policy base (for merging)", **init)
-            merged = PeftModel.from_pretrained(base, self.args.output_dir).merge_and_unload()
-            merged.save_pretrained(folder)
-            self.processing_class.save_pretrained(folder)
+        elif self.args.should_save:
+            save_merged_policy(self.args.output_dir, self._model_sources["model"], folder, self.processing_class,
+                               self.args.model_init_kwargs)
         return folder
 
 
@@ -623,60 +577,3 @@ def _reward_tokenizer(reward_model, tokenizer, reward_processing_class):
         raise ValueError("The reward model's tokenizer has no pad token: set one (e.g. "
                          "reward_tokenizer.pad_token = reward_tokenizer.eos_token is fine for scoring).")
     return reward_processing_class
-
-
-def _prepare_prompts(dataset, tokenizer, args: PPOConfig, context: int | None, name: str):
-    """Check the prompt column and tokenize it; truncate over-long prompts from the left with one warning.
-
-    Returns a dataset with columns "prompt" (the raw text or messages) and "input_ids".
-    """
-    if dataset is None:
-        return None
-    columns = dataset.column_names
-    if "prompt" in columns:
-        key = "prompt"
-    elif "messages" in columns:
-        key = "messages"
-    else:
-        raise ValueError(f"{name} needs a 'prompt' column (text) or a 'messages' column (chat); it has {columns}. "
-                         f"Rename yours, e.g. {name}.rename_column('{columns[0] if columns else 'text'}', 'prompt').")
-    if len(dataset) == 0:
-        raise ValueError(f"{name} is empty: it needs prompts.")
-    first = dataset[0][key]
-    chat = isinstance(first, list)
-    if chat and not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"{name} holds chat messages but the tokenizer has no chat template: set "
-                         "tokenizer.chat_template, or give plain-text prompts in a 'prompt' column.")
-    budget = args.max_prompt_length
-    if context is not None:
-        room = context - args.response_length
-        if room < 1:
-            raise ValueError(f"response_length={args.response_length} leaves no room for a prompt in the policy's "
-                             f"context of {context} tokens: lower response_length.")
-        budget = room if budget is None else min(budget, room)
-
-    def tokenize(batch):
-        prompts = batch[key]
-        if chat:
-            ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
-                   for p in prompts]
-        else:
-            ids = tokenizer(prompts, add_special_tokens=True)["input_ids"]
-        empty = [not (p if chat else p.strip()) for p in prompts]
-        return {"input_ids": ids, "_empty": empty, "_length": [len(i) for i in ids]}
-
-    tokenized = dataset.map(tokenize, batched=True, remove_columns=[c for c in columns if c != key],
-                            desc=f"Tokenizing {name}")
-    empty = [i for i, e in enumerate(tokenized["_empty"]) if e]
-    if empty:
-        raise ValueError(f"{name} has {len(empty)} empty prompt(s) (rows {empty[:10]}): remove them, e.g. "
-                         f"{name}.filter(lambda x: x['{key}'].strip()).")
-    too_long = sum(length > budget for length in tokenized["_length"]) if budget else 0
-    if too_long:
-        warnings.warn(f"{too_long} prompt(s) of {name} are longer than {budget} tokens (max_prompt_length, capped so "
-                      f"prompt + response_length fits the model's context); they are truncated from the left.")
-        tokenized = tokenized.map(lambda x: {"input_ids": x["input_ids"][-budget:]})
-    tokenized = tokenized.remove_columns(["_empty", "_length"])
-    if key != "prompt":
-        tokenized = tokenized.rename_column(key, "prompt")
-    return tokenized
