@@ -82,6 +82,25 @@ def _chunks(n: int, size: int):
         yield slice(start, min(start + size, n))
 
 
+def sample_token(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float) -> torch.Tensor:
+    """One token per row from softmax(logits / temperature), restricted to the top-k / top-p (nucleus) set.
+
+    logits: (B, vocab) -> (B,) long. The nucleus keeps the smallest set of tokens whose probability reaches top_p
+    (the most likely token is always kept).
+    """
+    logits = logits.float() / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        outside = (probs.cumsum(-1) - probs) >= top_p  # the mass before this token already reached top_p
+        sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor, *, response_length: int, temperature: float,
@@ -89,23 +108,30 @@ def generate(
 ) -> torch.Tensor:
     """Sample `response_length` tokens per prompt with the model's KV cache: (B, Q) -> responses (B, R).
 
-    Generation stops early once every sequence emitted the stop token; shorter outputs are right-padded with
-    `pad_token_id` to exactly R columns.
+    A lean decode loop: one prefill of the left-padded prompts, then one cached forward per token, with position
+    ids that count real tokens only. Rows stop after their stop token (the rest is `pad_token_id`), and the loop ends
+    early once every row has stopped. No generation-config machinery runs per token.
     """
-    from transformers import GenerationConfig
-
-    config = GenerationConfig(
-        max_new_tokens=response_length, min_new_tokens=0, do_sample=True, temperature=temperature,
-        top_k=top_k if top_k is not None else 0, top_p=top_p, pad_token_id=pad_token_id,
-        eos_token_id=stop_token_id, use_cache=True,
-    )
     outputs = []
     for rows in _chunks(queries.shape[0], batch_size):
-        out = model.generate(input_ids=queries[rows], attention_mask=query_mask[rows].long(), generation_config=config)
-        response = out[:, queries.shape[1]:]
-        if response.shape[1] < response_length:
-            pad = response.new_full((response.shape[0], response_length - response.shape[1]), pad_token_id)
-            response = torch.cat([response, pad], dim=1)
+        attention = query_mask[rows].long()
+        positions = (attention.cumsum(1) - 1).clamp(min=0)
+        out = model(input_ids=queries[rows], attention_mask=attention, position_ids=positions, use_cache=True,
+                    logits_to_keep=1)
+        response = queries.new_full((attention.shape[0], response_length), pad_token_id)
+        done = torch.zeros(attention.shape[0], dtype=torch.bool, device=queries.device)
+        next_position = positions[:, -1:]
+        for t in range(response_length):
+            token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)
+            response[:, t] = token
+            if stop_token_id is not None:
+                done |= token == stop_token_id
+            if t == response_length - 1 or bool(done.all()):
+                break
+            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
+            next_position = next_position + 1
+            out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
+                        past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
         outputs.append(response)
     return torch.cat(outputs)
 
