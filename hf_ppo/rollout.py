@@ -301,7 +301,7 @@ def add_advantages(
 
 ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
                  "objective/scores", "rollout/response_length", "rollout/eos_rate", "val/num_eos_tokens",
-                 "val/explained_variance", "rollout/token_entropy", "rollout/advantages_mean", "rollout/returns_mean"]
+                 "val/explained_variance", "policy/entropy_avg", "rollout/advantages_mean", "rollout/returns_mean"]
 
 
 @torch.no_grad()
@@ -309,7 +309,8 @@ def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, 
     """The metrics named in `ROLLOUT_STATS`, stacked in one tensor (one all-reduce across processes).
 
     Sequence-level sums as the removed TRL trainer logged them (KL, -logp "entropy", non-score reward per response),
-    then means over the batch; token entropy is the true per-token entropy of the temperature-scaled policy.
+    then means over the batch; `policy/entropy_avg` is the per-token entropy of the temperature-scaled policy
+    at rollout time (measured once per iteration, not per micro-batch).
     """
     mask = batch.response_mask
     non_score = masked_sum(batch.non_score_rewards, mask, dim=1)

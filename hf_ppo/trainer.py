@@ -274,8 +274,11 @@ class PPOLMTrainer(Trainer):
         start = time.perf_counter()
         if self._train_phase_start is not None:
             self._record({"time/train": start - self._train_phase_start})
-        was_training = model.training
-        model.eval()
+        # eval() for sampling only where it changes something: active dropout, or checkpointing (which turns the
+        # KV cache off in training mode); each toggle walks every module.
+        toggle = model.training and (args.gradient_checkpointing or not args.disable_dropout)
+        if toggle:
+            model.eval()
         # 1. Generate (KV cache; the unwrapped model, never the DDP wrapper).
         responses = generate(
             model.pretrained_model, queries, query_mask, response_length=args.response_length,
@@ -296,7 +299,8 @@ class PPOLMTrainer(Trainer):
                                  response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
                                  batch_size=batch_size, reward_tokenizer=self.reward_tokenizer)
         scored = time.perf_counter()
-        model.train(was_training)
+        if toggle:
+            model.train()
 
         # 3-5. KL-penalised per-token rewards (EOS penalty and optional normalisation on the score first), GAE,
         # whitening.
@@ -355,20 +359,16 @@ class PPOLMTrainer(Trainer):
                                                      normalizer)
         vf_loss, vf_clipfrac = value_loss(values, batch.values, batch.returns, mask, args.cliprange_value, normalizer)
         loss = pg_loss + args.vf_coef * vf_loss
-        if args.entropy_coef:
+        if args.entropy_coef:  # a vocabulary-wide softmax: only paid when the bonus is on
             entropy = entropy_from_logits(logits, args.temperature)
             loss = loss - args.entropy_coef * masked_sum(entropy, mask) / normalizer
-        else:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits, args.temperature)
         with torch.no_grad():
             # Losses are reported as this micro-batch's token means (the returned loss is scaled for accumulation).
             scale = normalizer / mask.sum().clamp(min=1)
             ratio = torch.exp(logprobs - batch.logprobs)
             self._record({
                 "loss/policy_avg": pg_loss * scale, "loss/value_avg": vf_loss * scale,
-                "policy/approxkl_avg": approxkl, "policy/clipfrac_avg": pg_clipfrac,
-                "policy/entropy_avg": masked_mean(entropy, mask), "val/clipfrac_avg": vf_clipfrac,
+                "policy/approxkl_avg": approxkl, "policy/clipfrac_avg": pg_clipfrac, "val/clipfrac_avg": vf_clipfrac,
                 "val/ratio": masked_mean(ratio, mask), "val/ratio_var": masked_var(ratio, mask),
             })
         return (loss, out) if return_outputs else loss
