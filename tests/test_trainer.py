@@ -261,3 +261,28 @@ def test_value_head_learning_rate_gets_its_own_param_group(tiny_models, tokenize
     groups = [g for g in optimizer.param_groups if {id(p) for p in g["params"]} & head]
     assert len(groups) == 1 and groups[0]["lr"] == 0.5 and {id(p) for p in groups[0]["params"]} == head
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(trainer.model.parameters()))
+
+
+def test_config_constructs_without_flags_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = PPOConfig()
+    assert args.bf16 is False and args.fp16 is False  # no GPU: mixed precision stays off instead of failing
+    assert (args.rollout_batch_size, args.optimizer_steps_per_iteration) == (8, 4)
+    assert (args.gamma, args.lam, args.cliprange, args.vf_coef, args.kl_coef, args.temperature) == (
+        1.0, 0.95, 0.2, 0.1, 0.05, 0.7)
+
+
+def test_trackers_and_sample_tables(tiny_models, tokenizer, prompts_dataset, tmp_path, capsys):
+    """report_to works as in any Trainer (tensorboard event files), and with no tracker the sample table is printed."""
+    args = make_args(tmp_path, report_to=["tensorboard"], num_sample_generations=2)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer, reward_model=count_e,
+                           train_dataset=prompts_dataset)
+    trainer.train()
+    assert list(tmp_path.rglob("events.out.tfevents.*"))
+    assert "Samples at PPO iteration" not in capsys.readouterr().out  # a tracker is set: no console table
+
+    args = make_args(tmp_path, num_sample_generations=2)  # report_to=[]: print with rich
+    PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer, reward_model=count_e,
+                 train_dataset=prompts_dataset).train()
+    printed = capsys.readouterr().out
+    assert printed.count("Samples at PPO iteration") == 2 and "the movie was" in printed
