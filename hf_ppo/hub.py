@@ -105,14 +105,12 @@ def save_merged_policy(adapter_dir, base_source, folder, tokenizer, init_kwargs:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from .loading import from_pretrained
-
     if not isinstance(base_source, str) or not (os.path.isdir(base_source) or "/" in base_source):
         raise ValueError("push_merged_model needs the policy given by Hub id or path (the base is reloaded in full "
                          "precision to merge into); push the adapter instead (push_merged_model=False).")
     init = {k: v for k, v in (init_kwargs or {}).items()
             if k in ("revision", "token", "trust_remote_code", "cache_dir", "dtype")}
-    base = from_pretrained(AutoModelForCausalLM, base_source, "policy base (for merging)", **init)
+    base = AutoModelForCausalLM.from_pretrained(base_source, **init)  # it loaded at construction already
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
     merged.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
