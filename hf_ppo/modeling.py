@@ -93,13 +93,13 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         input_ids, attention_mask, position_ids: (batch, seq). Returns logits (batch, kept, vocab) and `value`
         (batch, kept) computed in fp32 from the final (normed) hidden state.
         """
+        kwargs.setdefault("use_cache", False)  # a scoring/training pass: no KV cache to build
         out = self.pretrained_model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             logits_to_keep=logits_to_keep,
             output_hidden_states=True,
-            use_cache=False,
             **kwargs,
         )
         hidden = out.hidden_states[-1]

@@ -167,7 +167,7 @@ def policy_forward(
     logprobs, values, entropies = [], [], []
     for rows in _chunks(queries.shape[0], batch_size):
         inputs = sequence_inputs(queries[rows], query_mask[rows], responses[rows], response_mask[rows])
-        out = model(**inputs, logits_to_keep=R + 1, **({} if with_values else {"use_cache": False}))
+        out = model(**inputs, logits_to_keep=R + 1, use_cache=False)
         logits = out.logits[:, :-1]
         logprobs.append(logprobs_from_logits(logits, responses[rows], temperature))
         if with_values:
@@ -234,10 +234,9 @@ def check_reward_values(values, expected: int) -> torch.Tensor:
     return scores
 
 
-def completions_text(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
-    """Decoded responses without special tokens (the stop token and padding removed)."""
-    ids = responses.masked_fill(~response_mask, tokenizer.pad_token_id)
-    return tokenizer.batch_decode(ids, skip_special_tokens=True)
+def decode_masked(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """Decode the real tokens (mask True) of prompts or responses, without special tokens (stop token, padding)."""
+    return tokenizer.batch_decode(ids.masked_fill(~mask, tokenizer.pad_token_id), skip_special_tokens=True)
 
 
 def _reward_texts(reward_tokenizer, prompts: list, prompt_texts: list[str], completions: list[str]) -> tuple[list[str], bool]:
@@ -262,17 +261,14 @@ def score_responses(
     has one and the prompts are conversational, re-tokenized, and scored.
     """
     if callable(reward) and not isinstance(reward, nn.Module):
-        prompt_texts = tokenizer.batch_decode(queries.masked_fill(~query_mask, tokenizer.pad_token_id),
-                                              skip_special_tokens=True)
-        values = reward(prompt_texts, completions_text(tokenizer, responses, response_mask))
+        prompt_texts = decode_masked(tokenizer, queries, query_mask)
+        values = reward(prompt_texts, decode_masked(tokenizer, responses, response_mask))
         return check_reward_values(values, len(prompt_texts)).to(queries.device)
     if reward_tokenizer is None:
         inputs = sequence_inputs(queries, query_mask, responses, response_mask)
         return reward_model_scores(reward, inputs["input_ids"], inputs["attention_mask"], batch_size)
-    prompt_texts = tokenizer.batch_decode(queries.masked_fill(~query_mask, tokenizer.pad_token_id),
-                                          skip_special_tokens=True)
-    texts, templated = _reward_texts(reward_tokenizer, prompts, prompt_texts,
-                                     completions_text(tokenizer, responses, response_mask))
+    texts, templated = _reward_texts(reward_tokenizer, prompts, decode_masked(tokenizer, queries, query_mask),
+                                     decode_masked(tokenizer, responses, response_mask))
     encoded = reward_tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=not templated)
     device = queries.device
     return reward_model_scores(reward, encoded["input_ids"].to(device), encoded["attention_mask"].to(device), batch_size)

@@ -49,7 +49,7 @@ from .rollout import (
     RolloutBatch,
     add_advantages,
     check_reward_values,
-    completions_text,
+    decode_masked,
     generate,
     policy_forward,
     reference_logprobs,
@@ -343,8 +343,8 @@ class PPOLMTrainer(Trainer):
         every = max(1, total // n)
         if (self.iteration - 1) % every:
             return
-        prompts = tokenizer.batch_decode(queries.masked_fill(~query_mask, tokenizer.pad_token_id), skip_special_tokens=True)
-        rows = list(zip(prompts, completions_text(tokenizer, responses, response_mask), scores.tolist()))[:8]
+        rows = list(zip(decode_masked(tokenizer, queries, query_mask), decode_masked(tokenizer, responses, response_mask),
+                        scores.tolist()))[:8]
         log_samples_table(rows, self.iteration, self.state.global_step, self.args.report_to)
 
     # ---- loss: step 7 ---------------------------------------------------------------------------------------------
