@@ -16,6 +16,8 @@ Defaults follow the N+ implementation details paper (Huang et al. 2024) unless a
 
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -134,6 +136,35 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "push_to_hub uploads the adapter merged into a de-quantized base instead of the adapter."},
     )
 
+    # ---- TRL 1.12 PPOConfig names (migration): mapped onto the fields above in __post_init__ ---------------------
+    total_episodes: int | None = field(
+        default=None,
+        metadata={"help": "TRL's run length in episodes (prompts sampled over all processes). Sets max_steps = "
+                  "ceil(total_episodes / (rollout_batch_size x world_size)) iterations x optimizer steps per "
+                  "iteration; rounded up, as TRL did, so at least total_episodes are sampled."},
+    )
+    num_total_batches: int | None = field(
+        default=None,
+        metadata={"help": "TRL's number of rollout batches, i.e. PPO iterations: sets max_steps = num_total_batches "
+                  "x optimizer steps per iteration."},
+    )
+    dataset_num_proc: int | None = field(
+        default=None, metadata={"help": "Processes used to tokenize the prompt datasets (datasets.map num_proc)."}
+    )
+    ds3_gather_for_generation: bool | None = field(
+        default=None,
+        metadata={"help": "TRL's DeepSpeed ZeRO-3 option; hf_ppo has no ZeRO-3 gathering, so it is ignored with a "
+                  "warning. Use DDP or ZeRO-2 (recipes/accelerate/), and a 4-bit policy with LoRA to save memory."},
+    )
+    exp_name: str | None = field(default=None, metadata={"help": "TRL's experiment name: used as run_name."})
+    # Sizes TRL derived itself (and overwrote); here they derive from per_device_train_batch_size,
+    # gradient_accumulation_steps and num_mini_batches, so setting one is an error that says which to set.
+    local_batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
+    micro_batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
+    batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
+    local_mini_batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
+    mini_batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
+
     # TrainingArguments defaults that differ for PPO.
     learning_rate: float = field(default=3e-6, metadata={"help": "Initial AdamW learning rate (N+ paper)."})
     remove_unused_columns: bool = field(
@@ -147,8 +178,10 @@ class PPOConfig(TrainingArguments):
     def __post_init__(self):
         if self.bf16 is None:
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()) and not self.fp16
+        if self.exp_name is not None and self.run_name is None:
+            self.run_name = self.exp_name
         super().__post_init__()
-        errors = []
+        errors = self._map_trl_names()
         if self.num_ppo_epochs < 1:
             errors.append(f"num_ppo_epochs={self.num_ppo_epochs}: set it to 1 or more.")
         if self.num_mini_batches < 1:
@@ -166,6 +199,52 @@ class PPOConfig(TrainingArguments):
                 errors.append(f"{name}={getattr(self, name)!r}: choose '4bit', '8bit' or 'none'.")
         if errors:
             raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(errors))
+
+    def _map_trl_names(self) -> list[str]:
+        """Turn TRL 1.12's names into hf_ppo's fields; return the errors for names that cannot apply."""
+        errors = []
+        derived = {
+            "local_batch_size": "rollout_batch_size (prompts per iteration per device)",
+            "batch_size": "rollout_batch_size x world_size (prompts per iteration)",
+            "local_mini_batch_size": "minibatch_size (sequences per optimizer step per device)",
+            "mini_batch_size": "minibatch_size x world_size",
+            "micro_batch_size": "per_device_train_batch_size x world_size",
+        }
+        for name, meaning in derived.items():
+            if getattr(self, name) is not None:
+                errors.append(f"{name}={getattr(self, name)} cannot be set (TRL computed it too, and overwrote your "
+                              f"value): here it is {meaning}. Set per_device_train_batch_size, "
+                              "gradient_accumulation_steps and num_mini_batches instead.")
+        if self.ds3_gather_for_generation is not None:
+            warnings.warn("ds3_gather_for_generation is ignored: it is a DeepSpeed ZeRO-3 option and hf_ppo has no "
+                          "ZeRO-3 weight gathering for generation. Use DDP or ZeRO-2 (recipes/accelerate/); to fit a "
+                          "larger policy, load it in 4 bits with LoRA (policy_quantization='4bit').")
+        if self.total_episodes is None and self.num_total_batches is None:
+            return errors
+        if self.total_episodes is not None and self.num_total_batches is not None:
+            return errors + ["Set total_episodes or num_total_batches, not both (both set the run length)."]
+        for name in ("total_episodes", "num_total_batches"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                return errors + [f"{name}={getattr(self, name)}: set it to 1 or more."]
+        if self.num_ppo_epochs < 1 or self.num_mini_batches < 1:
+            return errors  # reported by the range checks
+        if self.num_total_batches is not None:
+            iterations = self.num_total_batches
+        else:
+            iterations = math.ceil(self.total_episodes / (self.rollout_batch_size * self.world_size))
+        steps = iterations * self.optimizer_steps_per_iteration
+        if self.max_steps > 0 and self.max_steps != steps:
+            name = "total_episodes" if self.total_episodes is not None else "num_total_batches"
+            return errors + [f"{name} and max_steps={self.max_steps} both set the run length ({name} means "
+                             f"max_steps={steps}): set only one."]
+        if self.total_episodes is not None and self.num_mini_batches > 1:
+            warnings.warn(
+                f"num_mini_batches={self.num_mini_batches} multiplies the rollout batch here: one iteration samples "
+                "per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches prompts per device, "
+                "where TRL sampled per_device_train_batch_size x gradient_accumulation_steps and split them. To keep "
+                "TRL's batch sizes, divide gradient_accumulation_steps by num_mini_batches.")
+        self.max_steps = steps
+        return errors
 
     @property
     def minibatch_size(self) -> int:

@@ -24,26 +24,44 @@ class PromptCollator:
         return {"queries": queries, "query_mask": mask, "prompts": [f["prompt"] for f in features]}
 
 
+def _pretokenized_rows(batch: dict, tokenizer) -> tuple[list[list[int]], list[str]]:
+    """Token ids of a pre-tokenized batch (padding dropped where an attention_mask says so) and their decoded text."""
+    masks = batch.get("attention_mask") or [None] * len(batch["input_ids"])
+    ids = [[int(t) for t, keep in zip(row, mask or [1] * len(row)) if keep] for row, mask in zip(batch["input_ids"], masks)]
+    # The text reward callables and the reward model's chat formatting see (as rollouts decode prompts).
+    return ids, tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
 def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | None, response_length: int,
-                    context: int | None):
+                    context: int | None, num_proc: int | None = None):
     """Check the prompt column and tokenize it; truncate over-long prompts from the left with one warning.
 
-    Returns a dataset with columns "prompt" (the raw text or messages) and "input_ids".
+    Accepts a "prompt" column (text), a "messages" column (chat), or pre-tokenized "input_ids" (TRL 1.12's format;
+    an "attention_mask" column, when present, marks padding to drop). Returns a dataset with columns "prompt" (the
+    raw text or messages; for pre-tokenized rows their decoded text) and "input_ids".
     """
     if dataset is None:
         return None
     columns = dataset.column_names
+    pretokenized = False
     if "prompt" in columns:
         key = "prompt"
     elif "messages" in columns:
         key = "messages"
+    elif "input_ids" in columns:
+        key, pretokenized = "input_ids", True
     else:
-        raise ValueError(f"{name} needs a 'prompt' column (text) or a 'messages' column (chat); it has {columns}. "
-                         f"Rename yours, e.g. {name}.rename_column('{columns[0] if columns else 'text'}', 'prompt').")
+        raise ValueError(f"{name} needs a 'prompt' column (text), a 'messages' column (chat) or an 'input_ids' column "
+                         f"(token ids from the policy's tokenizer); it has {columns}. Rename yours, e.g. "
+                         f"{name}.rename_column('{columns[0] if columns else 'text'}', 'prompt').")
     if len(dataset) == 0:
         raise ValueError(f"{name} is empty: it needs prompts.")
     first = dataset[0][key]
-    chat = isinstance(first, list)
+    if pretokenized and not (isinstance(first, list) and all(isinstance(t, int) for t in first)):
+        raise ValueError(f"{name}'s 'input_ids' must hold one list of token ids per row, got {first!r:.80}. Tokenize "
+                         "without padding or tensors, e.g. dataset.map(lambda x: tokenizer(x['prompt']), "
+                         "batched=True), or give the text in a 'prompt' column.")
+    chat = isinstance(first, list) and not pretokenized
     if chat and not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{name} holds chat messages but the tokenizer has no chat template: set "
                          "tokenizer.chat_template, or give plain-text prompts in a 'prompt' column.")
@@ -56,6 +74,11 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
         budget = room if budget is None else min(budget, room)
 
     def tokenize(batch):
+        if pretokenized:
+            ids, texts = _pretokenized_rows(batch, tokenizer)
+            vocab = len(tokenizer)
+            return {"input_ids": ids, "prompt": texts, "_empty": [not i for i in ids],
+                    "_length": [len(i) for i in ids], "_out_of_vocab": [any(not 0 <= t < vocab for t in i) for i in ids]}
         prompts = batch[key]
         if chat:
             ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -66,17 +89,27 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
         return {"input_ids": ids, "_empty": empty, "_length": [len(i) for i in ids]}
 
     tokenized = dataset.map(tokenize, batched=True, remove_columns=[c for c in columns if c != key],
-                            desc=f"Tokenizing {name}")
+                            desc=f"Tokenizing {name}", num_proc=num_proc)
+    if pretokenized:
+        bad = [i for i, b in enumerate(tokenized["_out_of_vocab"]) if b]
+        if bad:
+            raise ValueError(f"{name} has token ids outside the policy tokenizer's {len(tokenizer)} tokens (rows "
+                             f"{bad[:10]}): they were made with another tokenizer. Tokenize the prompts with the "
+                             "policy's tokenizer, or give the text in a 'prompt' column.")
+        tokenized = tokenized.remove_columns(["_out_of_vocab"])
     empty = [i for i, e in enumerate(tokenized["_empty"]) if e]
     if empty:
+        keep = (f"len(x['{key}']) > 0" if chat else
+                "any(x['attention_mask']) if 'attention_mask' in x else len(x['input_ids']) > 0" if pretokenized else
+                f"x['{key}'].strip()")
         raise ValueError(f"{name} has {len(empty)} empty prompt(s) (rows {empty[:10]}): remove them, e.g. "
-                         f"{name}.filter(lambda x: x['{key}'].strip()).")
+                         f"{name}.filter(lambda x: {keep}).")
     too_long = sum(length > budget for length in tokenized["_length"]) if budget else 0
     if too_long:
         warnings.warn(f"{too_long} prompt(s) of {name} are longer than {budget} tokens (max_prompt_length, capped so "
                       f"prompt + response_length fits the model's context); they are truncated from the left.")
-        tokenized = tokenized.map(lambda x: {"input_ids": x["input_ids"][-budget:]})
+        tokenized = tokenized.map(lambda x: {"input_ids": x["input_ids"][-budget:]}, num_proc=num_proc)
     tokenized = tokenized.remove_columns(["_empty", "_length"])
-    if key != "prompt":
+    if key != "prompt" and not pretokenized:
         tokenized = tokenized.rename_column(key, "prompt")
     return tokenized

@@ -150,6 +150,7 @@ class PPOLMTrainer(Trainer):
                                                 dtype, device, uses_peft=policy.is_peft_model)
         self.reward_model = loading.load_reward_model(reward_model, args.reward_model_init_kwargs,
                                                       args.reward_quantization, dtype, device)
+        _check_vocab(policy, tokenizer)  # first: a token added without resizing is the policy's, not the reward's
         if isinstance(reward_model, str) and reward_processing_class is None:
             reward_processing_class = loading.load_tokenizer(reward_model, "reward model", args.reward_model_init_kwargs)
         self.reward_tokenizer = _reward_tokenizer(self.reward_model, tokenizer, reward_processing_class)
@@ -157,15 +158,16 @@ class PPOLMTrainer(Trainer):
             for m in (policy, self.ref_model, self.reward_model):
                 if isinstance(m, torch.nn.Module):
                     loading.disable_dropout(m)
-        _check_vocab(policy, tokenizer)
         self.stop_token_id = tokenizer.eos_token_id if args.stop_token == "eos" else args.stop_token_id
 
         # Data: validated and tokenized here, so bad prompts fail before training starts.
         context = _max_positions(policy.config)
         train_dataset = prepare_prompts(train_dataset, tokenizer, "train_dataset", context=context,
-                                        max_prompt_length=args.max_prompt_length, response_length=args.response_length)
+                                        max_prompt_length=args.max_prompt_length, response_length=args.response_length,
+                                        num_proc=args.dataset_num_proc)
         eval_dataset = prepare_prompts(eval_dataset, tokenizer, "eval_dataset", context=context,
-                                       max_prompt_length=args.max_prompt_length, response_length=args.response_length)
+                                       max_prompt_length=args.max_prompt_length, response_length=args.response_length,
+                                       num_proc=args.dataset_num_proc)
         self._check_batch_sizes(args, train_dataset)
         if callable(self.reward_model) and not isinstance(self.reward_model, torch.nn.Module) and train_dataset is not None:
             probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
@@ -569,7 +571,9 @@ def _reward_tokenizer(reward_model, tokenizer, reward_processing_class):
         vocab = reward_model.get_input_embeddings().num_embeddings
         if len(tokenizer) > vocab:
             raise ValueError(f"The reward model's embedding has {vocab} tokens, fewer than the policy tokenizer's "
-                             f"{len(tokenizer)}: it uses another tokenizer. Pass reward_processing_class=<its tokenizer>.")
+                             f"{len(tokenizer)}: it uses another tokenizer. Pass reward_processing_class=<its tokenizer>. "
+                             "(If it shares the policy's tokenizer but you added a token, e.g. a pad token, resize it "
+                             "too: reward_model.resize_token_embeddings(len(tokenizer)).)")
         return None
     if loading.same_tokenizer(tokenizer, reward_processing_class):
         return None

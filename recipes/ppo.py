@@ -57,8 +57,16 @@ class ScriptArguments:
 class ModelArguments:
     """Which models to load, and how (quantization of each model is set in PPOConfig)."""
 
-    model_name_or_path: str = field(metadata={"help": "Policy: Hub id or local path of a causal LM."})
-    reward_model_name_or_path: str = field(metadata={"help": "Reward model: a sequence classifier with 1 label."})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Policy: Hub id or local path of a causal LM (with --sft_model_path, as in "
+                                "TRL's script, only the tokenizer is read from here)."})
+    reward_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Reward model: a sequence classifier with 1 label."})
+    # TRL 1.12's script names (they lived in its PPOConfig): the policy/reference and the reward model.
+    sft_model_path: str | None = field(
+        default=None, metadata={"help": "TRL's name for the policy (and reference) model; the tokenizer still comes "
+                                "from --model_name_or_path when given, as in TRL's script."})
+    reward_model_path: str | None = field(default=None, metadata={"help": "TRL's name for --reward_model_name_or_path."})
     ref_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Reference model; None: the policy with its LoRA adapter disabled "
                                 "(with use_peft) or a frozen copy of the starting policy."},
@@ -76,6 +84,22 @@ class ModelArguments:
     lora_target_modules: list[str] | None = field(
         default=None, metadata={"help": "Modules to adapt, e.g. 'all-linear' or q_proj v_proj; None: peft's default."}
     )
+
+
+def resolve_model_paths(model_args: ModelArguments) -> tuple[str, str, str]:
+    """(policy, tokenizer, reward model) paths from hf_ppo's names or TRL's (`sft_model_path`, `reward_model_path`)."""
+    policy = model_args.sft_model_path or model_args.model_name_or_path
+    if policy is None:
+        raise ValueError("No policy: pass --model_name_or_path (or TRL's --sft_model_path).")
+    rewards = {p for p in (model_args.reward_model_name_or_path, model_args.reward_model_path) if p is not None}
+    if not rewards:
+        # TRL's script defaulted to EleutherAI/pythia-160m, a base LM whose score head would be random: no default.
+        raise ValueError("No reward model: pass --reward_model_name_or_path (or TRL's --reward_model_path), a "
+                         "sequence classifier trained with num_labels=1 (e.g. with trl's RewardTrainer).")
+    if len(rewards) > 1:
+        raise ValueError(f"--reward_model_name_or_path and --reward_model_path name different models {sorted(rewards)}: "
+                         "pass one.")
+    return policy, model_args.model_name_or_path or policy, rewards.pop()
 
 
 def init_kwargs(model_args: ModelArguments, revision: str | None) -> dict:
@@ -132,7 +156,8 @@ def main(argv: list[str] | None = None) -> PPOLMTrainer:
     ppo_config.reward_model_init_kwargs = {**init_kwargs(model_args, model_args.reward_model_revision),
                                            **(ppo_config.reward_model_init_kwargs or {})}
 
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
+    policy_path, tokenizer_path, reward_path = resolve_model_paths(model_args)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, revision=model_args.model_revision,
                                               trust_remote_code=model_args.trust_remote_code)
     train = load_split(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)
     train = prepare_prompts(train, script_args.prompt_column, tokenizer, script_args.dataset_name)
@@ -154,9 +179,9 @@ def main(argv: list[str] | None = None) -> PPOLMTrainer:
                                  lora_dropout=model_args.lora_dropout, target_modules=targets)
 
     trainer = PPOLMTrainer(
-        model=model_args.model_name_or_path,
+        model=policy_path,
         args=ppo_config,
-        reward_model=model_args.reward_model_name_or_path,
+        reward_model=reward_path,
         ref_model=model_args.ref_model_name_or_path,
         train_dataset=train,
         eval_dataset=evaluation,
