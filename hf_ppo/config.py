@@ -76,7 +76,9 @@ class PPOConfig(TrainingArguments):
         default="eos",
         metadata={"help": "'eos': responses end at the tokenizer's EOS; None: use `stop_token_id`, or never stop."},
     )
-    stop_token_id: int | None = field(default=None, metadata={"help": "Token id that ends a response."})
+    stop_token_id: int | None = field(
+        default=None, metadata={"help": "Token id that ends a response; when set, it is used instead of stop_token."}
+    )
     missing_eos_penalty: float | None = field(
         default=None,
         metadata={"help": "Subtracted from the score of a response that never produced the stop token (the 'EOS "

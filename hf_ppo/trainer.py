@@ -158,7 +158,9 @@ class PPOLMTrainer(Trainer):
             for m in (policy, self.ref_model, self.reward_model):
                 if isinstance(m, torch.nn.Module):
                     loading.disable_dropout(m)
-        self.stop_token_id = tokenizer.eos_token_id if args.stop_token == "eos" else args.stop_token_id
+        # An explicit stop_token_id wins over the default stop_token="eos" (TRL treated the two as exclusive).
+        self.stop_token_id = (args.stop_token_id if args.stop_token_id is not None
+                              else tokenizer.eos_token_id if args.stop_token == "eos" else None)
 
         # Data: validated and tokenized here, so bad prompts fail before training starts.
         context = _max_positions(policy.config)
