@@ -102,6 +102,29 @@ def test_hub_id_round_trip_through_push_to_hub(local_hub, hub_token, base_dir, i
         torch.testing.assert_close(loaded(**inputs).value, wrapper(**inputs).value, rtol=0, atol=0)
 
 
+def test_hub_ids_of_trl_checkpoints_adapter_and_sharded(local_hub, hub_token, adapter_dir, tok, tmp_path):
+    """By Hub id: a TRL adapter repo (head alone in pytorch_model.bin) and a sharded repo (head in shard 2)."""
+    from huggingface_hub import create_repo, upload_folder
+
+    path, _ = adapter_dir
+    trl_adapter, sharded = tmp_path / "trl_adapter", tmp_path / "sharded"
+    trl_adapter.mkdir(), sharded.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (trl_adapter / name).write_bytes((Path(path) / name).read_bytes())
+    adapter_head, sharded_head = _trl_head(seed=5), _trl_head(seed=6)
+    torch.save(adapter_head, trl_adapter / "pytorch_model.bin")
+    model = build_causal_lm(tok, hidden_size=HIDDEN, seed=7)
+    model.config.save_pretrained(sharded)
+    _write_sharded(sharded, model.state_dict(), sharded_head, "safetensors")
+    for folder, head in ((trl_adapter, adapter_head), (sharded, sharded_head)):
+        repo_id = f"{TEST_USER}/{folder.name}"
+        create_repo(repo_id, token=hub_token)
+        upload_folder(repo_id=repo_id, folder_path=str(folder), token=hub_token)
+        loaded = Wrapper.from_pretrained(repo_id, token=hub_token, is_trainable=True)
+        _assert_head(loaded, head)
+        assert isinstance(loaded.pretrained_model, PeftModel) == (folder is trl_adapter)
+
+
 def test_adapter_folder_trainable_with_is_trainable(adapter_dir, inputs):
     path, saved = adapter_dir
     with warnings.catch_warnings(record=True) as caught:
