@@ -61,6 +61,9 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
         raise ValueError(f"{name}'s 'input_ids' must hold one list of token ids per row, got {first!r:.80}. Tokenize "
                          "without padding or tensors, e.g. dataset.map(lambda x: tokenizer(x['prompt']), "
                          "batched=True), or give the text in a 'prompt' column.")
+    if not pretokenized and isinstance(first, list) and first and all(isinstance(t, int) for t in first):
+        raise ValueError(f"{name}'s {key!r} column holds token ids, not text: name it 'input_ids' "
+                         f"({name}.rename_column({key!r}, 'input_ids')), which is read as pre-tokenized prompts.")
     chat = isinstance(first, list) and not pretokenized
     if chat and not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{name} holds chat messages but the tokenizer has no chat template: set "

@@ -124,7 +124,13 @@ def load_split(name: str, config: str | None, split: str) -> Dataset:
 
 
 def prepare_prompts(dataset: Dataset, column: str, tokenizer, source: str) -> Dataset:
-    """Keep `column` alone, renamed "prompt": text, or chat messages the trainer renders with the chat template."""
+    """Keep `column` alone, renamed "prompt": text, or chat messages the trainer renders with the chat template.
+
+    Pre-tokenized prompts (TRL 1.12's format: token ids, used when `column` holds them or, by default, when the
+    dataset has "input_ids" and no "prompt") are kept as "input_ids", with their "attention_mask" when present.
+    """
+    if column == "prompt" and column not in dataset.column_names and "input_ids" in dataset.column_names:
+        column = "input_ids"
     if column not in dataset.column_names:
         raise ValueError(
             f"Dataset {source!r} has no column {column!r}; its columns are {dataset.column_names}. Choose the prompt "
@@ -132,6 +138,10 @@ def prepare_prompts(dataset: Dataset, column: str, tokenizer, source: str) -> Da
             "column of message lists, e.g. --prompt_column messages."
         )
     first = dataset[0][column] if len(dataset) else ""
+    if isinstance(first, list) and first and all(isinstance(t, int) for t in first):  # token ids
+        keep = [column] + (["attention_mask"] if "attention_mask" in dataset.column_names else [])
+        dataset = dataset.select_columns(keep)
+        return dataset.rename_column(column, "input_ids") if column != "input_ids" else dataset
     if isinstance(first, list) and tokenizer.chat_template is None:  # chat: a list of {"role", "content"} dicts
         raise ValueError(
             f"Column {column!r} of {source!r} holds chat messages, but the policy's tokenizer has no chat template. "

@@ -297,6 +297,18 @@ def test_pretokenized_prompts_errors_name_the_fix(tok):
         _prepare(Dataset.from_dict({"input_ids": [[1, 2], [3]], "attention_mask": [[1, 1], [0]]}), tok)
     with pytest.raises(ValueError, match="'input_ids' column"):
         _prepare(Dataset.from_dict({"text": ["the movie was"]}), tok)
+    # The advice TRL users once got (rename input_ids to prompt) now gets the right fix instead of a crash.
+    with pytest.raises(ValueError, match=r"holds token ids, not text.*rename_column\('prompt', 'input_ids'\)"):
+        _prepare(Dataset.from_dict({"prompt": [[1, 2], [3]]}), tok)
+
+
+def test_recipe_keeps_pretokenized_prompts(tok):
+    recipe = _load_recipe()
+    data = Dataset.from_dict({"input_ids": [[5, 6], [7]], "attention_mask": [[1, 1], [1]], "label": [0, 1]})
+    kept = recipe.prepare_prompts(data, "prompt", tok, "ds")  # the default --prompt_column finds input_ids
+    assert kept.column_names == ["input_ids", "attention_mask"]
+    renamed = recipe.prepare_prompts(data.rename_column("input_ids", "ids"), "ids", tok, "ds")
+    assert renamed["input_ids"] == [[5, 6], [7]]
 
 
 # ---- TRL 1.12 PPOConfig names ------------------------------------------------------------------------------------
