@@ -99,7 +99,8 @@ class PPOLMTrainer(Trainer):
             `(prompts: list[str], completions: list[str]) -> list[float]`.
         ref_model: None (the policy with its LoRA adapter disabled; without LoRA, a frozen copy of the starting
             policy), or an id / path / model.
-        train_dataset / eval_dataset: `datasets.Dataset` with a "prompt" (text) or "messages" (chat) column.
+        train_dataset / eval_dataset: `datasets.Dataset` with a "prompt" (text) or "messages" (chat) column, or
+            pre-tokenized "input_ids" (and optionally "attention_mask"), TRL 1.12's format.
         peft_config: a peft `LoraConfig` (None: full fine-tuning).
         reward_processing_class: the reward model's tokenizer when the reward model is passed as an object and its
             tokenizer differs from the policy's (loaded automatically when `reward_model` is an id/path).
