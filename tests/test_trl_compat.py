@@ -413,3 +413,13 @@ def test_masked_stats_float_int_and_bool_masks_agree_with_hand_values():
     torch.testing.assert_close(masked_mean(rows, torch.tensor([[1.0, 1.0], [0.0, 1.0]]), dim=1), torch.tensor([2.0, 9.0]))
     with pytest.raises(ValueError, match="only 0 and 1"):
         masked_mean(values, torch.tensor([1.0, 0.5, 0.0, 1.0]))
+
+
+def test_added_pad_token_without_resize_is_blamed_on_the_policy(base_dir, tiny_models, tmp_path):
+    """TRL's script adds "[PAD]" to the tokenizer; without resizing, the fix is on the policy, not the reward model."""
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    args = _config(tmp_path, per_device_train_batch_size=2, max_steps=1, reward_quantization="none")
+    with pytest.raises(ValueError, match=r"policy's embedding.*resize_token_embeddings\(len\(tokenizer\)\)"):
+        PPOLMTrainer(model=base_dir, args=args, processing_class=tokenizer, reward_model=tiny_models["reward"],
+                     train_dataset=Dataset.from_dict({"prompt": ["the movie was"] * 2}))
