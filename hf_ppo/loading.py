@@ -159,7 +159,7 @@ def choose_pad_token(
 
 def _unused_special_token(tokenizer, model, rows: int, stop_ids: set[int]) -> tuple[int, str] | None:
     """(id, token) of the best pad candidate, or None; see `choose_pad_token` for the rules."""
-    taken = set(stop_ids) | set(tokenizer(_PROBE_TEXT)["input_ids"])
+    taken = set(stop_ids) | set(tokenizer(_PROBE_TEXT, verbose=False)["input_ids"])
     taken |= {getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "sep", "cls", "mask")}
     taken |= _config_token_ids(model.config)
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else str(tokenizer.chat_template or "")

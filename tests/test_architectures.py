@@ -404,3 +404,32 @@ def test_all_linear_lora_skips_the_vision_tower_unless_named(saved_arch):
     assert any("language_model" in n for n in names) and not any("vision_tower" in n for n in names)
     named = LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM")
     assert language_model_lora_config(model, named) is named  # explicit names are kept: they may name the tower
+
+
+def test_disable_dropout_reaches_float_attributes_and_sub_configs(saved_arch):
+    """OPT applies dropout from float attributes (and layerdrop); Gemma 3's vision tower reads its sub-config."""
+    from hf_ppo.loading import disable_dropout
+
+    for name in ("opt125m", "gemma3_multimodal"):
+        model = AutoModelForCausalLM.from_pretrained(saved_arch(name))
+        disable_dropout(model)
+        floats = [(n, k) for n, m in model.named_modules() for k, v in vars(m).items()
+                  if ("dropout" in k or "layerdrop" in k) and isinstance(v, float) and v != 0]
+        assert not floats
+        configs = [model.config, *(getattr(model.config, k) for k in ("text_config", "vision_config")
+                                   if hasattr(model.config, k))]
+        assert all(v == 0 for c in configs for k, v in vars(c).items() if "dropout" in k and isinstance(v, float))
+        ids = torch.tensor([[5, 6, 7, 8, 9]])
+        with torch.no_grad():
+            train_logits = model.train()(input_ids=ids).logits
+            torch.testing.assert_close(train_logits, model.eval()(input_ids=ids).logits, rtol=0, atol=0)
+
+
+def test_same_tokenizer_ignores_the_pad_id(saved_arch):
+    from hf_ppo.loading import same_tokenizer
+
+    a = AutoTokenizer.from_pretrained(saved_arch("qwen3"))
+    b = AutoTokenizer.from_pretrained(saved_arch("qwen3"))
+    b.pad_token = "<|fim_pad|>"
+    assert same_tokenizer(a, b)
+    assert not same_tokenizer(a, AutoTokenizer.from_pretrained(saved_arch("llama3")))
