@@ -88,8 +88,12 @@ def resolve_stop_token_ids(stop_token_ids, stop_token_id, stop_token, tokenizer,
     return list(dict.fromkeys(int(i) for i in ids if i is not None))  # unique, in order
 
 
-def check_stop_token_ids(stop_token_ids: list[int], model) -> None:
-    """Every stop id must be a token the policy can sample (a row of its output embedding)."""
+def check_stop_token_ids(stop_token_ids: list[int], model, needs_stop: bool = False) -> None:
+    """Every stop id must be a token the policy can sample (a row of its output embedding); `needs_stop` (the EOS
+    trick is on) requires at least one."""
+    if needs_stop and not stop_token_ids:
+        raise ValueError("missing_eos_penalty is set but there is no stop token: the tokenizer has no EOS and the "
+                         "model's generation_config names none. Set PPOConfig.stop_token_ids.")
     rows = model.get_output_embeddings().weight.shape[0]
     bad = [i for i in stop_token_ids if not 0 <= i < rows]
     if bad:

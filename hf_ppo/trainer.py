@@ -151,7 +151,7 @@ class PPOLMTrainer(Trainer):
         # them: an existing unused special token when the tokenizer has no pad or pads with a stop token.
         self.stop_token_ids = loading.resolve_stop_token_ids(args.stop_token_ids, args.stop_token_id, args.stop_token,
                                                              processing_class, body)
-        loading.check_stop_token_ids(self.stop_token_ids, body)
+        loading.check_stop_token_ids(self.stop_token_ids, body, needs_stop=args.missing_eos_penalty is not None)
         tokenizer = loading.choose_pad_token(processing_class, body, self.stop_token_ids,
                                              "id" if isinstance(model, str) else "object")
         self.ref_model = loading.load_reference(ref_model, model, args.ref_model_init_kwargs, args.ref_quantization,

@@ -390,6 +390,11 @@ def test_stop_token_id_and_stop_token_none(saved_arch, tmp_path):
     with pytest.raises(ValueError, match="outside the policy's vocabulary"):
         build(stop_token_ids=[10_000])
 
+    from hf_ppo.loading import check_stop_token_ids
+
+    with pytest.raises(ValueError, match="no stop token"):  # e.g. a tokenizer without EOS and the EOS trick on
+        check_stop_token_ids([], AutoModelForCausalLM.from_pretrained(folder), needs_stop=True)
+
 
 def test_all_linear_lora_skips_the_vision_tower_unless_named(saved_arch):
     from peft import LoraConfig, get_peft_model
