@@ -76,7 +76,7 @@ def measure_floor(*, policy, ref_model, reward, tokenizer, optimizer, prompts: l
         from hf_ppo.rollout import generate
 
         return generate(base, queries, query_mask.bool(), response_length=R, temperature=temperature, top_k=None,
-                        top_p=1.0, pad_token_id=tokenizer.pad_token_id, stop_token_id=stop_token_id,
+                        top_p=1.0, pad_token_id=tokenizer.pad_token_id, stop_token_ids=stop_token_id,
                         batch_size=queries.shape[0])
 
     out["hf_generate_s"] = _timed(gen, repeats, sync, "hf_generate_s")

@@ -74,10 +74,17 @@ class PPOConfig(TrainingArguments):
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0: off)."})
     stop_token: Literal["eos"] | None = field(
         default="eos",
-        metadata={"help": "'eos': responses end at the tokenizer's EOS; None: use `stop_token_id`, or never stop."},
+        metadata={"help": "'eos': responses end at the tokenizer's EOS or any id of the policy's "
+                  "`generation_config.eos_token_id` (e.g. `<|eot_id|>`, `<end_of_turn>`, `<|im_end|>`); None: use "
+                  "`stop_token_ids` / `stop_token_id`, or never stop."},
     )
     stop_token_id: int | None = field(
-        default=None, metadata={"help": "Token id that ends a response; when set, it is used instead of stop_token."}
+        default=None, metadata={"help": "One token id that ends a response (same as stop_token_ids=[id])."}
+    )
+    stop_token_ids: list[int] | None = field(
+        default=None,
+        metadata={"help": "Token ids that end a response (any of them), replacing the `stop_token` default. Used by "
+                  "the sampler, the truncation after the stop token, the EOS trick and `rollout/eos_rate`."},
     )
     missing_eos_penalty: float | None = field(
         default=None,
@@ -194,8 +201,15 @@ class PPOConfig(TrainingArguments):
             errors.append(f"temperature={self.temperature}: must be > 0 (log-probs divide logits by it).")
         if not 0 < self.top_p <= 1:
             errors.append(f"top_p={self.top_p}: must be in (0, 1].")
-        if self.stop_token is None and self.stop_token_id is None and self.missing_eos_penalty is not None:
-            errors.append("missing_eos_penalty needs a stop token: set stop_token='eos' or stop_token_id.")
+        if self.stop_token_ids is not None and self.stop_token_id is not None:
+            errors.append("stop_token_id and stop_token_ids are both set: put every id in stop_token_ids.")
+        if self.stop_token_ids is not None and not all(isinstance(i, int) and i >= 0 for i in self.stop_token_ids):
+            errors.append(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids (ints >= 0).")
+        never_stops = (self.stop_token is None and self.stop_token_id is None) if self.stop_token_ids is None \
+            else not self.stop_token_ids
+        if never_stops and self.missing_eos_penalty is not None:
+            errors.append("missing_eos_penalty needs a stop token: set stop_token='eos', stop_token_ids or "
+                          "stop_token_id.")
         for name in ("policy_quantization", "ref_quantization", "reward_quantization"):
             if getattr(self, name) not in ("4bit", "8bit", "none"):
                 errors.append(f"{name}={getattr(self, name)!r}: choose '4bit', '8bit' or 'none'.")

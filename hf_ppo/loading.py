@@ -9,6 +9,8 @@ quantized (they are loaded straight onto their device with `device_map`).
 from __future__ import annotations
 
 import copy
+import re
+import warnings
 
 import torch
 from torch import nn
@@ -16,6 +18,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -64,19 +67,160 @@ def load_tokenizer(name_or_path: str, role: str, init_kwargs: dict | None = None
     return from_pretrained(AutoTokenizer, name_or_path, f"{role} tokenizer", **kwargs)
 
 
-def check_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
-    """Require a dedicated pad token and pad prompts on the left (generation appends on the right)."""
-    fix = ("Add one: `tokenizer.add_special_tokens({'pad_token': '<pad>'})` and "
-           "`model.resize_token_embeddings(len(tokenizer))`, or pick an unused special token as pad.")
-    if tokenizer.pad_token_id is None:
-        raise ValueError(f"The tokenizer has no pad token. {fix}")
-    if tokenizer.pad_token_id == tokenizer.eos_token_id:
-        raise ValueError(
-            "The tokenizer's pad token is its EOS token: padding with EOS makes EOS unlearnable and undetectable in "
-            f"responses (N+ paper). {fix}"
-        )
-    tokenizer.padding_side = "left"
+def resolve_stop_token_ids(stop_token_ids, stop_token_id, stop_token, tokenizer, model) -> list[int]:
+    """The ids that end a response, from the config fields in order of precedence.
+
+    `stop_token_ids` (a list) as given; else `stop_token_id` alone; else with `stop_token="eos"` the tokenizer's EOS
+    plus every id of the model's `generation_config.eos_token_id` (an int or a list: instruct models end a turn with
+    `<|eot_id|>`, `<end_of_turn>`, `<|im_end|>`...); else (`stop_token=None`) none: responses never stop.
+    """
+    if stop_token_ids is not None:
+        ids = list(stop_token_ids)
+    elif stop_token_id is not None:
+        ids = [stop_token_id]
+    elif stop_token == "eos":
+        generation_config = getattr(model, "generation_config", None)
+        configured = getattr(generation_config, "eos_token_id", None)
+        configured = configured if isinstance(configured, (list, tuple)) else [configured]
+        ids = [tokenizer.eos_token_id, *configured]
+    else:
+        ids = []
+    return list(dict.fromkeys(int(i) for i in ids if i is not None))  # unique, in order
+
+
+def check_stop_token_ids(stop_token_ids: list[int], model, needs_stop: bool = False) -> None:
+    """Every stop id must be a token the policy can sample (a row of its output embedding); `needs_stop` (the EOS
+    trick is on) requires at least one."""
+    if needs_stop and not stop_token_ids:
+        raise ValueError("missing_eos_penalty is set but there is no stop token: the tokenizer has no EOS and the "
+                         "model's generation_config names none. Set PPOConfig.stop_token_ids.")
+    rows = model.get_output_embeddings().weight.shape[0]
+    bad = [i for i in stop_token_ids if not 0 <= i < rows]
+    if bad:
+        raise ValueError(f"stop token ids {bad} are outside the policy's vocabulary (0..{rows - 1}): the policy can "
+                         "never sample them. Set PPOConfig.stop_token_ids to ids of this tokenizer.")
+
+
+def tokenizer_size(tokenizer: PreTrainedTokenizerBase) -> int:
+    """Rows an embedding needs for every id the tokenizer can produce: len(tokenizer), or max id + 1 if larger."""
+    return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
+
+
+def check_vocab(model, tokenizer: PreTrainedTokenizerBase, role: str, fix: str) -> None:
+    """Fail now, not with an IndexError mid-rollout, when `model` has fewer embedding rows than the token ids of
+    `tokenizer`; `fix` says what to do for this model's role and the way it was given."""
+    rows = model.get_input_embeddings().weight.shape[0]
+    needed = tokenizer_size(tokenizer)
+    if needed > rows:
+        raise ValueError(f"The tokenizer produces token ids up to {needed - 1} ({len(tokenizer)} tokens) but the "
+                         f"{role}'s embedding has only {rows} rows. {fix}")
+
+
+# Name fragments of special tokens that exist to be unused, best first (see `choose_pad_token`).
+_PAD_NAMES = ("pad",)
+_UNUSED_NAMES = ("reserved", "unused", "placeholder", "control")
+_MODALITY_NAMES = ("image", "video", "vision", "audio")
+# Ordinary text (ASCII, accents, CJK, emoji): a pad candidate must never come out of encoding it.
+_PROBE_TEXT = (" ".join(chr(c) for c in range(33, 127)) + " Hello world, the quick brown fox. Héllo wörld ça "
+               "日本語 中文 한국어 🙂\n\tend")
+
+
+def choose_pad_token(
+    tokenizer: PreTrainedTokenizerBase, model, stop_token_ids: list[int], model_given_as: str
+) -> PreTrainedTokenizerBase:
+    """The tokenizer the trainer uses: padding on the left, with a pad token that is not a stop token.
+
+    When the tokenizer has no pad token, or its pad is EOS or another stop token (padding with EOS makes it
+    undetectable after truncation, N+ paper), an existing special token is chosen instead: one with an embedding row
+    in `model` that never comes out of encoding text (not BOS/EOS/UNK, not a token of the chat template, not a token
+    the model's config refers to, such as an image placeholder). Names with "pad" are preferred (Llama 3's
+    `<|finetune_right_pad_id|>`, Pythia's `<|padding|>`, Qwen's `<|fim_pad|>`), then reserved/unused ones, then any
+    other unused special token, then UNK if no text encodes to it (byte-level tokenizers). The choice is announced
+    once. No token is ever added and no embedding resized: when no such token exists this fails with the fix for
+    `model_given_as` ("id" or "object").
+
+    The user's tokenizer is never modified: the trainer works on (and saves) a copy.
+    """
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.padding_side = "left"  # generation appends on the right
+    pad = tokenizer.pad_token_id
+    if pad is not None and pad not in stop_token_ids:
+        return tokenizer
+    rows = model.get_input_embeddings().weight.shape[0]
+    choice = _unused_special_token(tokenizer, model, rows, set(stop_token_ids))
+    why = ("has no pad token" if pad is None
+           else f"pads with {tokenizer.pad_token!r}, which is a stop token (padding with a stop token hides it)")
+    if choice is None:
+        raise ValueError(f"The tokenizer {why}, and it has no unused special token with an embedding row to pad with. "
+                         + _pad_fix(tokenizer, rows, model_given_as))
+    token_id, token = choice
+    tokenizer.pad_token = token
+    warnings.warn(f"The tokenizer {why}: padding with {token!r} (id {token_id}), an existing special token with an "
+                  "embedding row that ordinary text never encodes to (no token added, no resize). Pass a "
+                  "processing_class with pad_token set to choose another.", stacklevel=3)
     return tokenizer
+
+
+def _unused_special_token(tokenizer, model, rows: int, stop_ids: set[int]) -> tuple[int, str] | None:
+    """(id, token) of the best pad candidate, or None; see `choose_pad_token` for the rules."""
+    taken = set(stop_ids) | set(tokenizer(_PROBE_TEXT, verbose=False)["input_ids"])
+    taken |= {getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "sep", "cls", "mask")}
+    taken |= _config_token_ids(model.config)
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else str(tokenizer.chat_template or "")
+    ranked = []
+    for token_id, added in tokenizer.added_tokens_decoder.items():
+        name = str(added).lower()
+        if (not added.special or token_id in taken or token_id >= rows or token_id == tokenizer.unk_token_id
+                or str(added) in template):
+            continue
+        if any(w in name for w in _PAD_NAMES) and not any(w in name for w in _MODALITY_NAMES):
+            rank = 0
+        elif any(w in name for w in _PAD_NAMES + _UNUSED_NAMES):
+            rank = 1
+        else:
+            rank = 2
+        ranked.append((rank, token_id, str(added)))
+    unk = tokenizer.unk_token_id
+    if unk is not None and unk not in taken and unk < rows:
+        ranked.append((3, unk, tokenizer.unk_token))
+    return min(ranked)[1:] if ranked else None
+
+
+def _config_token_ids(config) -> set[int]:
+    """Every token id the model's config (and its sub-configs) names, pad excepted (image placeholders, BOI...)."""
+    ids, stack, seen = set(), [config], set()
+    while stack:
+        cfg = stack.pop()
+        if id(cfg) in seen:
+            continue
+        seen.add(id(cfg))
+        for name, value in vars(cfg).items():
+            if isinstance(value, PretrainedConfig):
+                stack.append(value)
+            elif (name.endswith(("token_id", "token_ids", "token_index")) and name != "pad_token_id"
+                  and not isinstance(value, bool)):
+                ids.update(v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, int))
+    return ids
+
+
+def _pad_fix(tokenizer, rows: int, model_given_as: str) -> str:
+    """How to give the trainer a pad token, for a model given by id/path or as an object."""
+    if rows > len(tokenizer):  # the embedding has spare rows (vocabularies padded to a multiple of 64...)
+        return (f"The policy's embedding has {rows} rows, more than the tokenizer's {len(tokenizer)} tokens, so a new "
+                "special token fits without resizing: `tokenizer.add_special_tokens({'pad_token': '<pad>'})`, then "
+                "pass processing_class=tokenizer.")
+    if model_given_as == "id":
+        return ("Pass processing_class=<a tokenizer whose pad_token is an existing token with an embedding row that "
+                "is not a stop token>, or load the model yourself, add a pad token and resize it, and pass the model "
+                "object: " + _resize_fix())
+    return _resize_fix()
+
+
+def _resize_fix() -> str:
+    return ("`tokenizer.add_special_tokens({'pad_token': '<pad>'})`, "
+            "`model.resize_token_embeddings(len(tokenizer))`, then pass both. With LoRA/QLoRA the resized embedding "
+            "rows are new weights: train and save them (e.g. LoraConfig(trainable_token_indices=...) or "
+            "modules_to_save=['embed_tokens', 'lm_head'], which stores the full embeddings in every adapter).")
 
 
 def freeze(model: nn.Module) -> nn.Module:
@@ -86,15 +230,75 @@ def freeze(model: nn.Module) -> nn.Module:
     return model
 
 
+# Attribute and config-field names that hold a dropout probability (`dropout`, `attention_dropout`, GPT-2's
+# `resid_pdrop`, `summary_first_dropout`, OPT's `layerdrop`...).
+_DROPOUT_FIELD = re.compile(r"dropout|pdrop|layerdrop", re.IGNORECASE)
+
+
 def disable_dropout(model: nn.Module) -> None:
-    """Set p=0 on every dropout module (LoRA dropout included): RL needs deterministic forwards (N+ paper)."""
+    """Turn off every kind of dropout in `model`: RL needs deterministic forwards (N+ paper), so that step-0 KL is
+    exactly 0 and the first PPO ratio exactly 1.
+
+    Dropout comes in three forms, all handled by name and type rather than per architecture: `nn.Dropout` modules
+    (LoRA dropout included) get p=0; float attributes that modules pass to `F.dropout` (OPT's `self.dropout`,
+    attention modules' `attention_dropout`) are set to 0; and the same fields of every config the modules hold
+    (text, vision and audio sub-configs included) are set to 0, for code that reads the config at forward time.
+    """
+    configs = {}
     for module in model.modules():
-        if isinstance(module, nn.Dropout):
+        if isinstance(module, nn.modules.dropout._DropoutNd):
             module.p = 0.0
+        _zero_dropout_fields(module)
+        config = getattr(module, "config", None)
+        if isinstance(config, PretrainedConfig):
+            configs[id(config)] = config
+    stack = list(configs.values())
+    while stack:
+        config = stack.pop()
+        _zero_dropout_fields(config)
+        stack.extend(v for v in vars(config).values() if isinstance(v, PretrainedConfig))
+
+
+def _zero_dropout_fields(obj) -> None:
+    for name, value in vars(obj).items():
+        if (_DROPOUT_FIELD.search(name) and isinstance(value, (int, float)) and not isinstance(value, bool)
+                and value != 0):
+            setattr(obj, name, 0.0)
 
 
 def _is_quantized(model: nn.Module) -> bool:
     return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
+
+
+def _quantization_of(model: nn.Module) -> str:
+    model = getattr(model, "pretrained_model", model)
+    return ("4bit" if getattr(model, "is_loaded_in_4bit", False) else "8bit" if getattr(model, "is_loaded_in_8bit", False)
+            else "none")
+
+
+def language_model_lora_config(model: nn.Module, peft_config):
+    """`peft_config` with `target_modules="all-linear"` limited to the language model of a multimodal model.
+
+    peft's "all-linear" takes every linear layer but the output head, vision and audio towers included, where LoRA
+    only costs memory (the policy never sees an image here). For a model whose config has sub-models (e.g.
+    Gemma3ForConditionalGeneration), it is resolved to a pattern matching the linear layers inside the language model
+    (`get_decoder()`). Explicit `target_modules` are left as given, so naming tower layers still adapts them.
+    A copy is returned; the user's config is not modified.
+    """
+    target = getattr(peft_config, "target_modules", None)
+    if not (isinstance(target, str) and target.lower() == "all-linear"):
+        return peft_config
+    config = model.config
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if text_config is config or decoder is None:
+        return peft_config
+    prefix = next(name for name, module in model.named_modules() if module is decoder)
+    leaves = sorted({name.rsplit(".", 1)[-1] for name, module in decoder.named_modules()
+                     if isinstance(module, nn.Linear)})
+    peft_config = copy.deepcopy(peft_config)
+    peft_config.target_modules = rf"{re.escape(prefix)}\..*\.({'|'.join(map(re.escape, leaves))})"
+    return peft_config
 
 
 def _init_kwargs(init_kwargs: dict | None, quantization: str, dtype: torch.dtype, device) -> dict:
@@ -121,7 +325,13 @@ def load_policy(
     wrapper = None
     if isinstance(model, AutoModelForCausalLMWithValueHead):
         wrapper, model = model, model.pretrained_model
-    elif isinstance(model, str):
+    if not isinstance(model, str) and quantization != "none" and _quantization_of(model) != quantization:
+        raise ValueError(
+            f"policy_quantization={quantization!r} applies only when `model` is a Hub id or path (the trainer loads "
+            "it); the policy was passed as a model object. Pass the id/path instead, or quantize it yourself "
+            "(`AutoModelForCausalLM.from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True))`) "
+            "and set policy_quantization='none'.")
+    if isinstance(model, str):
         if quantization != "none" and peft_config is None:
             raise ValueError(f"policy_quantization={quantization!r} needs `peft_config` (a quantized base can only "
                              "train adapters: QLoRA). Pass peft_config=LoraConfig(...) or set policy_quantization='none'.")
@@ -134,7 +344,7 @@ def load_policy(
                              "the base model with peft_config.")
         if _is_quantized(model):
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
-        model = get_peft_model(model, peft_config)
+        model = get_peft_model(model, language_model_lora_config(model, peft_config))
     if wrapper is None:
         wrapper = AutoModelForCausalLMWithValueHead(model)
     else:
@@ -205,5 +415,7 @@ def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bo
     """True when token ids mean the same thing in both tokenizers (then no decode/re-encode is needed)."""
     if a is b:
         return True
-    return a.get_vocab() == b.get_vocab() and a.pad_token_id == b.pad_token_id
+    # The pad id is not compared: pad positions are masked everywhere, so a pad chosen differently (see
+    # `choose_pad_token`) does not change what any real token id means.
+    return a.get_vocab() == b.get_vocab()
 

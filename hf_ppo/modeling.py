@@ -77,10 +77,11 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
                             f"To load by Hub id or path use {type(self).__name__}.from_pretrained({pretrained_model!r}).")
         super().__init__()
         self.pretrained_model = pretrained_model
-        config = pretrained_model.config
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        # The head reads what the LM head reads, so its width is the output embedding's input width: not always
+        # hidden_size (OPT-350m projects 1024 -> word_embed_proj_dim 512 before its LM head).
         output_embeddings = pretrained_model.get_output_embeddings()
-        self.v_head = nn.Linear(text_config.hidden_size, 1, dtype=torch.float32, device=output_embeddings.weight.device)
+        width = getattr(output_embeddings, "in_features", None) or output_embeddings.weight.shape[1]
+        self.v_head = nn.Linear(width, 1, dtype=torch.float32, device=output_embeddings.weight.device)
         if value_head_init_std > 0:
             nn.init.normal_(self.v_head.weight, std=value_head_init_std)
         else:
@@ -201,23 +202,28 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         """One pass of the body: logits and values for the last `logits_to_keep` positions (0 = all).
 
         input_ids, attention_mask, position_ids: (batch, seq). Returns logits (batch, kept, vocab) and `value`
-        (batch, kept) computed in fp32 from the final (normed) hidden state.
+        (batch, kept) computed in fp32 from the hidden state the LM head reads.
         """
         if kwargs.pop("return_past_key_values", False):  # TRL's name for "give me the KV cache too"
             kwargs["use_cache"] = True
         kwargs.setdefault("use_cache", False)  # a scoring/training pass: no KV cache to build
-        out = self.pretrained_model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            logits_to_keep=logits_to_keep,
-            output_hidden_states=True,
-            **kwargs,
-        )
-        hidden = out.hidden_states[-1]
-        if logits_to_keep:
-            hidden = hidden[:, -logits_to_keep:]
-        values = self.v_head(self.summary_dropout(hidden).to(self.v_head.weight.dtype)).squeeze(-1)
+        # The value is read from exactly the tensor the LM head reads (already cut to the kept positions): the final
+        # normed, and where the model has one, projected hidden state. A pre-hook finds it for every architecture,
+        # without asking the model for all its hidden states.
+        head_input = []
+        hook = self.pretrained_model.get_output_embeddings().register_forward_pre_hook(
+            lambda module, args: head_input.append(args[0]))
+        try:
+            out = self.pretrained_model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                logits_to_keep=logits_to_keep,
+                **kwargs,
+            )
+        finally:
+            hook.remove()
+        values = self.v_head(self.summary_dropout(head_input[-1]).to(self.v_head.weight.dtype)).squeeze(-1)
         return CausalLMOutputWithValue(loss=getattr(out, "loss", None), logits=out.logits, value=values,
                                        past_key_values=out.past_key_values if kwargs["use_cache"] else None)
 

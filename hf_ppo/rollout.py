@@ -104,14 +104,16 @@ def sample_token(logits: torch.Tensor, temperature: float, top_k: int | None, to
 @torch.no_grad()
 def generate(
     model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor, *, response_length: int, temperature: float,
-    top_k: int | None, top_p: float, pad_token_id: int, stop_token_id: int | None, batch_size: int,
+    top_k: int | None, top_p: float, pad_token_id: int, stop_token_ids, batch_size: int,
 ) -> torch.Tensor:
     """Sample `response_length` tokens per prompt with the model's KV cache: (B, Q) -> responses (B, R).
 
     A lean decode loop: one prefill of the left-padded prompts, then one cached forward per token, with position
-    ids that count real tokens only. Rows stop after their stop token (the rest is `pad_token_id`), and the loop ends
-    early once every row has stopped. No generation-config machinery runs per token.
+    ids that count real tokens only. Rows stop after their first stop token (any of `stop_token_ids`: an id, a list,
+    or None for never; the rest is `pad_token_id`), and the loop ends early once every row has stopped. No
+    generation-config machinery runs per token.
     """
+    stops = _stop_tensor(stop_token_ids, queries.device)
     outputs = []
     for rows in _chunks(queries.shape[0], batch_size):
         attention = query_mask[rows].long()
@@ -124,8 +126,8 @@ def generate(
         for t in range(response_length):
             token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)
             response[:, t] = token
-            if stop_token_id is not None:
-                done |= token == stop_token_id
+            if stops.numel():
+                done |= torch.isin(token, stops)
             if t == response_length - 1 or bool(done.all()):
                 break
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
@@ -136,17 +138,28 @@ def generate(
     return torch.cat(outputs)
 
 
-def truncate_after_stop(
-    responses: torch.Tensor, stop_token_id: int | None, pad_token_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Keep each response up to and including its first stop token; pad the rest.
+def _stop_tensor(stop_token_ids, device) -> torch.Tensor:
+    """Stop ids as a 1-D long tensor (empty: never stop); accepts None, an int or a sequence of ints."""
+    if stop_token_ids is None:
+        stop_token_ids = []
+    elif isinstance(stop_token_ids, int):
+        stop_token_ids = [stop_token_ids]
+    return torch.as_tensor(list(stop_token_ids), dtype=torch.long, device=device)
 
-    responses (B, R) -> (responses, response_mask (B, R) bool, contains_stop (B,) bool).
+
+def truncate_after_stop(
+    responses: torch.Tensor, stop_token_ids, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keep each response up to and including its first stop token (any of `stop_token_ids`); pad the rest.
+
+    responses (B, R) -> (responses, response_mask (B, R) bool, contains_stop (B,) bool). `stop_token_ids`: a list of
+    ids, one id, or None / [] (never stop: every token is real).
     """
-    if stop_token_id is None:
+    stops = _stop_tensor(stop_token_ids, responses.device)
+    if not stops.numel():
         mask = torch.ones_like(responses, dtype=torch.bool)
         return responses, mask, torch.zeros(responses.shape[0], dtype=torch.bool, device=responses.device)
-    is_stop = responses == stop_token_id
+    is_stop = torch.isin(responses, stops)
     # A position is real if no stop token appeared strictly before it.
     stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
     mask = stops_before == 0
@@ -301,19 +314,22 @@ ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_rewar
 
 
 @torch.no_grad()
-def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, stop_token_ids) -> torch.Tensor:
     """The metrics named in `ROLLOUT_STATS`, stacked in one tensor (one all-reduce across processes).
 
     Sequence-level sums as the removed TRL trainer logged them (KL, -logp "entropy", non-score reward per response),
     then means over the batch; `policy/entropy_avg` is the per-token entropy of the temperature-scaled policy
-    at rollout time (measured once per iteration, not per micro-batch).
+    at rollout time (measured once per iteration, not per micro-batch). `rollout/eos_rate` is the fraction of
+    responses that stopped and `val/num_eos_tokens` the number of stop tokens among the real response tokens, for
+    every id in `stop_token_ids`.
     """
     mask = batch.response_mask
+    num_stop_tokens = (torch.isin(batch.responses, _stop_tensor(stop_token_ids, mask.device)) & mask).sum().float()
     non_score = masked_sum(batch.non_score_rewards, mask, dim=1)
     return torch.stack([
         masked_sum(kl, mask, dim=1).mean(), masked_sum(-batch.logprobs, mask, dim=1).mean(), non_score.mean(),
         (batch.scores + non_score).mean(), batch.scores.mean(), mask.sum(1).float().mean(),
-        batch.contains_stop.float().mean(), (batch.responses == eos_token_id).sum().float(),
+        batch.contains_stop.float().mean(), num_stop_tokens,
         explained_variance(batch.values, batch.returns, mask), masked_mean(entropy, mask),
         masked_mean(batch.advantages, mask), masked_mean(batch.returns, mask),
     ])

@@ -137,21 +137,30 @@ class PPOLMTrainer(Trainer):
                                "reward_model": reward_model if isinstance(reward_model, str) else _name_of(reward_model),
                                "ref_model": ref_model if isinstance(ref_model, str) else _name_of(ref_model)}
 
-        # Tokenizer: a dedicated pad token, left padding.
         if processing_class is None:
             if not isinstance(model, str):
                 raise ValueError("Pass processing_class=tokenizer when model is not a Hub id or path.")
             processing_class = loading.load_tokenizer(model, "policy", args.model_init_kwargs)
-        tokenizer = loading.check_tokenizer(processing_class)
 
-        # Models: the policy + value head (trainable), the reference and the reward model (frozen).
+        # Models: the policy + value head (trainable), the reference and the reward model (frozen). Each model that
+        # reads the policy's token ids is checked against the tokenizer here, not by an IndexError mid-rollout.
         policy = loading.load_policy(model, args.model_init_kwargs, args.policy_quantization, peft_config, dtype,
                                      device, args.gradient_checkpointing)
+        body = policy.pretrained_model
+        loading.check_vocab(body, processing_class, "policy", _POLICY_VOCAB_FIX)
+        # Stop tokens (the tokenizer's EOS and the model's generation_config ones), then a pad token that is none of
+        # them: an existing unused special token when the tokenizer has no pad or pads with a stop token.
+        self.stop_token_ids = loading.resolve_stop_token_ids(args.stop_token_ids, args.stop_token_id, args.stop_token,
+                                                             processing_class, body)
+        loading.check_stop_token_ids(self.stop_token_ids, body, needs_stop=args.missing_eos_penalty is not None)
+        tokenizer = loading.choose_pad_token(processing_class, body, self.stop_token_ids,
+                                             "id" if isinstance(model, str) else "object")
         self.ref_model = loading.load_reference(ref_model, model, args.ref_model_init_kwargs, args.ref_quantization,
                                                 dtype, device, uses_peft=policy.is_peft_model)
+        if self.ref_model is not None:
+            loading.check_vocab(self.ref_model, tokenizer, "reference model", _REFERENCE_VOCAB_FIX)
         self.reward_model = loading.load_reward_model(reward_model, args.reward_model_init_kwargs,
                                                       args.reward_quantization, dtype, device)
-        _check_vocab(policy, tokenizer)  # first: a token added without resizing is the policy's, not the reward's
         if isinstance(reward_model, str) and reward_processing_class is None:
             reward_processing_class = loading.load_tokenizer(reward_model, "reward model", args.reward_model_init_kwargs)
         self.reward_tokenizer = _reward_tokenizer(self.reward_model, tokenizer, reward_processing_class)
@@ -159,9 +168,6 @@ class PPOLMTrainer(Trainer):
             for m in (policy, self.ref_model, self.reward_model):
                 if isinstance(m, torch.nn.Module):
                     loading.disable_dropout(m)
-        # An explicit stop_token_id wins over the default stop_token="eos" (TRL treated the two as exclusive).
-        self.stop_token_id = (args.stop_token_id if args.stop_token_id is not None
-                              else tokenizer.eos_token_id if args.stop_token == "eos" else None)
 
         # Data: validated and tokenized here, so bad prompts fail before training starts.
         context = _max_positions(policy.config)
@@ -288,9 +294,9 @@ class PPOLMTrainer(Trainer):
         responses = generate(
             model.pretrained_model, queries, query_mask, response_length=args.response_length,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, pad_token_id=tokenizer.pad_token_id,
-            stop_token_id=self.stop_token_id, batch_size=args.local_rollout_forward_batch_size,
+            stop_token_ids=self.stop_token_ids, batch_size=args.local_rollout_forward_batch_size,
         )
-        responses, response_mask, contains_stop = truncate_after_stop(responses, self.stop_token_id,
+        responses, response_mask, contains_stop = truncate_after_stop(responses, self.stop_token_ids,
                                                                       tokenizer.pad_token_id)
         generated = time.perf_counter()
         # 2. Score: old log-probs and values in one pass, reference log-probs, reward.
@@ -318,7 +324,7 @@ class PPOLMTrainer(Trainer):
                             whiten_rewards=args.whiten_rewards, whiten_advantages=args.whiten_advantages)
 
         # Metrics, averaged over processes (so every rank's KL controller sees the same KL).
-        stats = self.accelerator.reduce(rollout_stats(batch, kl, entropy, tokenizer.eos_token_id), reduction="mean")
+        stats = self.accelerator.reduce(rollout_stats(batch, kl, entropy, self.stop_token_ids), reduction="mean")
         self._record(dict(zip(ROLLOUT_STATS, stats)))
         generated_tokens = response_mask.sum().item() * args.world_size
         self._record({"objective/kl_coef": self.kl_ctl.value, "time/generate": generated - start,
@@ -406,9 +412,9 @@ class PPOLMTrainer(Trainer):
         model = self.accelerator.unwrap_model(self.model)
         responses = generate(model.pretrained_model, inputs["queries"], inputs["query_mask"],
                              response_length=args.response_length, temperature=args.temperature, top_k=args.top_k,
-                             top_p=args.top_p, pad_token_id=tokenizer.pad_token_id, stop_token_id=self.stop_token_id,
+                             top_p=args.top_p, pad_token_id=tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
                              batch_size=args.local_rollout_forward_batch_size)
-        responses, mask, _ = truncate_after_stop(responses, self.stop_token_id, tokenizer.pad_token_id)
+        responses, mask, _ = truncate_after_stop(responses, self.stop_token_ids, tokenizer.pad_token_id)
         return score_responses(self.reward_model, queries=inputs["queries"], query_mask=inputs["query_mask"],
                                responses=responses, response_mask=mask, tokenizer=tokenizer, prompts=inputs["prompts"],
                                batch_size=args.local_rollout_forward_batch_size, reward_tokenizer=self.reward_tokenizer)
@@ -558,12 +564,13 @@ def _max_positions(config) -> int | None:
     return getattr(text_config, "max_position_embeddings", None)
 
 
-def _check_vocab(policy: AutoModelForCausalLMWithValueHead, tokenizer) -> None:
-    vocab = policy.pretrained_model.get_input_embeddings().num_embeddings
-    if len(tokenizer) > vocab:
-        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the policy's embedding has {vocab}: "
-                         "call model.resize_token_embeddings(len(tokenizer)) after adding tokens, or pass the "
-                         "tokenizer that belongs to the model.")
+_POLICY_VOCAB_FIX = ("If you added tokens to the tokenizer (a [PAD], chat tokens), the policy needs rows for them: "
+                     "`model.resize_token_embeddings(len(tokenizer))` and pass the model object; a pad token needs "
+                     "none (the trainer picks an existing unused special token when the tokenizer has no pad). "
+                     "Otherwise pass the tokenizer that belongs to the policy.")
+_REFERENCE_VOCAB_FIX = ("The reference scores the policy's token ids, so it must have the policy's vocabulary: pass "
+                        "the policy's starting checkpoint as ref_model (or ref_model=None), resized like the policy "
+                        "if you added tokens.")
 
 
 def _reward_tokenizer(reward_model, tokenizer, reward_processing_class):

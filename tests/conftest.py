@@ -1,8 +1,13 @@
-from hub_fixtures import *  # noqa: F401,F403 - first: sets HF_ENDPOINT/HF_HOME before huggingface_hub is imported
-
 """Shared fixtures: tiny models and tokenizers built offline, saved once per session, loaded with from_pretrained."""
 
-import os  # noqa: E402
+import os
+
+# MKL's default kernels may round differently with memory alignment and row order (about 1e-7): strict mode makes
+# equal computations bitwise equal, so step-0 KL and the first PPO ratio can be checked exactly. Set before torch
+# initialises MKL.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+from hub_fixtures import *  # noqa: F401,F403 - first: sets HF_ENDPOINT/HF_HOME before huggingface_hub is imported
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

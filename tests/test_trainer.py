@@ -159,14 +159,18 @@ def test_response_longer_than_context(tiny_models, tokenizer, tmp_path):
 
 
 @pytest.mark.parametrize("pad", [None, "eos"])
-def test_tokenizer_needs_a_dedicated_pad_token(tiny_models, tokenizer, tmp_path, pad):
+def test_missing_or_eos_pad_is_replaced_by_an_unused_special_token(tiny_models, tokenizer, tmp_path, pad):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_models["policy"])
     tok.pad_token = tok.eos_token if pad == "eos" else None
-    with pytest.raises(ValueError, match="add_special_tokens"):
-        PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path), processing_class=tok, reward_model=count_e,
-                     train_dataset=Dataset.from_dict({"prompt": ["a"] * 8}))
+    with pytest.warns(UserWarning, match="padding with '<pad>'") as record:
+        trainer = PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path), processing_class=tok,
+                               reward_model=count_e, train_dataset=Dataset.from_dict({"prompt": ["a"] * 8}))
+    assert len([w for w in record if "padding with" in str(w.message)]) == 1  # said once
+    assert trainer.processing_class.pad_token == "<pad>" and trainer.processing_class.padding_side == "left"
+    assert tok.pad_token == (tok.eos_token if pad == "eos" else None)  # the user's tokenizer is not modified
+    assert trainer.stop_token_ids == [tok.eos_token_id]
 
 
 def test_reward_model_with_two_labels(tiny_models, tokenizer, tmp_path):

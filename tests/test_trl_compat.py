@@ -263,7 +263,7 @@ def test_ppo_trains_an_adapter_loaded_with_is_trainable_on_pretokenized_prompts(
     assert args.max_steps == 2  # ceil(4 / 2) iterations x 1 optimizer step each
     trainer = PPOLMTrainer(model=policy, args=args, processing_class=tok, reward_model=reward, ref_model=base_dir,
                            train_dataset=Dataset.from_dict({"input_ids": ids}))
-    assert trainer.stop_token_id == tok.convert_tokens_to_ids("<|user|>")  # TRL's stop_token_id is honoured
+    assert trainer.stop_token_ids == [tok.convert_tokens_to_ids("<|user|>")]  # TRL's stop_token_id is honoured
     trainer.train()
     assert trainer.state.global_step == 2
     changed = {n for n, p in policy.named_parameters() if not torch.equal(p.detach(), before[n])}
