@@ -27,7 +27,7 @@ from torch.utils.data import Sampler
 from transformers import PreTrainedModel, Trainer, set_seed
 from transformers.trainer_callback import ProgressCallback
 
-from . import loading
+from . import adapters, loading
 from .config import PPOConfig
 from .data import PromptCollator, prepare_prompts
 from .modeling import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
@@ -53,6 +53,7 @@ from .rollout import (
     generate,
     policy_forward,
     reference_logprobs,
+    reward_input_format,
     rollout_stats,
     score_responses,
     sequence_inputs,
@@ -140,19 +141,26 @@ class PPOLMTrainer(Trainer):
         if processing_class is None:
             if not isinstance(model, str):
                 raise ValueError("Pass processing_class=tokenizer when model is not a Hub id or path.")
-            processing_class = loading.load_tokenizer(model, "policy", args.model_init_kwargs)
+            processing_class = loading.load_policy_tokenizer(model, args.model_init_kwargs)
         tokenizer = loading.check_tokenizer(processing_class)
 
         # Models: the policy + value head (trainable), the reference and the reward model (frozen).
         policy = loading.load_policy(model, args.model_init_kwargs, args.policy_quantization, peft_config, dtype,
                                      device, args.gradient_checkpointing)
+        # The trained adapter and, with ref_model=None, the reference adapter beside it (continuing from an adapter).
+        self.trained_adapter, self.ref_adapter = adapters.prepare_adapters(
+            policy.pretrained_model, fresh=peft_config is not None, ref_model_given=ref_model is not None,
+            model_adapter_name=args.model_adapter_name, ref_adapter_name=args.ref_adapter_name)
+        if isinstance(model, str) and self.trained_adapter and peft_config is None:  # an adapter given by id/path:
+            # the card and the merged export name its base; the card names the adapter as the reference.
+            self._model_sources["model"] = policy.pretrained_model.peft_config[self.trained_adapter].base_model_name_or_path
+            self._model_sources["ref_model"] = self._model_sources["ref_model"] or model
         self.ref_model = loading.load_reference(ref_model, model, args.ref_model_init_kwargs, args.ref_quantization,
                                                 dtype, device, uses_peft=policy.is_peft_model)
         self.reward_model = loading.load_reward_model(reward_model, args.reward_model_init_kwargs,
                                                       args.reward_quantization, dtype, device)
         if isinstance(reward_model, str) and reward_processing_class is None:
             reward_processing_class = loading.load_tokenizer(reward_model, "reward model", args.reward_model_init_kwargs)
-        self.reward_tokenizer = _reward_tokenizer(self.reward_model, tokenizer, reward_processing_class)
         if args.disable_dropout:
             for m in (policy, self.ref_model, self.reward_model):
                 if isinstance(m, torch.nn.Module):
@@ -167,6 +175,9 @@ class PPOLMTrainer(Trainer):
         eval_dataset = prepare_prompts(eval_dataset, tokenizer, "eval_dataset", context=context,
                                        max_prompt_length=args.max_prompt_length, response_length=args.response_length)
         self._check_batch_sizes(args, train_dataset)
+        chat = {isinstance(d[0]["prompt"], list) for d in (train_dataset, eval_dataset) if d is not None}
+        self.reward_tokenizer = _reward_tokenizer(self.reward_model, tokenizer, reward_processing_class,
+                                                  args.reward_input_format, chat or {False})
         if callable(self.reward_model) and not isinstance(self.reward_model, torch.nn.Module) and train_dataset is not None:
             probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
             probe = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in probe]
@@ -294,10 +305,12 @@ class PPOLMTrainer(Trainer):
                                                    temperature=args.temperature, batch_size=batch_size,
                                                    with_entropy=True)
         ref_logprobs = reference_logprobs(model, self.ref_model, queries, query_mask, responses, response_mask,
-                                          temperature=args.temperature, batch_size=batch_size)
+                                          temperature=args.temperature, batch_size=batch_size,
+                                          ref_adapter=self.ref_adapter)
         scores = score_responses(self.reward_model, queries=queries, query_mask=query_mask, responses=responses,
                                  response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
-                                 batch_size=batch_size, reward_tokenizer=self.reward_tokenizer)
+                                 batch_size=batch_size, reward_tokenizer=self.reward_tokenizer,
+                                 input_format=args.reward_input_format)
         scored = time.perf_counter()
         if toggle:
             model.train()
@@ -406,7 +419,8 @@ class PPOLMTrainer(Trainer):
         responses, mask, _ = truncate_after_stop(responses, self.stop_token_id, tokenizer.pad_token_id)
         return score_responses(self.reward_model, queries=inputs["queries"], query_mask=inputs["query_mask"],
                                responses=responses, response_mask=mask, tokenizer=tokenizer, prompts=inputs["prompts"],
-                               batch_size=args.local_rollout_forward_batch_size, reward_tokenizer=self.reward_tokenizer)
+                               batch_size=args.local_rollout_forward_batch_size, reward_tokenizer=self.reward_tokenizer,
+                               input_format=args.reward_input_format)
 
     # ---- saving: the policy alone; checkpoints add the value head and PPO state ------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
@@ -415,7 +429,7 @@ class PPOLMTrainer(Trainer):
             return
         os.makedirs(output_dir, exist_ok=True)
         policy = self.accelerator.unwrap_model(self.model).pretrained_model
-        policy.save_pretrained(output_dir)
+        adapters.save_policy(policy, output_dir, self.trained_adapter)
         self.processing_class.save_pretrained(output_dir)
 
     def _save_checkpoint(self, model, trial) -> None:
@@ -437,7 +451,8 @@ class PPOLMTrainer(Trainer):
             from safetensors.torch import load_file
 
             adapter_file = os.path.join(resume_from_checkpoint, "adapter_model.safetensors")
-            set_peft_model_state_dict(policy, load_file(adapter_file, device=str(wrapper.v_head.weight.device)))
+            set_peft_model_state_dict(policy, load_file(adapter_file, device=str(wrapper.v_head.weight.device)),
+                                      adapter_name=self.trained_adapter)
         else:
             _load_full_weights(policy, resume_from_checkpoint)
         head_file = os.path.join(resume_from_checkpoint, VALUE_HEAD_FILE)
@@ -488,7 +503,7 @@ class PPOLMTrainer(Trainer):
         if not self.is_world_process_zero():
             return None
         policy = self.accelerator.unwrap_model(self.model).pretrained_model
-        peft_config = policy.peft_config["default"].to_dict() if hasattr(policy, "peft_config") else None
+        peft_config = policy.peft_config[self.trained_adapter].to_dict() if self.trained_adapter else None
         names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
         write_model_card(folder, repo_id=repo_id, base_model=self._model_sources["model"],
                          reward_model=self._model_sources["reward_model"], ref_model=self._model_sources["ref_model"],
@@ -561,19 +576,33 @@ def _check_vocab(policy: AutoModelForCausalLMWithValueHead, tokenizer) -> None:
                          "tokenizer that belongs to the model.")
 
 
-def _reward_tokenizer(reward_model, tokenizer, reward_processing_class):
-    """None when the reward model reads the policy's token ids as they are; else its own tokenizer."""
+def _reward_tokenizer(reward_model, tokenizer, reward_processing_class, input_format: str, chat: set[bool]):
+    """None when the reward model reads the policy's token ids as they are (the 'concat' fast path); else the
+    tokenizer the reward model reads decoded text with (its own; a pad chosen for scoring when it has none).
+
+    A reward model object without `reward_processing_class` gets its tokenizer from its own name or path (a local
+    folder or the HF cache); when that fails, only a model that comes from the policy tokenizer's own checkpoint may
+    read the policy's ids: anything else is an error asking for `reward_processing_class`. `chat`: whether the
+    prompts are chat messages (one value per dataset); forced formats that cannot apply fail here.
+    """
     if not isinstance(reward_model, PreTrainedModel):
+        if input_format != "auto":
+            raise ValueError(f"reward_input_format={input_format!r} applies to reward models; a reward callable always "
+                             "receives (prompts, completions) as text. Leave reward_input_format='auto'.")
         return None
     if reward_processing_class is None:
-        vocab = reward_model.get_input_embeddings().num_embeddings
-        if len(tokenizer) > vocab:
-            raise ValueError(f"The reward model's embedding has {vocab} tokens, fewer than the policy tokenizer's "
-                             f"{len(tokenizer)}: it uses another tokenizer. Pass reward_processing_class=<its tokenizer>.")
+        reward_processing_class, why = loading.load_reward_tokenizer(reward_model)
+        if reward_processing_class is None:
+            vocab = reward_model.get_input_embeddings().num_embeddings
+            if not loading.same_checkpoint(reward_model, tokenizer) or len(tokenizer) > vocab:
+                raise ValueError(
+                    f"The reward model was given as an object without its tokenizer, and its tokenizer could not be "
+                    f"loaded from its name or path ({why}); nothing shows that it reads the policy tokenizer's ids "
+                    f"(embedding of {vocab} tokens, policy tokenizer of {len(tokenizer)}). Pass "
+                    "reward_processing_class=<the reward model's tokenizer>, or pass reward_model as its Hub id or path.")
+            reward_processing_class = tokenizer
+    reward_tokenizer = loading.with_scoring_pad(reward_processing_class)
+    formats = {reward_input_format(input_format, reward_model, reward_tokenizer, c) for c in chat}
+    if formats == {"concat"} and loading.same_tokenizer(tokenizer, reward_tokenizer):
         return None
-    if loading.same_tokenizer(tokenizer, reward_processing_class):
-        return None
-    if reward_processing_class.pad_token_id is None:
-        raise ValueError("The reward model's tokenizer has no pad token: set one (e.g. "
-                         "reward_tokenizer.pad_token = reward_tokenizer.eos_token is fine for scoring).")
-    return reward_processing_class
+    return reward_tokenizer
