@@ -233,7 +233,7 @@ def load_policy_tokenizer(name_or_path: str, init_kwargs: dict | None) -> PreTra
     """The policy's tokenizer from its id/path; for an adapter saved without one, its base model's."""
     try:
         return load_tokenizer(name_or_path, "policy", init_kwargs)
-    except OSError:
+    except (OSError, ValueError):  # an adapter folder without tokenizer files fails with either
         adapter = adapter_config(name_or_path, init_kwargs)
         if adapter is None or not adapter.get("base_model_name_or_path"):
             raise
