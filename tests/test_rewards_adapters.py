@@ -244,7 +244,9 @@ def test_continue_from_an_sft_adapter(sft_adapter, tiny_models, tokenizer, promp
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    args = make_args(tmp_path, policy_quantization=quantization, max_steps=4, save_strategy="steps", save_steps=2)
+    full = quantization == "none"  # QLoRA: one iteration; the reload and resume checks run once, on LoRA
+    args = make_args(tmp_path, policy_quantization=quantization, max_steps=4 if full else 2,
+                     save_strategy="steps" if full else "no", save_steps=2)
     trainer = PPOLMTrainer(model=sft_adapter, args=args, reward_model=count_e, train_dataset=prompts_dataset)
     policy = trainer.model.pretrained_model
     assert trainer.ref_model is None and set(policy.peft_config) == {"default", "reference"}
@@ -261,7 +263,8 @@ def test_continue_from_an_sft_adapter(sft_adapter, tiny_models, tokenizer, promp
     first = first_rollout(trainer)
     assert first["objective/kl"] == 0.0  # the trained adapter starts as an exact copy of the reference adapter
     assert abs(trainer.state.log_history[0]["val/ratio"] - 1.0) < 1e-6
-    assert any(e["objective/kl"] != 0.0 for e in trainer.state.log_history[1:] if "objective/kl" in e)
+    if full:  # the second rollout comes from the trained adapter: the KL moved off 0
+        assert [e["objective/kl"] != 0.0 for e in trainer.state.log_history if "objective/kl" in e] == [False, True]
     after = adapter_weights(policy, "reference")
     assert all(torch.equal(after[n], v) for n, v in reference.items()), "the reference adapter changed"
     assert any(not torch.equal(p, sft[n]) for n, p in adapter_weights(policy, "default").items())
@@ -272,7 +275,7 @@ def test_continue_from_an_sft_adapter(sft_adapter, tiny_models, tokenizer, promp
     assert not (out / "reference").exists()
     with safe_open(out / "adapter_model.safetensors", "pt") as f:
         assert f.keys() and not any("reference" in k for k in f.keys())
-    if quantization == "none":
+    if full:
         reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_models["policy"]), out).eval()
         probe = tokenizer(["the movie was great", "the food"], return_tensors="pt", padding=True)
         with torch.no_grad():
