@@ -23,6 +23,7 @@ from transformers import (
 
 from .adapters import adapter_config
 from .modeling import AutoModelForCausalLMWithValueHead
+from .rollout import reward_input_format
 
 
 def compute_dtype(bf16: bool, fp16: bool) -> torch.dtype:
@@ -286,3 +287,35 @@ def with_scoring_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerB
     raise ValueError("The reward model's tokenizer has no pad token and no special token to pad with: set one of its "
                      "existing tokens as pad (reward_tokenizer.pad_token = <a token in its vocabulary>; pad slots are "
                      "masked when scoring) and pass it as reward_processing_class.")
+
+
+def reward_tokenizer(reward_model, tokenizer, reward_processing_class, input_format: str, chat: set[bool]):
+    """None when the reward model reads the policy's token ids as they are (the 'concat' fast path); else the
+    tokenizer the reward model reads decoded text with (its own; a pad chosen for scoring when it has none).
+
+    A reward model object without `reward_processing_class` gets its tokenizer from its own name or path (a local
+    folder or the HF cache); when that fails, only a model that comes from the policy tokenizer's own checkpoint may
+    read the policy's ids: anything else is an error asking for `reward_processing_class`. `chat`: whether the
+    prompts are chat messages (one value per dataset); forced formats that cannot apply fail here.
+    """
+    if not isinstance(reward_model, PreTrainedModel):
+        if input_format != "auto":
+            raise ValueError(f"reward_input_format={input_format!r} applies to reward models; a reward callable always "
+                             "receives (prompts, completions) as text. Leave reward_input_format='auto'.")
+        return None
+    if reward_processing_class is None:
+        reward_processing_class, why = load_reward_tokenizer(reward_model)
+        if reward_processing_class is None:
+            vocab = reward_model.get_input_embeddings().num_embeddings
+            if not same_checkpoint(reward_model, tokenizer) or len(tokenizer) > vocab:
+                raise ValueError(
+                    f"The reward model was given as an object without its tokenizer, and its tokenizer could not be "
+                    f"loaded from its name or path ({why}); nothing shows that it reads the policy tokenizer's ids "
+                    f"(embedding of {vocab} tokens, policy tokenizer of {len(tokenizer)}). Pass "
+                    "reward_processing_class=<the reward model's tokenizer>, or pass reward_model as its Hub id or path.")
+            reward_processing_class = tokenizer
+    chosen = with_scoring_pad(reward_processing_class)
+    formats = {reward_input_format(input_format, reward_model, chosen, c) for c in chat}
+    if formats == {"concat"} and same_tokenizer(tokenizer, chosen):
+        return None
+    return chosen

@@ -24,7 +24,7 @@ from collections import defaultdict
 
 import torch
 from torch.utils.data import Sampler
-from transformers import PreTrainedModel, Trainer, set_seed
+from transformers import Trainer, set_seed
 from transformers.trainer_callback import ProgressCallback
 
 from . import adapters, loading
@@ -53,7 +53,6 @@ from .rollout import (
     generate,
     policy_forward,
     reference_logprobs,
-    reward_input_format,
     rollout_stats,
     score_responses,
     sequence_inputs,
@@ -155,6 +154,8 @@ class PPOLMTrainer(Trainer):
             # the card and the merged export name its base; the card names the adapter as the reference.
             self._model_sources["model"] = policy.pretrained_model.peft_config[self.trained_adapter].base_model_name_or_path
             self._model_sources["ref_model"] = self._model_sources["ref_model"] or model
+        elif self.ref_adapter is not None:  # a reference adapter of a PeftModel object: never "the adapter disabled"
+            self._model_sources["ref_model"] = f"adapter {self.ref_adapter!r} of the policy"
         self.ref_model = loading.load_reference(ref_model, model, args.ref_model_init_kwargs, args.ref_quantization,
                                                 dtype, device, uses_peft=policy.is_peft_model)
         self.reward_model = loading.load_reward_model(reward_model, args.reward_model_init_kwargs,
@@ -176,8 +177,8 @@ class PPOLMTrainer(Trainer):
                                        max_prompt_length=args.max_prompt_length, response_length=args.response_length)
         self._check_batch_sizes(args, train_dataset)
         chat = {isinstance(d[0]["prompt"], list) for d in (train_dataset, eval_dataset) if d is not None}
-        self.reward_tokenizer = _reward_tokenizer(self.reward_model, tokenizer, reward_processing_class,
-                                                  args.reward_input_format, chat or {False})
+        self.reward_tokenizer = loading.reward_tokenizer(self.reward_model, tokenizer, reward_processing_class,
+                                                         args.reward_input_format, chat or {False})
         if callable(self.reward_model) and not isinstance(self.reward_model, torch.nn.Module) and train_dataset is not None:
             probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
             probe = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in probe]
@@ -574,35 +575,3 @@ def _check_vocab(policy: AutoModelForCausalLMWithValueHead, tokenizer) -> None:
         raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the policy's embedding has {vocab}: "
                          "call model.resize_token_embeddings(len(tokenizer)) after adding tokens, or pass the "
                          "tokenizer that belongs to the model.")
-
-
-def _reward_tokenizer(reward_model, tokenizer, reward_processing_class, input_format: str, chat: set[bool]):
-    """None when the reward model reads the policy's token ids as they are (the 'concat' fast path); else the
-    tokenizer the reward model reads decoded text with (its own; a pad chosen for scoring when it has none).
-
-    A reward model object without `reward_processing_class` gets its tokenizer from its own name or path (a local
-    folder or the HF cache); when that fails, only a model that comes from the policy tokenizer's own checkpoint may
-    read the policy's ids: anything else is an error asking for `reward_processing_class`. `chat`: whether the
-    prompts are chat messages (one value per dataset); forced formats that cannot apply fail here.
-    """
-    if not isinstance(reward_model, PreTrainedModel):
-        if input_format != "auto":
-            raise ValueError(f"reward_input_format={input_format!r} applies to reward models; a reward callable always "
-                             "receives (prompts, completions) as text. Leave reward_input_format='auto'.")
-        return None
-    if reward_processing_class is None:
-        reward_processing_class, why = loading.load_reward_tokenizer(reward_model)
-        if reward_processing_class is None:
-            vocab = reward_model.get_input_embeddings().num_embeddings
-            if not loading.same_checkpoint(reward_model, tokenizer) or len(tokenizer) > vocab:
-                raise ValueError(
-                    f"The reward model was given as an object without its tokenizer, and its tokenizer could not be "
-                    f"loaded from its name or path ({why}); nothing shows that it reads the policy tokenizer's ids "
-                    f"(embedding of {vocab} tokens, policy tokenizer of {len(tokenizer)}). Pass "
-                    "reward_processing_class=<the reward model's tokenizer>, or pass reward_model as its Hub id or path.")
-            reward_processing_class = tokenizer
-    reward_tokenizer = loading.with_scoring_pad(reward_processing_class)
-    formats = {reward_input_format(input_format, reward_model, reward_tokenizer, c) for c in chat}
-    if formats == {"concat"} and loading.same_tokenizer(tokenizer, reward_tokenizer):
-        return None
-    return reward_tokenizer
