@@ -37,7 +37,9 @@ def adapter_config(name_or_path: str, init_kwargs: dict | None = None) -> dict |
 
 
 def is_peft_model(model) -> bool:
-    return hasattr(model, "peft_config") and hasattr(model, "set_adapter")
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
 
 
 def adapter_parameters(peft_model: nn.Module, name: str) -> list[nn.Parameter]:
@@ -74,6 +76,10 @@ def prepare_adapters(policy: nn.Module, *, fresh: bool, ref_model_given: bool, m
     active and trainable (with a warning if it came frozen and the user did not ask to continue from it); every other
     adapter is frozen.
     """
+    if not is_peft_model(policy) and getattr(policy, "peft_config", None):
+        raise ValueError("The policy carries adapters loaded through transformers (from_pretrained of an adapter, or "
+                         "model.load_adapter), which cannot serve as trained and reference adapters: pass the adapter "
+                         "folder or id as `model`, or a PeftModel (PeftModel.from_pretrained(base, adapter)).")
     if not is_peft_model(policy):
         if model_adapter_name is not None or ref_adapter_name is not None:
             raise ValueError("model_adapter_name / ref_adapter_name select adapters of a PeftModel policy, but the "

@@ -293,9 +293,17 @@ def test_continue_from_an_sft_adapter(sft_adapter, tiny_models, tokenizer, promp
 
 
 def test_adapter_policy_with_peft_config_is_an_error(sft_adapter, tokenizer, prompts_dataset, lora_config, tmp_path):
+    from transformers import AutoModelForCausalLM
+
     with pytest.raises(ValueError, match="merge_and_unload"):
         PPOLMTrainer(model=sft_adapter, args=make_args(tmp_path), processing_class=tokenizer, reward_model=count_e,
                      train_dataset=prompts_dataset, peft_config=lora_config)
+    # transformers' own adapter loading gives a plain model with adapters: refused, never trained as if adapter-free.
+    integrated = AutoModelForCausalLM.from_pretrained(sft_adapter)
+    assert getattr(integrated, "peft_config", None)
+    with pytest.raises(ValueError, match="PeftModel.from_pretrained"):
+        PPOLMTrainer(model=integrated, args=make_args(tmp_path), processing_class=tokenizer, reward_model=count_e,
+                     train_dataset=prompts_dataset)
 
 
 def test_frozen_adapter_with_an_explicit_reference_is_made_trainable(sft_adapter, tiny_models, tokenizer,
