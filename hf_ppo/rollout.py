@@ -4,8 +4,9 @@ Steps (each a function below, called in order by the trainer):
 1. `generate`: KV-cached sampling of `response_length` new tokens from left-padded prompts.
 2. `truncate_after_stop`: everything after the first stop token becomes padding (the "EOS trick", N+ paper).
 3. `policy_forward`: old log-probs and values in one no-grad forward of policy + value head; `reference_logprobs`
-   gives the reference's (a frozen model, or the policy with its adapter disabled).
-4. `score_responses`: the reward model's score read at the last real token, or a reward callable on text.
+   gives the reference's (a frozen model, or the policy with its reference adapter active or its adapter disabled).
+4. `score_responses`: the reward model's score (its input in `reward_input_format`: chat / pair / concat; read at
+   the last real token, or pooled by the model itself for encoders), or a reward callable on text.
 5. `add_advantages`: KL-penalised per-token rewards, GAE, whitening; `rollout_stats` summarises the batch.
 Micro-batching (`batch_size`) bounds the memory of every no-grad pass.
 """
