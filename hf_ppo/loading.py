@@ -315,6 +315,10 @@ def reward_tokenizer(reward_model, tokenizer, reward_processing_class, input_for
                     "reward_processing_class=<the reward model's tokenizer>, or pass reward_model as its Hub id or path.")
             reward_processing_class = tokenizer
     chosen = with_scoring_pad(reward_processing_class)
+    vocab = reward_model.get_input_embeddings().num_embeddings
+    if len(chosen) > vocab:  # ids past the embedding would fail mid-rollout with a bare IndexError
+        raise ValueError(f"The reward tokenizer has {len(chosen)} tokens but the reward model's embedding has {vocab}: "
+                         "pass the tokenizer the reward model was trained with as reward_processing_class.")
     formats = {reward_input_format(input_format, reward_model, chosen, c) for c in chat}
     if formats == {"concat"} and same_tokenizer(tokenizer, chosen):
         return None

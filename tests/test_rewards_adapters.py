@@ -187,6 +187,11 @@ def test_reward_object_loads_its_tokenizer_from_its_path(tiny_models, tokenizer,
     with pytest.raises(ValueError, match="reward_processing_class=<the reward model's tokenizer>.*"):
         PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path), processing_class=tokenizer,
                      reward_model=build_reward_model(other), train_dataset=data)
+    # A reward tokenizer larger than the reward model's embedding: refused before any rollout.
+    with pytest.raises(ValueError, match=r"\d+ tokens but the reward model.s embedding has 300"):
+        PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path), processing_class=tokenizer,
+                     reward_model=build_reward_model(build_tokenizer(vocab_size=300)), reward_processing_class=other,
+                     train_dataset=data)
     # A folder without tokenizer files: the error names it.
     bare = tmp_path / "bare"
     build_reward_model(other).save_pretrained(bare)
