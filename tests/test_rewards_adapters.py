@@ -9,6 +9,7 @@ from safetensors import safe_open
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.rollout import reward_input_format, score_responses
+from hub_fixtures import TEST_USER
 
 QUESTION, ANSWER = "the movie was", " great fun"
 CHAT = [{"role": "user", "content": QUESTION}]
@@ -327,7 +328,7 @@ def test_frozen_adapter_with_an_explicit_reference_is_made_trainable(sft_adapter
 
 
 def test_named_adapters_train_one_and_use_the_other_as_reference(sft_adapter, tiny_models, tokenizer,
-                                                                 prompts_dataset, tmp_path):
+                                                                 prompts_dataset, tmp_path, local_hub, hub_token):
     """TRL's model_adapter_name / ref_adapter_name: reference log-probs come from the named frozen adapter."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -347,7 +348,9 @@ def test_named_adapters_train_one_and_use_the_other_as_reference(sft_adapter, ti
         with pytest.raises(ValueError, match=message):
             PPOLMTrainer(model=model, args=make_args(tmp_path, **bad), processing_class=tokenizer,
                          reward_model=count_e, ref_model=ref, train_dataset=prompts_dataset)
-    args = make_args(tmp_path, model_adapter_name="ppo", ref_adapter_name="sft")
+    repo_id = f"{TEST_USER}/tiny-ppo-named"
+    args = make_args(tmp_path, model_adapter_name="ppo", ref_adapter_name="sft", push_to_hub=True,
+                     hub_model_id=repo_id, hub_token=hub_token)
     trainer = PPOLMTrainer(model=model, args=args, processing_class=tokenizer, reward_model=count_e,
                            train_dataset=prompts_dataset)
     sft = adapter_weights(model, "sft")
@@ -373,9 +376,13 @@ def test_named_adapters_train_one_and_use_the_other_as_reference(sft_adapter, ti
     trainer.train()
     assert model.active_adapter == "ppo"
     assert all(torch.equal(adapter_weights(model, "sft")[n], v) for n, v in sft.items())
-    out = tmp_path / "saved"
-    trainer.save_model(str(out))
+    trainer.push_to_hub()  # saves to output_dir, then uploads: the trained adapter alone, as a plain adapter folder
+    out = tmp_path / "out"
     assert not (out / "ppo").exists() and not (out / "sft").exists()
+    pushed = local_hub.files(repo_id)
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(pushed)
+    assert not [f for f in pushed if "/" in f or f.startswith(("ppo", "sft", "reference"))]
+    assert pushed["adapter_model.safetensors"] == (out / "adapter_model.safetensors").read_bytes()
     reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_models["policy"]), out).eval()
     probe = tokenizer(["the movie was great"], return_tensors="pt")
     with torch.no_grad():
