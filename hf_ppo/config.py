@@ -59,6 +59,27 @@ class PPOConfig(TrainingArguments):
         default=True, metadata={"help": "Set every dropout probability to 0 in all models (RL needs it: N+ paper)."}
     )
 
+    # ---- Reward inputs and adapters: what the reward model reads; which adapter is trained / the reference -------
+    reward_input_format: Literal["auto", "chat", "pair", "concat"] = field(
+        default="auto",
+        metadata={"help": "How a reward model reads (prompt, response). 'chat': the reward tokenizer's chat template "
+                  "over the conversation (chat prompts only); 'pair': a (question, answer) text pair, as encoder "
+                  "reward models (DeBERTa, BERT, RoBERTa) were trained; 'concat': prompt + response as one sequence "
+                  "(token ids as they are when the tokenizers match). 'auto': chat for chat prompts when the reward "
+                  "tokenizer has a template, else pair for an encoder whose tokenizer encodes pairs, else concat."},
+    )
+    model_adapter_name: str | None = field(
+        default=None,
+        metadata={"help": "For a PeftModel policy holding several adapters: the one to train (TRL's name). None: its "
+                  "active adapter."},
+    )
+    ref_adapter_name: str | None = field(
+        default=None,
+        metadata={"help": "For a PeftModel policy holding several adapters: the frozen one whose log-probs are the "
+                  "reference (TRL's name; instead of ref_model). None: ref_model, or with ref_model=None a frozen copy "
+                  "of the trained adapter as it starts."},
+    )
+
     # ---- Rollout: sampling -------------------------------------------------------------------------------------
     response_length: int = field(default=53, metadata={"help": "New tokens sampled per response."})
     max_prompt_length: int | None = field(
@@ -213,6 +234,11 @@ class PPOConfig(TrainingArguments):
         for name in ("policy_quantization", "ref_quantization", "reward_quantization"):
             if getattr(self, name) not in ("4bit", "8bit", "none"):
                 errors.append(f"{name}={getattr(self, name)!r}: choose '4bit', '8bit' or 'none'.")
+        if self.reward_input_format not in ("auto", "chat", "pair", "concat"):
+            errors.append(f"reward_input_format={self.reward_input_format!r}: choose 'auto', 'chat', 'pair' or 'concat'.")
+        if self.ref_adapter_name is not None and self.ref_adapter_name == self.model_adapter_name:
+            errors.append(f"model_adapter_name and ref_adapter_name are both {self.ref_adapter_name!r}: the reference "
+                          "adapter must be another adapter than the trained one.")
         if errors:
             raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(errors))
 

@@ -9,6 +9,7 @@ quantized (they are loaded straight onto their device with `device_map`).
 from __future__ import annotations
 
 import copy
+import os
 import re
 import warnings
 
@@ -23,7 +24,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from .adapters import adapter_config
 from .modeling import AutoModelForCausalLMWithValueHead
+from .rollout import reward_input_format
 
 
 def compute_dtype(bf16: bool, fp16: bool) -> torch.dtype:
@@ -331,6 +334,9 @@ def load_policy(
             "it); the policy was passed as a model object. Pass the id/path instead, or quantize it yourself "
             "(`AutoModelForCausalLM.from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True))`) "
             "and set policy_quantization='none'.")
+    if isinstance(model, str) and (adapter := adapter_config(model, init_kwargs)) is not None:
+        return AutoModelForCausalLMWithValueHead(_load_adapter_policy(
+            model, adapter, init_kwargs, quantization, peft_config, dtype, device, gradient_checkpointing))
     if isinstance(model, str):
         if quantization != "none" and peft_config is None:
             raise ValueError(f"policy_quantization={quantization!r} needs `peft_config` (a quantized base can only "
@@ -352,21 +358,44 @@ def load_policy(
     return wrapper
 
 
+def _load_adapter_policy(name_or_path: str, adapter: dict, init_kwargs: dict | None, quantization: str, peft_config,
+                         dtype: torch.dtype, device, gradient_checkpointing: bool):
+    """An adapter folder or Hub adapter repo as the policy: its base loaded once (quantized under QLoRA, prepared for
+    k-bit training), the adapter loaded trainable as "default" (the trainer adds its frozen reference copy)."""
+    from peft import PeftModel, prepare_model_for_kbit_training
+
+    if peft_config is not None:
+        raise ValueError(
+            f"model={name_or_path!r} is a LoRA adapter: PPO continues training it (a frozen copy is the reference), "
+            "with its own LoRA config. Pass peft_config=None, or to train a fresh adapter on top of it, merge it "
+            "first (PeftModel.from_pretrained(base, adapter).merge_and_unload(), save it) and pass the merged model "
+            "with peft_config.")
+    base_name = adapter.get("base_model_name_or_path")
+    if not base_name:
+        raise ValueError(f"The adapter {name_or_path!r} does not name its base model (base_model_name_or_path in "
+                         "adapter_config.json): set it, or load the PeftModel yourself and pass it as `model`.")
+    base_kwargs = {k: v for k, v in (init_kwargs or {}).items() if k != "revision"}  # the revision is the adapter's
+    if adapter.get("revision"):
+        base_kwargs["revision"] = adapter["revision"]
+    base = from_pretrained(AutoModelForCausalLM, base_name, "policy's base model (named by the adapter)",
+                           **_init_kwargs(base_kwargs, quantization, dtype, device))
+    if _is_quantized(base):
+        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=gradient_checkpointing)
+    adapter_kwargs = {k: v for k, v in (init_kwargs or {}).items() if k in ("revision", "token", "cache_dir")}
+    return PeftModel.from_pretrained(base, name_or_path, is_trainable=True, **adapter_kwargs)
+
+
 def load_reference(
     ref_model, policy_source, init_kwargs: dict | None, quantization: str, dtype: torch.dtype, device, uses_peft: bool
 ) -> nn.Module | None:
-    """The frozen reference policy. None means "the policy with its adapter disabled" (only with LoRA).
+    """The frozen reference policy. None means "inside the policy" (only with LoRA): its adapter disabled, or a
+    reference adapter beside the trained one (see `adapters.prepare_adapters`).
 
     Without LoRA and without `ref_model`, the reference is a second copy of the starting policy, in the policy's
     own precision (so step-0 KL is exactly 0): loaded again from the same id/path or deep-copied from the model
     object. `quantization` applies to a reference given by id/path.
     """
     if ref_model is None and uses_peft:
-        if _has_trained_adapter(policy_source):
-            raise ValueError(
-                "The policy is a PeftModel whose adapter is already trained, so the base with the adapter disabled is "
-                "not the starting policy and cannot be the reference. Pass ref_model=<the starting policy> (e.g. the "
-                "merged SFT model's id), or merge the adapter into the base and train a fresh one with peft_config.")
         return None
     if ref_model is None:
         ref_model, quantization = policy_source, "none"
@@ -380,14 +409,6 @@ def load_reference(
     if not _is_quantized(ref_model):
         ref_model = ref_model.to(device)
     return freeze(ref_model)
-
-
-def _has_trained_adapter(model) -> bool:
-    """True for a PeftModel (or a value-head wrapper of one) whose LoRA B matrices are not all zero."""
-    model = getattr(model, "pretrained_model", model)
-    if not hasattr(model, "peft_config"):
-        return False
-    return any(p.count_nonzero() > 0 for n, p in model.named_parameters() if "lora_B" in n)
 
 
 def load_reward_model(
@@ -419,3 +440,98 @@ def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bo
     # `choose_pad_token`) does not change what any real token id means.
     return a.get_vocab() == b.get_vocab()
 
+
+
+def load_policy_tokenizer(name_or_path: str, init_kwargs: dict | None) -> PreTrainedTokenizerBase:
+    """The policy's tokenizer from its id/path; for an adapter saved without one, its base model's."""
+    try:
+        return load_tokenizer(name_or_path, "policy", init_kwargs)
+    except (OSError, ValueError):  # an adapter folder without tokenizer files fails with either
+        adapter = adapter_config(name_or_path, init_kwargs)
+        if adapter is None or not adapter.get("base_model_name_or_path"):
+            raise
+        return load_tokenizer(adapter["base_model_name_or_path"], "policy (the adapter's base)", init_kwargs)
+
+
+def load_reward_tokenizer(reward_model: PreTrainedModel) -> tuple[PreTrainedTokenizerBase | None, str]:
+    """The tokenizer saved with a reward model object, found by its `name_or_path`: (tokenizer, "") or (None, why).
+
+    A local folder or the HF cache first (offline-safe: no request); a Hub id not in the cache is downloaded unless
+    HF_HUB_OFFLINE is set. Pinned to the commit the model was loaded from when the config recorded it.
+    """
+    from huggingface_hub import constants
+
+    source = getattr(reward_model, "name_or_path", "") or ""
+    if not source:
+        return None, "the model has no name_or_path: it was built in memory"
+    kwargs = {}
+    if getattr(reward_model.config, "_commit_hash", None) and not os.path.isdir(source):
+        kwargs["revision"] = reward_model.config._commit_hash
+    attempts = [True] if os.path.isdir(source) or constants.HF_HUB_OFFLINE else [True, False]
+    why = ""
+    for local_only in attempts:
+        try:
+            return AutoTokenizer.from_pretrained(source, local_files_only=local_only, **kwargs), ""
+        except Exception as err:  # noqa: BLE001 - any failure means "no tokenizer found there"; reported to the user
+            why = f"{source!r}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+    return None, why
+
+
+def same_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> bool:
+    """True when the model and the tokenizer were loaded from the same id or folder (so they share a vocabulary)."""
+    a, b = getattr(model, "name_or_path", "") or "", getattr(tokenizer, "name_or_path", "") or ""
+    if not a or not b:
+        return False
+    return os.path.realpath(a) == os.path.realpath(b) if os.path.isdir(a) and os.path.isdir(b) else a == b
+
+
+def with_scoring_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """The tokenizer, or a copy with a pad token when it has none (EOS, SEP, UNK, BOS or CLS: any will do for
+    scoring, since pad slots are masked and the score is read at the last real token or at [CLS])."""
+    if tokenizer.pad_token_id is not None:
+        return tokenizer
+    for token in (tokenizer.eos_token, tokenizer.sep_token, tokenizer.unk_token, tokenizer.bos_token,
+                  tokenizer.cls_token):
+        if token is not None:
+            tokenizer = copy.deepcopy(tokenizer)
+            tokenizer.pad_token = token
+            return tokenizer
+    raise ValueError("The reward model's tokenizer has no pad token and no special token to pad with: set one of its "
+                     "existing tokens as pad (reward_tokenizer.pad_token = <a token in its vocabulary>; pad slots are "
+                     "masked when scoring) and pass it as reward_processing_class.")
+
+
+def reward_tokenizer(reward_model, tokenizer, reward_processing_class, input_format: str, chat: set[bool]):
+    """None when the reward model reads the policy's token ids as they are (the 'concat' fast path); else the
+    tokenizer the reward model reads decoded text with (its own; a pad chosen for scoring when it has none).
+
+    A reward model object without `reward_processing_class` gets its tokenizer from its own name or path (a local
+    folder or the HF cache); when that fails, only a model that comes from the policy tokenizer's own checkpoint may
+    read the policy's ids: anything else is an error asking for `reward_processing_class`. `chat`: whether the
+    prompts are chat messages (one value per dataset); forced formats that cannot apply fail here.
+    """
+    if not isinstance(reward_model, PreTrainedModel):
+        if input_format != "auto":
+            raise ValueError(f"reward_input_format={input_format!r} applies to reward models; a reward callable always "
+                             "receives (prompts, completions) as text. Leave reward_input_format='auto'.")
+        return None
+    if reward_processing_class is None:
+        reward_processing_class, why = load_reward_tokenizer(reward_model)
+        if reward_processing_class is None:
+            vocab = reward_model.get_input_embeddings().num_embeddings
+            if not same_checkpoint(reward_model, tokenizer) or len(tokenizer) > vocab:
+                raise ValueError(
+                    f"The reward model was given as an object without its tokenizer, and its tokenizer could not be "
+                    f"loaded from its name or path ({why}); nothing shows that it reads the policy tokenizer's ids "
+                    f"(embedding of {vocab} tokens, policy tokenizer of {len(tokenizer)}). Pass "
+                    "reward_processing_class=<the reward model's tokenizer>, or pass reward_model as its Hub id or path.")
+            reward_processing_class = tokenizer
+    chosen = with_scoring_pad(reward_processing_class)
+    vocab = reward_model.get_input_embeddings().num_embeddings
+    if len(chosen) > vocab:  # ids past the embedding would fail mid-rollout with a bare IndexError
+        raise ValueError(f"The reward tokenizer has {len(chosen)} tokens but the reward model's embedding has {vocab}: "
+                         "pass the tokenizer the reward model was trained with as reward_processing_class.")
+    formats = {reward_input_format(input_format, reward_model, chosen, c) for c in chat}
+    if formats == {"concat"} and same_tokenizer(tokenizer, chosen):
+        return None
+    return chosen

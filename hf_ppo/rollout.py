@@ -4,8 +4,9 @@ Steps (each a function below, called in order by the trainer):
 1. `generate`: KV-cached sampling of `response_length` new tokens from left-padded prompts.
 2. `truncate_after_stop`: everything after the first stop token becomes padding (the "EOS trick", N+ paper).
 3. `policy_forward`: old log-probs and values in one no-grad forward of policy + value head; `reference_logprobs`
-   gives the reference's (a frozen model, or the policy with its adapter disabled).
-4. `score_responses`: the reward model's score read at the last real token, or a reward callable on text.
+   gives the reference's (a frozen model, or the policy with its reference adapter active or its adapter disabled).
+4. `score_responses`: the reward model's score (its input in `reward_input_format`: chat / pair / concat; read at
+   the last real token, or pooled by the model itself for encoders), or a reward callable on text.
 5. `add_advantages`: KL-penalised per-token rewards, GAE, whitening; `rollout_stats` summarises the batch.
 Micro-batching (`batch_size`) bounds the memory of every no-grad pass.
 """
@@ -20,6 +21,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .adapters import adapter_active
 from .ppo_math import (
     compute_gae,
     compute_rewards,
@@ -191,44 +193,78 @@ def policy_forward(
             torch.cat(entropies) if with_entropy else None)
 
 
-def adapter_disabled(model: nn.Module):
-    """Context in which a PEFT policy runs as its base model (the reference when `ref_model` is None)."""
+def reference_context(model: nn.Module, ref_adapter: str | None = None):
+    """Context in which a PEFT policy runs as the reference (when `ref_model` is None): its reference adapter active
+    (`ref_adapter`: the frozen SFT copy or TRL's `ref_adapter_name`), or without one its adapter disabled."""
     peft_model = getattr(model, "pretrained_model", model)
+    if ref_adapter is not None:
+        return adapter_active(peft_model, ref_adapter)
     return peft_model.disable_adapter() if hasattr(peft_model, "disable_adapter") else contextlib.nullcontext()
 
 
 @torch.no_grad()
 def reference_logprobs(policy: nn.Module, ref_model: nn.Module | None, queries, query_mask, responses, response_mask,
-                       *, temperature: float, batch_size: int) -> torch.Tensor:
-    """Reference log-probs (B, R): the frozen `ref_model`, or with `ref_model=None` the policy's adapter disabled."""
+                       *, temperature: float, batch_size: int, ref_adapter: str | None = None) -> torch.Tensor:
+    """Reference log-probs (B, R): the frozen `ref_model`, or with `ref_model=None` the policy with its reference
+    adapter `ref_adapter` active, or (None) with its adapter disabled."""
     if ref_model is not None:
         return policy_forward(ref_model, queries, query_mask, responses, response_mask, temperature=temperature,
                               batch_size=batch_size, with_values=False)[0]
-    with adapter_disabled(policy):
+    with reference_context(policy, ref_adapter):
         return policy_forward(getattr(policy, "pretrained_model", policy), queries, query_mask, responses,
                               response_mask, temperature=temperature, batch_size=batch_size, with_values=False)[0]
 
 
-@torch.no_grad()
-def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batch_size: int) -> torch.Tensor:
-    """Scalar score of each sequence, read at its last real token. input_ids/attention_mask (B, T) -> (B,) fp32.
+def pools_itself(reward_model: nn.Module) -> bool:
+    """True for a sequence classifier that pools on its own (no `score` head over its backbone).
 
-    The backbone's hidden states go through the classification head at every position and the value at the last
-    position with attention_mask == 1 is taken, so it never depends on the model's pad_token_id setting.
+    Decoder reward models in transformers (Llama, Qwen, Mistral, GPT-2, ...) put a `score` head on every position;
+    encoders (BERT, RoBERTa, DeBERTa) pool the first ([CLS]) position through `pooler` / `classifier` instead.
     """
-    backbone = getattr(reward_model, reward_model.base_model_prefix, None)
-    head = getattr(reward_model, "score", None)
+    backbone = getattr(reward_model, getattr(reward_model, "base_model_prefix", ""), None)
+    return backbone is None or not isinstance(getattr(reward_model, "score", None), nn.Module)
+
+
+def right_aligned(mask: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Move each row's real tokens (mask True) to the front, order kept: (B, T) -> (mask, *tensors) right-padded.
+
+    Encoders pool at position 0 and number positions from 0, so their inputs must start at the first real token.
+    """
+    order = torch.sort((~mask).long(), dim=1, stable=True).indices
+    return (mask.gather(1, order), *(t.gather(1, order) for t in tensors))
+
+
+@torch.no_grad()
+def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batch_size: int,
+                        token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Scalar score of each sequence. input_ids/attention_mask/token_type_ids (B, T) -> (B,) fp32.
+
+    A decoder reward model (`score` head): the head runs on the backbone's hidden states and the value at the last
+    position with attention_mask == 1 is taken, so any padding side works and its pad_token_id never matters. A model
+    that pools itself (encoders: [CLS] through `pooler` + `classifier`) runs its own forward on right-padded inputs
+    (real tokens moved to the front, pad slots masked and filled with its pad id), exactly as it was trained.
+    """
     scores = []
+    own_pooling = pools_itself(reward_model)
     for rows in _chunks(input_ids.shape[0], batch_size):
-        ids, mask = input_ids[rows], attention_mask[rows]
+        ids, mask = input_ids[rows], attention_mask[rows].bool()
+        if own_pooling:
+            extra = {}
+            if token_type_ids is not None:
+                mask, ids, extra["token_type_ids"] = right_aligned(mask, ids, token_type_ids[rows])
+            else:
+                mask, ids = right_aligned(mask, ids)
+            pad_id = getattr(reward_model.config, "pad_token_id", None)
+            ids = ids.masked_fill(~mask, pad_id if pad_id is not None else 0)
+            logits = reward_model(input_ids=ids, attention_mask=mask.long(), **extra).logits
+            scores.append(logits[:, 0].float())
+            continue
+        backbone = getattr(reward_model, reward_model.base_model_prefix)
         position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
-        last = last_token_index(mask.bool())
-        if backbone is not None and isinstance(head, nn.Module):
-            hidden = backbone(input_ids=ids, attention_mask=mask, position_ids=position_ids).last_hidden_state
-            per_token = head(hidden)[..., 0]
-            scores.append(per_token[torch.arange(ids.shape[0], device=ids.device), last].float())
-        else:  # an architecture without a `score` head: let it pool (it must know its pad token)
-            scores.append(reward_model(input_ids=ids, attention_mask=mask).logits[:, 0].float())
+        hidden = backbone(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids).last_hidden_state
+        per_token = reward_model.score(hidden)[..., 0]
+        last = last_token_index(mask)
+        scores.append(per_token[torch.arange(ids.shape[0], device=ids.device), last].float())
     return torch.cat(scores)
 
 
@@ -252,26 +288,58 @@ def decode_masked(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]
     return tokenizer.batch_decode(ids.masked_fill(~mask, tokenizer.pad_token_id), skip_special_tokens=True)
 
 
-def _reward_texts(reward_tokenizer, prompts: list, prompt_texts: list[str], completions: list[str]) -> tuple[list[str], bool]:
-    """Texts for a reward model with its own tokenizer; True when they were rendered with its chat template."""
-    conversational = all(isinstance(p, list) for p in prompts)
-    if conversational and getattr(reward_tokenizer, "chat_template", None):
-        return [reward_tokenizer.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False)
-                for p, c in zip(prompts, completions)], True
-    return [p + c for p, c in zip(prompt_texts, completions)], False
+def encodes_pairs(tokenizer) -> bool:
+    """True when the tokenizer marks a text pair with special tokens ([CLS] q [SEP] a [SEP] and the like)."""
+    if getattr(tokenizer, "sep_token", None) is None:
+        return False
+    return tokenizer.num_special_tokens_to_add(pair=True) > tokenizer.num_special_tokens_to_add(pair=False)
+
+
+def reward_input_format(requested: str, reward_model: nn.Module, reward_tokenizer, conversational: bool) -> str:
+    """Resolve `reward_input_format` ('auto', 'chat', 'pair', 'concat') to 'chat', 'pair' or 'concat'.
+
+    'auto': the reward tokenizer's chat template for chat prompts; else a (question, answer) pair for a model that
+    pools itself (an encoder) whose tokenizer encodes pairs; else the concatenation. A forced 'chat' that cannot
+    apply is an error naming the fix.
+    """
+    has_template = bool(getattr(reward_tokenizer, "chat_template", None))
+    if requested == "chat":
+        if not conversational:
+            raise ValueError("reward_input_format='chat' needs chat prompts (a 'messages' column, or 'prompt' rows that "
+                             "are lists of {'role', 'content'} turns); with text prompts use 'concat', 'pair' or 'auto'.")
+        if not has_template:
+            raise ValueError("reward_input_format='chat' needs a reward tokenizer with a chat template: pass "
+                             "reward_processing_class=<the reward model's tokenizer> with `chat_template` set, or use "
+                             "reward_input_format='concat' or 'auto'.")
+        return "chat"
+    if requested in ("pair", "concat"):
+        return requested
+    if conversational and has_template:
+        return "chat"
+    if pools_itself(reward_model) and encodes_pairs(reward_tokenizer):
+        return "pair"
+    return "concat"
+
+
+def _question_text(prompt, decoded: str) -> str:
+    """The question of a (question, answer) pair: the prompt the policy saw, or a chat's turns as plain text."""
+    if isinstance(prompt, list):
+        return "\n\n".join(str(turn.get("content") or "") for turn in prompt)
+    return decoded
 
 
 @torch.no_grad()
 def score_responses(
     reward, *, queries, query_mask, responses, response_mask, tokenizer, prompts: list, batch_size: int,
-    reward_tokenizer=None,
+    reward_tokenizer=None, input_format: str = "auto",
 ) -> torch.Tensor:
     """One score per response: (B,) fp32.
 
     `reward` is a callable `(prompts, completions) -> list[float]` (called on text), or a frozen reward model.
-    With `reward_tokenizer=None` the reward model shares the policy's tokenizer and scores the token ids directly
-    (no decode). Otherwise prompt + response are decoded, rendered with the reward tokenizer's chat template when it
-    has one and the prompts are conversational, re-tokenized, and scored.
+    With `reward_tokenizer=None` the reward model shares the policy's tokenizer and reads prompt + response as token
+    ids (no decode: the 'concat' format's fast path). Otherwise prompt and response are decoded and given in
+    `input_format` (see `reward_input_format`, resolved per batch): the conversation rendered with the reward
+    tokenizer's chat template ('chat'), a (question, answer) text pair ('pair'), or prompt + response ('concat').
     """
     if callable(reward) and not isinstance(reward, nn.Module):
         prompt_texts = decode_masked(tokenizer, queries, query_mask)
@@ -280,11 +348,24 @@ def score_responses(
     if reward_tokenizer is None:
         inputs = sequence_inputs(queries, query_mask, responses, response_mask)
         return reward_model_scores(reward, inputs["input_ids"], inputs["attention_mask"], batch_size)
-    texts, templated = _reward_texts(reward_tokenizer, prompts, decode_masked(tokenizer, queries, query_mask),
-                                     decode_masked(tokenizer, responses, response_mask))
-    encoded = reward_tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=not templated)
+    conversational = all(isinstance(p, list) for p in prompts)
+    kind = reward_input_format(input_format, reward, reward_tokenizer, conversational)
+    prompt_texts = decode_masked(tokenizer, queries, query_mask)
+    completions = decode_masked(tokenizer, responses, response_mask)
+    if kind == "chat":
+        texts = [reward_tokenizer.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False)
+                 for p, c in zip(prompts, completions)]
+        encoded = reward_tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+    elif kind == "pair":
+        questions = [_question_text(p, t) for p, t in zip(prompts, prompt_texts)]
+        encoded = reward_tokenizer(questions, completions, padding=True, return_tensors="pt")
+    else:
+        encoded = reward_tokenizer([p + c for p, c in zip(prompt_texts, completions)], padding=True,
+                                   return_tensors="pt")
     device = queries.device
-    return reward_model_scores(reward, encoded["input_ids"].to(device), encoded["attention_mask"].to(device), batch_size)
+    token_types = encoded.get("token_type_ids") if kind == "pair" else None
+    return reward_model_scores(reward, encoded["input_ids"].to(device), encoded["attention_mask"].to(device),
+                               batch_size, None if token_types is None else token_types.to(device))
 
 
 @torch.no_grad()

@@ -24,10 +24,10 @@ from collections import defaultdict
 
 import torch
 from torch.utils.data import Sampler
-from transformers import PreTrainedModel, Trainer, set_seed
+from transformers import Trainer, set_seed
 from transformers.trainer_callback import ProgressCallback
 
-from . import loading
+from . import adapters, loading
 from .config import PPOConfig
 from .data import PromptCollator, prepare_prompts
 from .modeling import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
@@ -140,7 +140,7 @@ class PPOLMTrainer(Trainer):
         if processing_class is None:
             if not isinstance(model, str):
                 raise ValueError("Pass processing_class=tokenizer when model is not a Hub id or path.")
-            processing_class = loading.load_tokenizer(model, "policy", args.model_init_kwargs)
+            processing_class = loading.load_policy_tokenizer(model, args.model_init_kwargs)
 
         # Models: the policy + value head (trainable), the reference and the reward model (frozen). Each model that
         # reads the policy's token ids is checked against the tokenizer here, not by an IndexError mid-rollout.
@@ -155,6 +155,16 @@ class PPOLMTrainer(Trainer):
         loading.check_stop_token_ids(self.stop_token_ids, body, needs_stop=args.missing_eos_penalty is not None)
         tokenizer = loading.choose_pad_token(processing_class, body, self.stop_token_ids,
                                              "id" if isinstance(model, str) else "object")
+        # The trained adapter and, with ref_model=None, the reference adapter beside it (continuing from an adapter).
+        self.trained_adapter, self.ref_adapter = adapters.prepare_adapters(
+            policy.pretrained_model, fresh=peft_config is not None, ref_model_given=ref_model is not None,
+            model_adapter_name=args.model_adapter_name, ref_adapter_name=args.ref_adapter_name)
+        if isinstance(model, str) and self.trained_adapter and peft_config is None:  # an adapter given by id/path:
+            # the card and the merged export name its base; the card names the adapter as the reference.
+            self._model_sources["model"] = policy.pretrained_model.peft_config[self.trained_adapter].base_model_name_or_path
+            self._model_sources["ref_model"] = self._model_sources["ref_model"] or model
+        elif self.ref_adapter is not None:  # a reference adapter of a PeftModel object: never "the adapter disabled"
+            self._model_sources["ref_model"] = f"adapter {self.ref_adapter!r} of the policy"
         self.ref_model = loading.load_reference(ref_model, model, args.ref_model_init_kwargs, args.ref_quantization,
                                                 dtype, device, uses_peft=policy.is_peft_model)
         if self.ref_model is not None:
@@ -163,7 +173,6 @@ class PPOLMTrainer(Trainer):
                                                       args.reward_quantization, dtype, device)
         if isinstance(reward_model, str) and reward_processing_class is None:
             reward_processing_class = loading.load_tokenizer(reward_model, "reward model", args.reward_model_init_kwargs)
-        self.reward_tokenizer = _reward_tokenizer(self.reward_model, tokenizer, reward_processing_class)
         if args.disable_dropout:
             for m in (policy, self.ref_model, self.reward_model):
                 if isinstance(m, torch.nn.Module):
@@ -178,6 +187,9 @@ class PPOLMTrainer(Trainer):
                                        max_prompt_length=args.max_prompt_length, response_length=args.response_length,
                                        num_proc=args.dataset_num_proc)
         self._check_batch_sizes(args, train_dataset)
+        chat = {isinstance(d[0]["prompt"], list) for d in (train_dataset, eval_dataset) if d is not None}
+        self.reward_tokenizer = loading.reward_tokenizer(self.reward_model, tokenizer, reward_processing_class,
+                                                         args.reward_input_format, chat or {False})
         if callable(self.reward_model) and not isinstance(self.reward_model, torch.nn.Module) and train_dataset is not None:
             probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
             probe = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in probe]
@@ -305,10 +317,12 @@ class PPOLMTrainer(Trainer):
                                                    temperature=args.temperature, batch_size=batch_size,
                                                    with_entropy=True)
         ref_logprobs = reference_logprobs(model, self.ref_model, queries, query_mask, responses, response_mask,
-                                          temperature=args.temperature, batch_size=batch_size)
+                                          temperature=args.temperature, batch_size=batch_size,
+                                          ref_adapter=self.ref_adapter)
         scores = score_responses(self.reward_model, queries=queries, query_mask=query_mask, responses=responses,
                                  response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
-                                 batch_size=batch_size, reward_tokenizer=self.reward_tokenizer)
+                                 batch_size=batch_size, reward_tokenizer=self.reward_tokenizer,
+                                 input_format=args.reward_input_format)
         scored = time.perf_counter()
         if toggle:
             model.train()
@@ -417,7 +431,8 @@ class PPOLMTrainer(Trainer):
         responses, mask, _ = truncate_after_stop(responses, self.stop_token_ids, tokenizer.pad_token_id)
         return score_responses(self.reward_model, queries=inputs["queries"], query_mask=inputs["query_mask"],
                                responses=responses, response_mask=mask, tokenizer=tokenizer, prompts=inputs["prompts"],
-                               batch_size=args.local_rollout_forward_batch_size, reward_tokenizer=self.reward_tokenizer)
+                               batch_size=args.local_rollout_forward_batch_size, reward_tokenizer=self.reward_tokenizer,
+                               input_format=args.reward_input_format)
 
     # ---- saving: the policy alone; checkpoints add the value head and PPO state ------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
@@ -426,7 +441,7 @@ class PPOLMTrainer(Trainer):
             return
         os.makedirs(output_dir, exist_ok=True)
         policy = self.accelerator.unwrap_model(self.model).pretrained_model
-        policy.save_pretrained(output_dir)
+        adapters.save_policy(policy, output_dir, self.trained_adapter)
         self.processing_class.save_pretrained(output_dir)
 
     def _save_checkpoint(self, model, trial) -> None:
@@ -448,7 +463,8 @@ class PPOLMTrainer(Trainer):
             from safetensors.torch import load_file
 
             adapter_file = os.path.join(resume_from_checkpoint, "adapter_model.safetensors")
-            set_peft_model_state_dict(policy, load_file(adapter_file, device=str(wrapper.v_head.weight.device)))
+            set_peft_model_state_dict(policy, load_file(adapter_file, device=str(wrapper.v_head.weight.device)),
+                                      adapter_name=self.trained_adapter)
         else:
             _load_full_weights(policy, resume_from_checkpoint)
         head_file = os.path.join(resume_from_checkpoint, VALUE_HEAD_FILE)
@@ -499,7 +515,7 @@ class PPOLMTrainer(Trainer):
         if not self.is_world_process_zero():
             return None
         policy = self.accelerator.unwrap_model(self.model).pretrained_model
-        peft_config = policy.peft_config["default"].to_dict() if hasattr(policy, "peft_config") else None
+        peft_config = policy.peft_config[self.trained_adapter].to_dict() if self.trained_adapter else None
         names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
         write_model_card(folder, repo_id=repo_id, base_model=self._model_sources["model"],
                          reward_model=self._model_sources["reward_model"], ref_model=self._model_sources["ref_model"],
@@ -572,22 +588,3 @@ _REFERENCE_VOCAB_FIX = ("The reference scores the policy's token ids, so it must
                         "the policy's starting checkpoint as ref_model (or ref_model=None), resized like the policy "
                         "if you added tokens.")
 
-
-def _reward_tokenizer(reward_model, tokenizer, reward_processing_class):
-    """None when the reward model reads the policy's token ids as they are; else its own tokenizer."""
-    if not isinstance(reward_model, PreTrainedModel):
-        return None
-    if reward_processing_class is None:
-        vocab = reward_model.get_input_embeddings().num_embeddings
-        if len(tokenizer) > vocab:
-            raise ValueError(f"The reward model's embedding has {vocab} tokens, fewer than the policy tokenizer's "
-                             f"{len(tokenizer)}: it uses another tokenizer. Pass reward_processing_class=<its tokenizer>. "
-                             "(If it shares the policy's tokenizer but you added a token, e.g. a pad token, resize it "
-                             "too: reward_model.resize_token_embeddings(len(tokenizer)).)")
-        return None
-    if loading.same_tokenizer(tokenizer, reward_processing_class):
-        return None
-    if reward_processing_class.pad_token_id is None:
-        raise ValueError("The reward model's tokenizer has no pad token: set one (e.g. "
-                         "reward_tokenizer.pad_token = reward_tokenizer.eos_token is fine for scoring).")
-    return reward_processing_class

@@ -229,19 +229,6 @@ def test_reward_model_with_another_vocabulary_needs_its_tokenizer(tiny_models, t
         build(tiny_models, tokenizer, tmp_path, reward=build_reward_model(small))
 
 
-def test_trained_adapter_needs_an_explicit_reference(tiny_models, tokenizer, tmp_path, lora_config):
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_models["policy"]), lora_config)
-    for name, param in policy.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(param)
-    with pytest.raises(ValueError, match="Pass ref_model="):
-        PPOLMTrainer(model=policy, args=make_args(tmp_path), processing_class=tokenizer, reward_model=count_e,
-                     train_dataset=Dataset.from_dict({"prompt": ["a"] * 8}))
-
-
 def test_evaluate_samples_and_scores_eval_prompts(tiny_models, tokenizer, prompts_dataset, tmp_path):
     trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, reward=count_e)
     trainer.eval_dataset = trainer.train_dataset
