@@ -202,11 +202,13 @@ def test_reward_object_loads_its_tokenizer_from_its_path(tiny_models, tokenizer,
 
 
 def test_reward_tokenizer_without_pad_gets_one_for_scoring(tiny_models, tokenizer, tmp_path):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from hf_ppo.tiny import build_reward_model, build_tokenizer
 
-    reward_tok = AutoTokenizer.from_pretrained(tiny_models["reward"])
+    # A reward model with a vocabulary of its own (the same vocabulary would take the token-id fast path, where the
+    # reward tokenizer's pad never matters).
+    reward_tok = build_tokenizer(vocab_size=300, seed=2)
     reward_tok.pad_token = None
-    reward = AutoModelForSequenceClassification.from_pretrained(tiny_models["reward"])
+    reward = build_reward_model(reward_tok)
     trainer = PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path), processing_class=tokenizer,
                            reward_model=reward, reward_processing_class=reward_tok,
                            train_dataset=Dataset.from_dict({"prompt": [QUESTION, "the food was"] * 4}))
