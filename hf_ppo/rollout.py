@@ -317,3 +317,57 @@ def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, 
         explained_variance(batch.values, batch.returns, mask), masked_mean(entropy, mask),
         masked_mean(batch.advantages, mask), masked_mean(batch.returns, mask),
     ])
+
+
+class MinibatchSchedule:
+    """The PPO update over one rollout: `num_ppo_epochs` shuffled passes, each split into `num_mini_batches`
+    minibatches of gradient-accumulation micro-batches, handed out one micro-batch at a time.
+
+    The rollout, the shuffles (`orders`, (num_ppo_epochs, B) long) and the `position` (micro-batches handed out) are
+    the whole state, so a checkpoint taken part-way through an iteration resumes with exactly the rest of it.
+    """
+
+    def __init__(self, batch: RolloutBatch, orders: torch.Tensor, *, num_mini_batches: int,
+                 gradient_accumulation_steps: int, position: int = 0):
+        self.batch, self.orders, self.position = batch, orders, position
+        self.num_mini_batches, self.gradient_accumulation_steps = num_mini_batches, gradient_accumulation_steps
+        self.minibatch_size = len(batch) // num_mini_batches
+        self.micro_batch_size = self.minibatch_size // gradient_accumulation_steps
+
+    @classmethod
+    def shuffled(cls, batch: RolloutBatch, *, num_ppo_epochs: int, num_mini_batches: int,
+                 gradient_accumulation_steps: int) -> "MinibatchSchedule":
+        """A new schedule over `batch`: one permutation per PPO epoch from the global torch RNG."""
+        orders = torch.stack([torch.randperm(len(batch), device=batch.queries.device) for _ in range(num_ppo_epochs)])
+        return cls(batch, orders, num_mini_batches=num_mini_batches,
+                   gradient_accumulation_steps=gradient_accumulation_steps)
+
+    def __len__(self) -> int:
+        return self.orders.shape[0] * self.num_mini_batches * self.gradient_accumulation_steps
+
+    @property
+    def done(self) -> bool:
+        return self.position >= len(self)
+
+    def next(self) -> dict:
+        """The next micro-batch: {"batch": RolloutBatch, "normalizer": real tokens of its whole minibatch}."""
+        epoch, rest = divmod(self.position, self.num_mini_batches * self.gradient_accumulation_steps)
+        m, k = divmod(rest, self.gradient_accumulation_steps)
+        minibatch = self.orders[epoch, m * self.minibatch_size:(m + 1) * self.minibatch_size]
+        self.position += 1
+        return {"batch": self.batch.select(minibatch[k * self.micro_batch_size:(k + 1) * self.micro_batch_size]),
+                "normalizer": self.batch.response_mask[minibatch].sum().clamp(min=1)}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the rollout, the orders and the position (as a 0-d tensor): what a checkpoint stores."""
+        tensors = {f.name: getattr(self.batch, f.name) for f in fields(self.batch)
+                   if getattr(self.batch, f.name) is not None}
+        return {**tensors, "orders": self.orders, "position": torch.tensor(self.position)}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, torch.Tensor], *, num_mini_batches: int,
+                        gradient_accumulation_steps: int) -> "MinibatchSchedule":
+        state = dict(state)
+        orders, position = state.pop("orders"), int(state.pop("position"))
+        return cls(RolloutBatch(**state), orders, num_mini_batches=num_mini_batches,
+                   gradient_accumulation_steps=gradient_accumulation_steps, position=position)
