@@ -13,7 +13,7 @@ Micro-batching (`batch_size`) bounds the memory of every no-grad pass.
 from __future__ import annotations
 
 import contextlib
-import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import Callable
 
@@ -220,18 +220,44 @@ def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batc
 
 
 def check_reward_values(values, expected: int) -> torch.Tensor:
-    """A reward callable's output as a (B,) tensor; a clear error for a wrong length, non-numbers or NaN/inf."""
-    try:
-        scores = torch.as_tensor([float(v) for v in values], dtype=torch.float32)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"The reward function must return a list of {expected} floats; got {values!r:.200}.") from err
+    """A reward callable's output as a (B,) float32 tensor: a sequence, 1-D tensor or 1-D array of `expected` numbers.
+
+    Anything else (a dict, a 2-D tensor, strings, None entries, a single number) is an error that says what came
+    back. NaN/inf pass through: the trainer drops such a rollout (see guard.py).
+    """
+    fix = f"return one number per (prompt, completion) pair: a list of {expected} floats or a 1-D tensor/array"
+    if hasattr(values, "ndim") and hasattr(values, "shape"):  # torch tensor or numpy array
+        if values.ndim != 1:
+            raise TypeError(f"The reward function returned a {type(values).__name__} of shape {tuple(values.shape)}: "
+                            f"{fix} (e.g. .squeeze(-1) on (B, 1) logits).")
+        try:
+            scores = torch.as_tensor(values).detach().to(device="cpu", dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"The reward function returned a {type(values).__name__} of dtype {values.dtype}: "
+                            f"{fix}.") from err
+    elif isinstance(values, (str, bytes, dict)) or not isinstance(values, (list, tuple)):
+        shown = f"a dict with keys {list(values)[:5]}" if isinstance(values, dict) else f"{values!r:.100}"
+        raise TypeError(f"The reward function returned {type(values).__name__} {shown}: {fix}.")
+    else:
+        bad = [(i, v) for i, v in enumerate(values) if not _is_number(v)]
+        if bad:
+            i, v = bad[0]
+            raise TypeError(f"The reward function returned a non-number at position {i}: {type(v).__name__} "
+                            f"{v!r:.60} ({len(bad)} such entries): {fix}.")
+        scores = torch.tensor([float(v) for v in values], dtype=torch.float32)
     if scores.numel() != expected:
         raise ValueError(f"The reward function returned {scores.numel()} scores for {expected} completions: it must "
                          "return one float per (prompt, completion) pair, in order.")
-    if not torch.isfinite(scores).all():
-        bad = [i for i, s in enumerate(scores.tolist()) if not math.isfinite(s)]
-        raise ValueError(f"The reward function returned NaN/inf for completions {bad[:10]}: return finite floats.")
     return scores
+
+
+def _is_number(value) -> bool:
+    """A real number: int/float/bool, a numpy scalar, or a one-element tensor/array (not a string, not None)."""
+    if isinstance(value, (str, bytes)) or value is None:
+        return False
+    if isinstance(value, numbers.Real):
+        return True
+    return getattr(value, "ndim", None) == 0 or getattr(value, "shape", None) in ((), (1,))
 
 
 def decode_masked(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
