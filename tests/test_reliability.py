@@ -159,16 +159,15 @@ def test_crash_while_saving_keeps_previous_checkpoint(crash, reference_4_steps, 
     issues = problems(str(out / "checkpoint-4"))
     assert issues
 
-    # An explicit path to the incomplete checkpoint: an error naming what is missing.
-    with pytest.raises(CheckpointError, match=r"checkpoint-4.*(missing|unreadable)"):
-        make_trainer(tiny_models, tokenizer, out, lora_config, **kwargs).train(
-            resume_from_checkpoint=str(out / "checkpoint-4"))
-    if not os.path.isdir(out / "checkpoint-4"):  # the failed call moved it aside: put it back for the True case
-        os.replace(out / "incomplete-checkpoint-4", out / "checkpoint-4")
+    # An explicit path to the incomplete checkpoint: an error naming what is missing (before anything is loaded).
+    resumed = make_trainer(tiny_models, tokenizer, out, lora_config, **kwargs)
+    with pytest.raises(CheckpointError, match=r"checkpoint-4 .*(missing|unreadable)"):
+        resumed.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    assert not os.path.isdir(out / "checkpoint-4")  # moved out of Trainer's sight
+    os.replace(out / "incomplete-checkpoint-4", out / "checkpoint-4")  # as the kill left it, for the True case
 
     # True: the incomplete checkpoint is skipped with a warning naming it; the run resumes from checkpoint-2 and ends
     # exactly where an uninterrupted run ends.
-    resumed = make_trainer(tiny_models, tokenizer, out, lora_config, **kwargs)
     with pytest.warns(UserWarning, match=r"Skipping incomplete checkpoint .*checkpoint-4"):
         resumed.train(resume_from_checkpoint=True)
     assert_same_weights(reference_4_steps, resumed)
@@ -248,6 +247,10 @@ def test_killed_process_mid_save_resumes(tiny_models, tokenizer, lora_config, tm
     assert result.returncode == -9, result.stderr.decode()[-2000:]
     assert problems(str(out / "checkpoint-2")) == []
     assert any("ppo_state.json" in p for p in problems(str(out / "checkpoint-4")))
+    resumed = make_trainer(tiny_models, tokenizer, out, lora_config, num_ppo_epochs=1, max_steps=4, logging_steps=10)
+    with pytest.warns(UserWarning, match=r"Skipping incomplete checkpoint .*checkpoint-4 \(missing trainer_state"):
+        resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 4 and resumed.iteration == 2
 
 
 # ---- non-finite numbers ------------------------------------------------------------------------------------------
