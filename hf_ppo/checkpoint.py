@@ -59,12 +59,15 @@ def settings(args) -> dict:
     return {k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
 
 
-def compare_settings(saved: dict, current: dict) -> list[str]:
-    """One line per setting whose value differs between the checkpoint and this run (or exists in only one)."""
+def compare_settings(saved: dict, current: dict) -> dict[str, str]:
+    """{setting: "checkpoint X, now Y"} for each setting that differs between the checkpoint and this run."""
     missing = object()
-    return [f"{name}: checkpoint {saved.get(name, '(not recorded)')!r}, now {current.get(name, '(not set)')!r}"
-            for name in sorted(set(saved) | set(current))
-            if saved.get(name, missing) != current.get(name, missing)]
+    return {name: f"checkpoint {saved.get(name, '(not recorded)')!r}, now {current.get(name, '(not set)')!r}"
+            for name in sorted(set(saved) | set(current)) if saved.get(name, missing) != current.get(name, missing)}
+
+
+def describe_changes(changed: dict[str, str], sep: str = "\n- ") -> str:
+    return sep.join(f"{name}: {change}" for name, change in changed.items())
 
 
 # ---- writing ------------------------------------------------------------------------------------------------------
@@ -239,7 +242,7 @@ class SavedPPOState:
     state: dict
     value_head: dict[str, torch.Tensor]
     rollout_buffer: dict[str, torch.Tensor] | None
-    changed: list[str]
+    changed: dict[str, str]
 
 
 def load_ppo_state(folder: str, args, device) -> SavedPPOState:
@@ -259,7 +262,7 @@ def load_ppo_state(folder: str, args, device) -> SavedPPOState:
     changed = compare_settings(state["settings"], settings(args))
     if changed and not args.allow_config_change_on_resume:
         raise CheckpointError(
-            f"{folder} was written with other settings:\n- " + "\n- ".join(changed) + "\nResume with the "
+            f"{folder} was written with other settings:\n- " + describe_changes(changed) + "\nResume with the "
             "checkpoint's values, or set allow_config_change_on_resume=True to train on with the new ones.")
     value_head = load_file(os.path.join(folder, VALUE_HEAD_FILE), device=str(device))
     buffer = (load_file(os.path.join(folder, ROLLOUT_BUFFER_FILE), device=str(device))

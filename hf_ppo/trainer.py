@@ -463,9 +463,9 @@ class PPOLMTrainer(Trainer):
     def _save_checkpoint(self, model, trial) -> None:
         """The PPO state first, then Trainer's files: Trainer writes trainer_state.json last and rotates only after
         it, so a folder with a readable trainer_state.json is complete (see checkpoint.py)."""
+        folder = checkpoint.checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
+        self._check_finite_weights(folder)  # on every process, so all of them stop together
         if self.args.should_save:
-            folder = checkpoint.checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
-            self._check_finite_weights(folder)
             wrapper = self.accelerator.unwrap_model(self.model)
             schedule = self._schedule if self._schedule is not None and not self._schedule.done else None
             state = {"iteration": self.iteration, "kl_controller": self.kl_ctl.state_dict(),
@@ -495,7 +495,7 @@ class PPOLMTrainer(Trainer):
         wrapper.load_value_head_state_dict(saved.value_head)
         state = saved.state
         self.iteration = state["iteration"]
-        if "kl_coef" not in {line.split(":")[0] for line in saved.changed}:
+        if "kl_coef" not in saved.changed:  # a changed kl_coef (allowed on resume) restarts the controller from it
             self.kl_ctl.load_state_dict(state["kl_controller"])
         if self.reward_moments is not None and state["reward_moments"]:
             self.reward_moments.load_state_dict(state["reward_moments"])
@@ -506,7 +506,7 @@ class PPOLMTrainer(Trainer):
         self._micro_step, self._schedule = None, None
         if saved.changed:
             warnings.warn(f"Resuming from {resume_from_checkpoint} with changed settings (allow_config_change_on_resume"
-                          "): " + "; ".join(saved.changed) + ". The new values apply from now on"
+                          "): " + checkpoint.describe_changes(saved.changed, "; ") + ". The new values apply from now on"
                           + ("; the interrupted iteration's rollout is discarded (a fresh one serves its remaining "
                              "steps)." if saved.rollout_buffer is not None else "."))
         elif saved.rollout_buffer is not None:
