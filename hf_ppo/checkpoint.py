@@ -118,7 +118,7 @@ def problems(folder: str) -> list[str]:
     issues: list[str] = []
     _read_json(folder, TRAINER_STATE_FILE, issues)
     ppo = _read_json(folder, PPO_STATE_FILE, issues)
-    if ppo is None:
+    if ppo is None or "format" not in ppo:  # another hf_ppo version: load_ppo_state says so, nothing is moved aside
         return issues
     for name in required_files(folder, ppo, issues):
         _check_file(os.path.join(folder, name), name, issues)

@@ -161,7 +161,7 @@ def test_crash_while_saving_keeps_previous_checkpoint(crash, reference_4_steps, 
 
     # An explicit path to the incomplete checkpoint: an error naming what is missing (before anything is loaded).
     resumed = make_trainer(tiny_models, tokenizer, out, lora_config, **kwargs)
-    with pytest.raises(CheckpointError, match=r"checkpoint-4 .*(missing|unreadable)"):
+    with pytest.raises(CheckpointError, match=r"checkpoint-4: .*(missing|unreadable)"):
         resumed.train(resume_from_checkpoint=str(out / "checkpoint-4"))
     assert not os.path.isdir(out / "checkpoint-4")  # moved out of Trainer's sight
     os.replace(out / "incomplete-checkpoint-4", out / "checkpoint-4")  # as the kill left it, for the True case
@@ -235,7 +235,8 @@ def test_killed_process_mid_save_resumes(tiny_models, tokenizer, lora_config, tm
         ckpt._atomic_write = write
         args = PPOConfig(output_dir={str(out)!r}, per_device_train_batch_size=4, num_mini_batches=2, num_ppo_epochs=1,
                          max_steps=4, response_length=6, learning_rate=1e-2, report_to=[], save_strategy="steps",
-                         save_steps=2, num_sample_generations=0, disable_tqdm=True, seed=0)
+                         save_steps=2, num_sample_generations=0, disable_tqdm=True, seed=0, adaptive_kl=True,
+                         kl_coef=0.1)
         dataset = Dataset.from_dict({{"prompt": ["the movie was", "the food was"] * 8}})
         PPOLMTrainer(model={tiny_models["policy"]!r}, args=args,
                      processing_class=AutoTokenizer.from_pretrained({tiny_models["policy"]!r}),
