@@ -195,6 +195,19 @@ class PPOConfig(TrainingArguments):
     local_mini_batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
     mini_batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
 
+    # ---- Reliability: non-finite numbers and resume ---------------------------------------------------------------
+    max_consecutive_nonfinite: int = field(
+        default=10,
+        metadata={"help": "A rollout with NaN/inf is dropped and sampled again, an optimizer step with a NaN/inf loss "
+                  "or gradient norm is skipped; this many of them without a good step in between stop training with "
+                  "an error naming the cause and the last complete checkpoint."},
+    )
+    allow_config_change_on_resume: bool = field(
+        default=False,
+        metadata={"help": "Resume from a checkpoint written with other PPO settings or batch geometry: the new values "
+                  "apply (with a warning). False: such a resume is an error listing the differences."},
+    )
+
     # TrainingArguments defaults that differ for PPO.
     learning_rate: float = field(default=3e-6, metadata={"help": "Initial AdamW learning rate (N+ paper)."})
     remove_unused_columns: bool = field(
@@ -211,17 +224,7 @@ class PPOConfig(TrainingArguments):
         if self.exp_name is not None and self.run_name is None:
             self.run_name = self.exp_name
         super().__post_init__()
-        errors = self._map_trl_names()
-        if self.num_ppo_epochs < 1:
-            errors.append(f"num_ppo_epochs={self.num_ppo_epochs}: set it to 1 or more.")
-        if self.num_mini_batches < 1:
-            errors.append(f"num_mini_batches={self.num_mini_batches}: set it to 1 or more.")
-        if self.response_length < 1:
-            errors.append(f"response_length={self.response_length}: set it to 1 or more.")
-        if self.temperature <= 0:
-            errors.append(f"temperature={self.temperature}: must be > 0 (log-probs divide logits by it).")
-        if not 0 < self.top_p <= 1:
-            errors.append(f"top_p={self.top_p}: must be in (0, 1].")
+        errors = _range_errors(self) + self._map_trl_names()
         if self.stop_token_ids is not None and self.stop_token_id is not None:
             errors.append("stop_token_id and stop_token_ids are both set: put every id in stop_token_ids.")
         if self.stop_token_ids is not None and not all(isinstance(i, int) and i >= 0 for i in self.stop_token_ids):
@@ -302,3 +305,49 @@ class PPOConfig(TrainingArguments):
     def optimizer_steps_per_iteration(self) -> int:
         """Optimizer steps per PPO iteration: num_ppo_epochs * num_mini_batches."""
         return self.num_ppo_epochs * self.num_mini_batches
+
+
+# (field, accepts None, test, what the value must be): every numeric PPO field, checked when PPOConfig is built.
+_RANGES = [
+    ("per_device_train_batch_size", False, lambda v: v >= 1, "an integer >= 1"),
+    ("gradient_accumulation_steps", False, lambda v: v >= 1, "an integer >= 1"),
+    ("num_ppo_epochs", False, lambda v: v >= 1, "an integer >= 1"),
+    ("num_mini_batches", False, lambda v: v >= 1, "an integer >= 1"),
+    ("response_length", False, lambda v: v >= 1, "an integer >= 1"),
+    ("local_rollout_forward_batch_size", False, lambda v: v >= 1, "an integer >= 1"),
+    ("max_prompt_length", True, lambda v: v >= 1, "None (no limit) or an integer >= 1"),
+    ("temperature", False, lambda v: 0 < v < math.inf, "> 0 (log-probs divide the logits by it)"),
+    ("top_k", True, lambda v: v >= 0, "None or 0 (off), or an integer >= 1"),
+    ("top_p", False, lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("stop_token_id", True, lambda v: v >= 0, "None or a token id >= 0"),
+    ("missing_eos_penalty", True, math.isfinite, "None or a finite number"),
+    ("gamma", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("lam", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("cliprange", False, lambda v: 0 < v < math.inf, "> 0 (e.g. 0.2)"),
+    ("cliprange_value", False, lambda v: 0 < v < math.inf, "> 0 (e.g. 0.2)"),
+    ("vf_coef", False, lambda v: 0 <= v < math.inf, ">= 0 (e.g. 0.1)"),
+    ("value_head_learning_rate", True, lambda v: 0 < v < math.inf, "None (learning_rate) or > 0"),
+    ("entropy_coef", False, math.isfinite, "a finite number (0: off)"),
+    ("kl_coef", False, lambda v: 0 <= v < math.inf, ">= 0 (a negative beta rewards drifting from the reference)"),
+    ("kl_target", False, lambda v: 0 < v < math.inf, "> 0"),
+    ("kl_horizon", False, lambda v: v >= 1, "an integer >= 1 (episodes)"),
+    ("reward_clip", True, lambda v: 0 < v < math.inf, "None (off) or > 0 (scores are clipped to [-clip, clip])"),
+    ("num_sample_generations", False, lambda v: v >= 0, "an integer >= 0 (0: never)"),
+    ("max_consecutive_nonfinite", False, lambda v: v >= 1, "an integer >= 1"),
+]
+
+
+def _range_errors(config) -> list[str]:
+    """One line per out-of-range field (a NaN fails every test), with the range it must be in."""
+    errors = []
+    for name, optional, ok, expected in _RANGES:
+        value = getattr(config, name)
+        if value is None and optional:
+            continue
+        try:
+            valid = not isinstance(value, bool) and value is not None and bool(ok(value))
+        except TypeError:
+            valid = False
+        if not valid:
+            errors.append(f"{name}={value!r}: must be {expected}.")
+    return errors

@@ -65,6 +65,8 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
         raise ValueError(f"{name}'s {key!r} column holds token ids, not text: name it 'input_ids' "
                          f"({name}.rename_column({key!r}, 'input_ids')), which is read as pre-tokenized prompts.")
     chat = isinstance(first, list) and not pretokenized
+    if not pretokenized:
+        _check_rows(dataset[key], name, key, chat)
     if chat and not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{name} holds chat messages but the tokenizer has no chat template: set "
                          "tokenizer.chat_template, or give plain-text prompts in a 'prompt' column.")
@@ -116,3 +118,28 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
     if key != "prompt" and not pretokenized:
         tokenized = tokenized.rename_column(key, "prompt")
     return tokenized
+
+
+def _check_rows(values: list, name: str, key: str, chat: bool) -> None:
+    """Every row a non-empty string (text) or a list of {"role": str, "content": ...} turns (chat); errors name rows."""
+    problems = []
+    for row, value in enumerate(values):
+        if value is None:
+            problems.append(f"row {row} is None")
+        elif not chat and not isinstance(value, str):
+            problems.append(f"row {row} is a {type(value).__name__}, not a string")
+        elif chat and not isinstance(value, list):
+            problems.append(f"row {row} is a {type(value).__name__}, not a list of turns (row 0 is a chat)")
+        elif chat:
+            for turn_index, turn in enumerate(value):
+                if not isinstance(turn, dict):
+                    problems.append(f"row {row}, turn {turn_index} is a {type(turn).__name__} ({turn!r:.40}), not "
+                                    "a {'role': ..., 'content': ...} dict")
+                elif not isinstance(turn.get("role"), str) or turn.get("content") is None:
+                    problems.append(f"row {row}, turn {turn_index} needs a 'role' (string) and a 'content'; it has "
+                                    f"{ {k: v for k, v in turn.items() if v is not None} !r:.80}")
+        if len(problems) >= 5:
+            break
+    if problems:
+        raise ValueError(f"{name}[{key!r}] has malformed rows: " + "; ".join(problems) + ". Fix or drop them, e.g. "
+                         f"{name}.filter(lambda x: isinstance(x['{key}'], {'list' if chat else 'str'})).")

@@ -14,7 +14,7 @@ Micro-batching (`batch_size`) bounds the memory of every no-grad pass.
 from __future__ import annotations
 
 import contextlib
-import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import Callable
 
@@ -269,18 +269,44 @@ def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batc
 
 
 def check_reward_values(values, expected: int) -> torch.Tensor:
-    """A reward callable's output as a (B,) tensor; a clear error for a wrong length, non-numbers or NaN/inf."""
-    try:
-        scores = torch.as_tensor([float(v) for v in values], dtype=torch.float32)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"The reward function must return a list of {expected} floats; got {values!r:.200}.") from err
+    """A reward callable's output as a (B,) float32 tensor: a sequence, 1-D tensor or 1-D array of `expected` numbers.
+
+    Anything else (a dict, a 2-D tensor, strings, None entries, a single number) is an error that says what came
+    back. NaN/inf pass through: the trainer drops such a rollout (see guard.py).
+    """
+    fix = f"return one number per (prompt, completion) pair: a list of {expected} floats or a 1-D tensor/array"
+    if hasattr(values, "ndim") and hasattr(values, "shape"):  # torch tensor or numpy array
+        if values.ndim != 1:
+            raise TypeError(f"The reward function returned a {type(values).__name__} of shape {tuple(values.shape)}: "
+                            f"{fix} (e.g. .squeeze(-1) on (B, 1) logits).")
+        try:
+            scores = torch.as_tensor(values).detach().to(device="cpu", dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"The reward function returned a {type(values).__name__} of dtype {values.dtype}: "
+                            f"{fix}.") from err
+    elif isinstance(values, (str, bytes, dict)) or not isinstance(values, (list, tuple)):
+        shown = f"a dict with keys {list(values)[:5]}" if isinstance(values, dict) else f"{values!r:.100}"
+        raise TypeError(f"The reward function returned {type(values).__name__} {shown}: {fix}.")
+    else:
+        bad = [(i, v) for i, v in enumerate(values) if not _is_number(v)]
+        if bad:
+            i, v = bad[0]
+            raise TypeError(f"The reward function returned a non-number at position {i}: {type(v).__name__} "
+                            f"{v!r:.60} ({len(bad)} such entries): {fix}.")
+        scores = torch.tensor([float(v) for v in values], dtype=torch.float32)
     if scores.numel() != expected:
         raise ValueError(f"The reward function returned {scores.numel()} scores for {expected} completions: it must "
                          "return one float per (prompt, completion) pair, in order.")
-    if not torch.isfinite(scores).all():
-        bad = [i for i, s in enumerate(scores.tolist()) if not math.isfinite(s)]
-        raise ValueError(f"The reward function returned NaN/inf for completions {bad[:10]}: return finite floats.")
     return scores
+
+
+def _is_number(value) -> bool:
+    """A real number: int/float/bool, a numpy scalar, or a one-element tensor/array (not a string, not None)."""
+    if isinstance(value, (str, bytes)) or value is None:
+        return False
+    if isinstance(value, numbers.Real):
+        return True
+    return getattr(value, "ndim", None) == 0 or getattr(value, "shape", None) in ((), (1,))
 
 
 def decode_masked(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -414,3 +440,57 @@ def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, 
         explained_variance(batch.values, batch.returns, mask), masked_mean(entropy, mask),
         masked_mean(batch.advantages, mask), masked_mean(batch.returns, mask),
     ])
+
+
+class MinibatchSchedule:
+    """The PPO update over one rollout: `num_ppo_epochs` shuffled passes, each split into `num_mini_batches`
+    minibatches of gradient-accumulation micro-batches, handed out one micro-batch at a time.
+
+    The rollout, the shuffles (`orders`, (num_ppo_epochs, B) long) and the `position` (micro-batches handed out) are
+    the whole state, so a checkpoint taken part-way through an iteration resumes with exactly the rest of it.
+    """
+
+    def __init__(self, batch: RolloutBatch, orders: torch.Tensor, *, num_mini_batches: int,
+                 gradient_accumulation_steps: int, position: int = 0):
+        self.batch, self.orders, self.position = batch, orders, position
+        self.num_mini_batches, self.gradient_accumulation_steps = num_mini_batches, gradient_accumulation_steps
+        self.minibatch_size = len(batch) // num_mini_batches
+        self.micro_batch_size = self.minibatch_size // gradient_accumulation_steps
+
+    @classmethod
+    def shuffled(cls, batch: RolloutBatch, *, num_ppo_epochs: int, num_mini_batches: int,
+                 gradient_accumulation_steps: int) -> "MinibatchSchedule":
+        """A new schedule over `batch`: one permutation per PPO epoch from the global torch RNG."""
+        orders = torch.stack([torch.randperm(len(batch), device=batch.queries.device) for _ in range(num_ppo_epochs)])
+        return cls(batch, orders, num_mini_batches=num_mini_batches,
+                   gradient_accumulation_steps=gradient_accumulation_steps)
+
+    def __len__(self) -> int:
+        return self.orders.shape[0] * self.num_mini_batches * self.gradient_accumulation_steps
+
+    @property
+    def done(self) -> bool:
+        return self.position >= len(self)
+
+    def next(self) -> dict:
+        """The next micro-batch: {"batch": RolloutBatch, "normalizer": real tokens of its whole minibatch}."""
+        epoch, rest = divmod(self.position, self.num_mini_batches * self.gradient_accumulation_steps)
+        m, k = divmod(rest, self.gradient_accumulation_steps)
+        minibatch = self.orders[epoch, m * self.minibatch_size:(m + 1) * self.minibatch_size]
+        self.position += 1
+        return {"batch": self.batch.select(minibatch[k * self.micro_batch_size:(k + 1) * self.micro_batch_size]),
+                "normalizer": self.batch.response_mask[minibatch].sum().clamp(min=1)}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the rollout, the orders and the position (as a 0-d tensor): what a checkpoint stores."""
+        tensors = {f.name: getattr(self.batch, f.name) for f in fields(self.batch)
+                   if getattr(self.batch, f.name) is not None}
+        return {**tensors, "orders": self.orders, "position": torch.tensor(self.position)}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, torch.Tensor], *, num_mini_batches: int,
+                        gradient_accumulation_steps: int) -> "MinibatchSchedule":
+        state = dict(state)
+        orders, position = state.pop("orders"), int(state.pop("position"))
+        return cls(RolloutBatch(**state), orders, num_mini_batches=num_mini_batches,
+                   gradient_accumulation_steps=gradient_accumulation_steps, position=position)

@@ -16,7 +16,6 @@ callbacks, logging, checkpoint rotation and hub plumbing. PPO plugs into its sea
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import warnings
@@ -27,10 +26,11 @@ from torch.utils.data import Sampler
 from transformers import Trainer, set_seed
 from transformers.trainer_callback import ProgressCallback
 
-from . import adapters, loading
+from . import adapters, checkpoint, loading
 from .config import PPOConfig
 from .data import PromptCollator, prepare_prompts
-from .modeling import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
+from .guard import NonFiniteGuard, describe_counts, is_finite_number, nonfinite_counts, nonfinite_parameters
+from .modeling import AutoModelForCausalLMWithValueHead
 from .ppo_math import (
     AdaptiveKLController,
     FixedKLController,
@@ -46,6 +46,7 @@ from .ppo_math import (
 from .reporting import PPOProgressCallback, log_samples_table
 from .rollout import (
     ROLLOUT_STATS,
+    MinibatchSchedule,
     RolloutBatch,
     add_advantages,
     check_reward_values,
@@ -58,9 +59,6 @@ from .rollout import (
     sequence_inputs,
     truncate_after_stop,
 )
-
-PPO_STATE_FILE = "ppo_state.json"
-
 
 class RolloutRepeatSampler(Sampler):
     """Shuffled prompt indices, each global rollout batch repeated `repeat` times in a row.
@@ -193,7 +191,9 @@ class PPOLMTrainer(Trainer):
         if callable(self.reward_model) and not isinstance(self.reward_model, torch.nn.Module) and train_dataset is not None:
             probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
             probe = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in probe]
-            check_reward_values(self.reward_model(probe, [""] * len(probe)), len(probe))
+            if not torch.isfinite(check_reward_values(self.reward_model(probe, [""] * len(probe)), len(probe))).all():
+                raise ValueError("The reward function returned NaN/inf for the probe (prompts, empty completions): "
+                                 "return finite floats.")
 
         super().__init__(
             model=policy, args=args, data_collator=PromptCollator(tokenizer.pad_token_id),
@@ -208,14 +208,14 @@ class PPOLMTrainer(Trainer):
         self.reward_moments = RunningMoments() if args.normalize_rewards else None
         self.iteration = 0  # rollouts done so far (restored on resume)
         self._micro_step = None  # position in the current iteration; derived from global_step on first use
-        self._schedule: list[dict] = []
+        self._schedule: MinibatchSchedule | None = None  # the current iteration's rollout and update order
+        self._guard = NonFiniteGuard(args.max_consecutive_nonfinite, _score_hint(args))
+        self._step_loss_finite: torch.Tensor | None = None  # all micro-batch losses of this optimizer step finite
         self._metrics: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._train_phase_start = None
 
     # ---- validation -------------------------------------------------------------------------------------------
     def _check_batch_sizes(self, args: PPOConfig, train_dataset) -> None:
-        if args.local_rollout_forward_batch_size < 1:
-            raise ValueError("local_rollout_forward_batch_size must be >= 1.")
         if train_dataset is None:
             return
         global_batch = args.rollout_batch_size * args.world_size
@@ -255,26 +255,19 @@ class PPOLMTrainer(Trainer):
                 # rank's own RNG state from the checkpoint instead.)
                 set_seed(self.args.seed + self.args.process_index)
         position = self._micro_step % steps_per_iteration
-        if position == 0 or not self._schedule:
-            batch = self._rollout(super()._prepare_inputs(inputs))
-            # Resumed part-way through an iteration: a fresh rollout serves only the micro-batches still to do.
-            self._schedule = self._minibatch_schedule(batch)[position:]
+        if position == 0 or self._schedule is None or self._schedule.done:
+            prompts = super()._prepare_inputs(inputs)
+            batch = self._rollout(prompts)
+            while batch is None:  # a non-finite rollout was dropped: sample again (the guard stops after too many)
+                batch = self._rollout(prompts)
+            self._schedule = MinibatchSchedule.shuffled(
+                batch, num_ppo_epochs=self.args.num_ppo_epochs, num_mini_batches=self.args.num_mini_batches,
+                gradient_accumulation_steps=self.args.gradient_accumulation_steps)
+            # Resumed part-way through an iteration without its rollout (settings changed on resume): a fresh
+            # rollout serves only the micro-batches still to do.
+            self._schedule.position = position
         self._micro_step += 1
-        return self._schedule.pop(0)
-
-    def _minibatch_schedule(self, batch: RolloutBatch) -> list[dict]:
-        """`num_ppo_epochs` shuffled passes; each minibatch split into gradient-accumulation micro-batches."""
-        args, schedule = self.args, []
-        micro = args.per_device_train_batch_size
-        for _ in range(args.num_ppo_epochs):
-            order = torch.randperm(len(batch), device=batch.queries.device)
-            for m in range(args.num_mini_batches):
-                minibatch = order[m * args.minibatch_size:(m + 1) * args.minibatch_size]
-                normalizer = batch.response_mask[minibatch].sum().clamp(min=1)
-                for k in range(args.gradient_accumulation_steps):
-                    schedule.append({"batch": batch.select(minibatch[k * micro:(k + 1) * micro]),
-                                     "normalizer": normalizer})
-        return schedule
+        return self._schedule.next()
 
     def create_optimizer(self, model=None):
         """Trainer's optimizer, with the value head in a group of its own when `value_head_learning_rate` is set."""
@@ -290,7 +283,7 @@ class PPOLMTrainer(Trainer):
 
     # ---- rollout: steps 1-6 ---------------------------------------------------------------------------------------
     @torch.no_grad()
-    def _rollout(self, inputs: dict) -> RolloutBatch:
+    def _rollout(self, inputs: dict) -> RolloutBatch | None:
         args, tokenizer = self.args, self.processing_class
         model = self.accelerator.unwrap_model(self.model)
         queries, query_mask, prompts = inputs["queries"], inputs["query_mask"], inputs["prompts"]
@@ -333,9 +326,23 @@ class PPOLMTrainer(Trainer):
             scores = scores - args.missing_eos_penalty * (~contains_stop).float()
         batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
                              contains_stop)
+        self._guard.check_scale(scores)
+        moments = self.reward_moments.state_dict() if self.reward_moments is not None else None
         kl = add_advantages(batch, self._shape_scores(scores), kl_coef=self.kl_ctl.value,
                             kl_estimator=args.kl_estimator, gamma=args.gamma, lam=args.lam,
                             whiten_rewards=args.whiten_rewards, whiten_advantages=args.whiten_advantages)
+        # NaN/inf anywhere: drop the rollout before it moves the reward statistics, the KL controller or a weight
+        # (decided over all processes, so they all sample again together).
+        counts = nonfinite_counts(batch)
+        if args.world_size > 1:
+            counts = self.accelerator.reduce(counts, reduction="sum")
+        problem = describe_counts(counts.tolist(), len(batch) * args.world_size)
+        if problem:
+            if moments is not None:
+                self.reward_moments.load_state_dict(moments)
+            self._train_phase_start = None
+            self._guard.dropped_rollout(problem, self._last_complete_checkpoint)
+            return None
 
         # Metrics, averaged over processes (so every rank's KL controller sees the same KL).
         stats = self.accelerator.reduce(rollout_stats(batch, kl, entropy, self.stop_token_ids), reduction="mean")
@@ -388,6 +395,8 @@ class PPOLMTrainer(Trainer):
             entropy = entropy_from_logits(logits, args.temperature)
             loss = loss - args.entropy_coef * masked_sum(entropy, mask) / normalizer
         with torch.no_grad():
+            finite = torch.isfinite(loss)
+            self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
             # Losses are reported as this micro-batch's token means (the returned loss is scaled for accumulation).
             scale = normalizer / mask.sum().clamp(min=1)
             ratio = torch.exp(logprobs - batch.logprobs)
@@ -397,6 +406,31 @@ class PPOLMTrainer(Trainer):
                 "val/ratio": masked_mean(ratio, mask), "val/ratio_var": masked_var(ratio, mask),
             })
         return (loss, out) if return_outputs else loss
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """Trainer's gradient norm, taken right before `optimizer.step()`: a non-finite loss or norm skips the step.
+
+        Skipping drops the gradients, and the optimizer leaves a parameter without one untouched (no update, no
+        moment or weight-decay change). Under fp16's GradScaler, which already skips overflowed steps itself, only a
+        non-finite loss counts.
+        """
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        loss_finite, self._step_loss_finite = self._step_loss_finite, None
+        if loss_finite is not None and self.args.world_size > 1:
+            loss_finite = self.accelerator.reduce(loss_finite.float(), reduction="sum") == self.args.world_size
+        scaler = self.accelerator.scaler is not None
+        cause = ("the loss is NaN/inf" if loss_finite is not None and not loss_finite.item()
+                 else None if scaler or is_finite_number(grad_norm) else f"the gradient norm is {float(grad_norm)}")
+        if cause is None:
+            self._guard.good_step()
+            return grad_norm
+        if not scaler:
+            model.zero_grad(set_to_none=True)
+        self._guard.skipped_step(f"{cause} at step {self.state.global_step + 1}", self._last_complete_checkpoint)
+        return grad_norm
+
+    def _last_complete_checkpoint(self) -> str | None:
+        return checkpoint.last_complete(self.args.output_dir)
 
     # ---- logging --------------------------------------------------------------------------------------------------
     def _record(self, metrics: dict) -> None:
@@ -409,6 +443,7 @@ class PPOLMTrainer(Trainer):
                 logs[key] = torch.stack([v.cpu() for v in values]).mean().item()
             logs["episode"] = self.iteration * self.args.rollout_batch_size * self.args.world_size
             logs["iteration"] = self.iteration
+            logs.update(self._guard.log_values())
             if "learning_rate" in logs:
                 logs["lr"] = logs["learning_rate"]
             self._metrics.clear()
@@ -439,49 +474,72 @@ class PPOLMTrainer(Trainer):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.args.should_save:
             return
+        self._check_finite_weights(output_dir)
         os.makedirs(output_dir, exist_ok=True)
         policy = self.accelerator.unwrap_model(self.model).pretrained_model
         adapters.save_policy(policy, output_dir, self.trained_adapter)
         self.processing_class.save_pretrained(output_dir)
 
+    def _check_finite_weights(self, output_dir: str) -> None:
+        bad = nonfinite_parameters(self.accelerator.unwrap_model(self.model))
+        if bad:
+            raise RuntimeError(f"Not saving to {output_dir}: parameters {bad[:5]} hold NaN/inf. The last complete "
+                               f"checkpoint is {self._last_complete_checkpoint() or 'none'}.")
+
     def _save_checkpoint(self, model, trial) -> None:
+        """The PPO state first, then Trainer's files: Trainer writes trainer_state.json last and rotates only after
+        it, so a folder with a readable trainer_state.json is complete (see checkpoint.py)."""
+        folder = checkpoint.checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
+        self._check_finite_weights(folder)  # on every process, so all of them stop together
+        if self.args.should_save:
+            wrapper = self.accelerator.unwrap_model(self.model)
+            schedule = self._schedule if self._schedule is not None and not self._schedule.done else None
+            state = {"iteration": self.iteration, "kl_controller": self.kl_ctl.state_dict(),
+                     "reward_moments": self.reward_moments.state_dict() if self.reward_moments else None,
+                     "nonfinite": self._guard.state_dict(), "peft": wrapper.is_peft_model,
+                     "optimizer_saved": not self.args.save_only_model, "settings": checkpoint.settings(self.args),
+                     "pending_metrics": {k: [v.item() for v in vs] for k, vs in self._metrics.items()}}
+            checkpoint.save_ppo_state(folder, state=state, value_head=wrapper.value_head_state_dict(),
+                                      rollout_buffer=schedule.state_dict() if schedule is not None else None)
         super()._save_checkpoint(model, trial)
-        if not self.args.should_save:
-            return
-        checkpoint = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-        self.accelerator.unwrap_model(self.model).save_value_head(checkpoint)
-        state = {"iteration": self.iteration, "kl_controller": self.kl_ctl.state_dict(),
-                 "reward_moments": self.reward_moments.state_dict() if self.reward_moments else None}
-        with open(os.path.join(checkpoint, PPO_STATE_FILE), "w") as f:
-            json.dump(state, f, indent=2)
+
+    def _hp_search_setup(self, trial) -> None:
+        """The first call in `train()`, before it resolves `resume_from_checkpoint=True` to the highest checkpoint:
+        incomplete checkpoints above the last complete one are moved aside (with a warning), so it resolves to that."""
+        super()._hp_search_setup(trial)
+        if self.args.should_save:
+            for folder, moved_to, issues in checkpoint.hide_incomplete(self.args.output_dir):
+                warnings.warn(f"Skipping incomplete checkpoint {folder} ({'; '.join(issues)}): the run stopped while "
+                              f"writing it. Moved to {moved_to}.")
+        self.accelerator.wait_for_everyone()
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         wrapper = self.accelerator.unwrap_model(model if model is not None else self.model)
-        policy = wrapper.pretrained_model
-        if wrapper.is_peft_model:
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-
-            adapter_file = os.path.join(resume_from_checkpoint, "adapter_model.safetensors")
-            set_peft_model_state_dict(policy, load_file(adapter_file, device=str(wrapper.v_head.weight.device)),
+        device = wrapper.v_head.weight.device
+        saved = checkpoint.load_ppo_state(resume_from_checkpoint, self.args, device)
+        checkpoint.load_policy_weights(wrapper.pretrained_model, resume_from_checkpoint, wrapper.is_peft_model, device,
                                       adapter_name=self.trained_adapter)
-        else:
-            _load_full_weights(policy, resume_from_checkpoint)
-        head_file = os.path.join(resume_from_checkpoint, VALUE_HEAD_FILE)
-        if os.path.isfile(head_file):
-            from safetensors.torch import load_file
-
-            wrapper.load_value_head_state_dict(load_file(head_file))
-        state_file = os.path.join(resume_from_checkpoint, PPO_STATE_FILE)
-        if os.path.isfile(state_file):
-            with open(state_file) as f:
-                state = json.load(f)
-            self.iteration = state["iteration"]
+        wrapper.load_value_head_state_dict(saved.value_head)
+        state = saved.state
+        self.iteration = state["iteration"]
+        if "kl_coef" not in saved.changed:  # a changed kl_coef (allowed on resume) restarts the controller from it
             self.kl_ctl.load_state_dict(state["kl_controller"])
-            if self.reward_moments is not None and state["reward_moments"]:
-                self.reward_moments.load_state_dict(state["reward_moments"])
-        self._micro_step, self._schedule = None, []
-
+        if self.reward_moments is not None and state["reward_moments"]:
+            self.reward_moments.load_state_dict(state["reward_moments"])
+        self._guard.load_state_dict(state["nonfinite"])
+        self._metrics.clear()
+        for key, values in state["pending_metrics"].items():
+            self._metrics[key] = [torch.tensor(v) for v in values]
+        self._micro_step, self._schedule = None, None
+        if saved.changed:
+            warnings.warn(f"Resuming from {resume_from_checkpoint} with changed settings (allow_config_change_on_resume"
+                          "): " + checkpoint.describe_changes(saved.changed, "; ") + ". The new values apply from now on"
+                          + ("; the interrupted iteration's rollout is discarded (a fresh one serves its remaining "
+                             "steps)." if saved.rollout_buffer is not None else "."))
+        elif saved.rollout_buffer is not None:
+            self._schedule = MinibatchSchedule.from_state_dict(
+                saved.rollout_buffer, num_mini_batches=self.args.num_mini_batches,
+                gradient_accumulation_steps=self.args.gradient_accumulation_steps)
 
     # ---- publishing: the policy alone, with its model card ----------------------------------------------------------
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
@@ -553,20 +611,6 @@ class PPOLMTrainer(Trainer):
 
 
 # ---- construction helpers ------------------------------------------------------------------------------------------
-def _load_full_weights(model, folder: str) -> None:
-    """Load `model.safetensors` (or its shards, listed in the index) saved by `save_pretrained` into `model`."""
-    from safetensors.torch import load_file
-
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        shards = ["model.safetensors"]
-    for shard in shards:
-        model.load_state_dict(load_file(os.path.join(folder, shard)), strict=False)
-
-
 def _name_of(obj) -> str | None:
     if obj is None:
         return None
@@ -588,3 +632,10 @@ _REFERENCE_VOCAB_FIX = ("The reference scores the policy's token ids, so it must
                         "the policy's starting checkpoint as ref_model (or ref_model=None), resized like the policy "
                         "if you added tokens.")
 
+
+
+def _score_hint(args: PPOConfig) -> str:
+    """How to tame huge reward scores, or "" when the run already normalises or clips them."""
+    if args.normalize_rewards or args.reward_clip is not None:
+        return ""
+    return "Set normalize_rewards=True (running mean/std) or reward_clip, or rescale the reward."

@@ -114,7 +114,15 @@ def test_push_without_repo_id_or_user_fails_at_construction(tiny_models, tokeniz
                      train_dataset=prompts_dataset)
 
 
-def test_missing_model_id_names_it(tmp_path, prompts_dataset):
+@pytest.mark.parametrize("hub_up", [True, False], ids=["hub-404", "hub-down"])
+def test_missing_model_id_names_it(tmp_path, prompts_dataset, request, monkeypatch, hub_up):
+    if hub_up:
+        request.getfixturevalue("local_hub")  # answers 404 at once
+    else:
+        # The port refuses connections and the client retries with back-off (~45 s of sleeping): skip the sleeps.
+        import huggingface_hub
+
+        monkeypatch.setattr(huggingface_hub.utils._http.time, "sleep", lambda seconds: None)
     with pytest.raises(OSError, match="hf-ppo-test/does-not-exist"):
         PPOLMTrainer(model="hf-ppo-test/does-not-exist", args=make_args(tmp_path), reward_model=count_e,
                      train_dataset=prompts_dataset)

@@ -1,0 +1,289 @@
+"""PPO state in checkpoints: written before Trainer commits the folder, checked on resume.
+
+A checkpoint is complete or invisible:
+
+- `save_ppo_state` writes the value head, the rollout buffer of an unfinished iteration and `ppo_state.json` into
+  `checkpoint-N` *before* `Trainer._save_checkpoint` writes its own files. Trainer writes `trainer_state.json` last,
+  after the weights, optimizer, scheduler and RNG states, and only then rotates old checkpoints away; so a folder with
+  a readable `trainer_state.json` holds everything, and rotation only runs once the new checkpoint is complete.
+- `problems` lists what keeps a folder from being complete: a missing file, or one that does not load (truncated
+  JSON, safetensors or torch zip). `hide_incomplete` moves incomplete checkpoints newer than the last complete one
+  to `incomplete-checkpoint-N`, so `resume_from_checkpoint=True` (which takes the highest `checkpoint-N`) resumes
+  from the last complete one; `load_ppo_state` refuses an incomplete folder naming the missing file.
+- The checkpoint records the PPO settings (`settings`); a resume with other values is an error listing each
+  difference unless `allow_config_change_on_resume` is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass
+
+import torch
+from transformers import TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from .modeling import VALUE_HEAD_FILE
+
+PPO_STATE_FILE = "ppo_state.json"
+ROLLOUT_BUFFER_FILE = "rollout_buffer.safetensors"
+TRAINER_STATE_FILE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME: the last file Trainer writes
+FORMAT_VERSION = 1
+INCOMPLETE_PREFIX = "incomplete-"
+
+# PPOConfig fields that do not change what training computes (or may hold secrets, like a `token` in the init
+# kwargs): never compared on resume.
+_NOT_COMPARED = {"model_init_kwargs", "ref_model_init_kwargs", "reward_model_init_kwargs", "num_sample_generations",
+                 "push_merged_model", "max_consecutive_nonfinite", "allow_config_change_on_resume",
+                 # TRL's run-length and bookkeeping names: they set max_steps / run_name / map workers, which a resume
+                 # may change (a longer run), and never what one iteration does.
+                 "total_episodes", "num_total_batches", "dataset_num_proc", "ds3_gather_for_generation", "exp_name"}
+# TrainingArguments fields that fix the batch geometry (and the prompt order): compared like the PPO fields.
+_GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed")
+_TRAINING_ARGUMENTS_FIELDS = {f.name for f in dataclasses.fields(TrainingArguments)}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be resumed from: incomplete, unreadable, or written with other settings."""
+
+
+# ---- settings ----------------------------------------------------------------------------------------------------
+def settings(args) -> dict:
+    """The values a resume must agree on: every PPO field of `args` (a PPOConfig) and the batch geometry."""
+    names = [f.name for f in dataclasses.fields(args)
+             if f.name not in _TRAINING_ARGUMENTS_FIELDS and f.name not in _NOT_COMPARED]
+    values = {name: getattr(args, name) for name in [*names, *_GEOMETRY]}
+    values["world_size"] = args.world_size
+    return {k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
+
+
+def compare_settings(saved: dict, current: dict) -> dict[str, str]:
+    """{setting: "checkpoint X, now Y"} for each setting that differs between the checkpoint and this run."""
+    missing = object()
+    return {name: f"checkpoint {saved.get(name, '(not recorded)')!r}, now {current.get(name, '(not set)')!r}"
+            for name in sorted(set(saved) | set(current)) if saved.get(name, missing) != current.get(name, missing)}
+
+
+def describe_changes(changed: dict[str, str], sep: str = "\n- ") -> str:
+    return sep.join(f"{name}: {change}" for name, change in changed.items())
+
+
+# ---- writing ------------------------------------------------------------------------------------------------------
+def checkpoint_folder(run_dir: str, global_step: int) -> str:
+    """The folder Trainer._save_checkpoint writes for `global_step`."""
+    return os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{global_step}")
+
+
+def save_ppo_state(folder: str, *, state: dict, value_head: dict[str, torch.Tensor],
+                   rollout_buffer: dict[str, torch.Tensor] | None) -> None:
+    """Write the PPO part of a checkpoint into a fresh `folder`, before Trainer writes its part.
+
+    `state`: JSON-able PPO state (iteration, KL controller, reward moments, ...); the settings, the format version and
+    the list of files a resume needs are added here. A folder left from an interrupted save of the same step is
+    removed first, so nothing stale can pass for part of this checkpoint.
+    """
+    if os.path.isdir(folder):
+        shutil.rmtree(folder)
+    os.makedirs(folder)
+    _atomic_safetensors(os.path.join(folder, VALUE_HEAD_FILE), value_head)
+    if rollout_buffer is not None:
+        _atomic_safetensors(os.path.join(folder, ROLLOUT_BUFFER_FILE), rollout_buffer)
+    state = {"format": FORMAT_VERSION, **state, "rollout_buffer": rollout_buffer is not None}
+    _atomic_write(os.path.join(folder, PPO_STATE_FILE), json.dumps(state, indent=2).encode())
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _atomic_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save
+
+    _atomic_write(path, save({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+                             metadata={"format": "pt"}))
+
+
+# ---- checking ----------------------------------------------------------------------------------------------------
+def problems(folder: str) -> list[str]:
+    """What keeps `folder` from being a complete hf_ppo checkpoint: one line per missing or unreadable file."""
+    if not os.path.isdir(folder):
+        return [f"{folder} is not a directory"]
+    issues: list[str] = []
+    _read_json(folder, TRAINER_STATE_FILE, issues)
+    ppo = _read_json(folder, PPO_STATE_FILE, issues)
+    if ppo is None or "format" not in ppo:  # another hf_ppo version: load_ppo_state says so, nothing is moved aside
+        return issues
+    for name in required_files(folder, ppo, issues):
+        _check_file(os.path.join(folder, name), name, issues)
+    return issues
+
+
+def required_files(folder: str, ppo: dict, issues: list[str]) -> list[str]:
+    """The files besides the two JSON states that a resume from `folder` reads, from what `ppo_state.json` says."""
+    names = [VALUE_HEAD_FILE] + ([ROLLOUT_BUFFER_FILE] if ppo.get("rollout_buffer") else [])
+    names += policy_files(folder, bool(ppo.get("peft")), issues)
+    if ppo.get("optimizer_saved"):
+        world_size = ppo.get("settings", {}).get("world_size", 1)
+        names += ["optimizer.pt", "scheduler.pt"]
+        names += ["rng_state.pth"] if world_size == 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
+    return names
+
+
+def policy_files(folder: str, peft: bool, issues: list[str]) -> list[str]:
+    """The policy's weight files `save_pretrained` wrote: the adapter, one full file, or the shards of its index."""
+    if peft:
+        return ["adapter_model.safetensors"]
+    if os.path.isfile(os.path.join(folder, "model.safetensors.index.json")):
+        index = _read_json(folder, "model.safetensors.index.json", issues)
+        return sorted(set(index["weight_map"].values())) if index else []
+    return ["model.safetensors"]
+
+
+def _read_json(folder: str, name: str, issues: list[str]) -> dict | None:
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        issues.append(f"missing {name}")
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        issues.append(f"{name} is unreadable (truncated or corrupt: {err})")
+        return None
+
+
+def _check_file(path: str, name: str, issues: list[str]) -> None:
+    """Cheap load check: a safetensors header that covers the file, a torch zip whose central directory reads."""
+    if not os.path.isfile(path):
+        issues.append(f"missing {name}")
+        return
+    try:
+        if name.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(path, "pt"):
+                pass
+        elif name.endswith((".pt", ".pth", ".bin")):
+            zipfile.ZipFile(path).close()  # torch.save's format; the directory sits at the end of the file
+    except Exception as err:  # noqa: BLE001 - any failure to open means the file cannot be resumed from
+        issues.append(f"{name} is unreadable (truncated or corrupt: {type(err).__name__}: {err})")
+
+
+def checkpoints_by_step(run_dir: str) -> list[str]:
+    """The `checkpoint-N` folders of `run_dir`, lowest step first (the order Trainer's resolution of True uses)."""
+    if not os.path.isdir(run_dir):
+        return []
+    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+    found = [(int(m.group(1)), name) for name in os.listdir(run_dir)
+             if (m := pattern.match(name)) and os.path.isdir(os.path.join(run_dir, name))]
+    return [os.path.join(run_dir, name) for _, name in sorted(found)]
+
+
+def last_complete(run_dir: str) -> str | None:
+    """The highest complete checkpoint in `run_dir`, or None."""
+    return next((c for c in reversed(checkpoints_by_step(run_dir)) if not problems(c)), None)
+
+
+def hide_incomplete(run_dir: str) -> list[tuple[str, str, list[str]]]:
+    """Move each incomplete checkpoint above the last complete one to `incomplete-checkpoint-N`.
+
+    Trainer resolves `resume_from_checkpoint=True` to the highest `checkpoint-N`; after this, that is the last complete
+    one. Returns (folder, moved_to, problems) for each folder moved.
+    """
+    moved = []
+    for folder in reversed(checkpoints_by_step(run_dir)):
+        issues = problems(folder)
+        if not issues:
+            break
+        target = _hidden_name(folder)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        os.replace(folder, target)
+        moved.append((folder, target, issues))
+    return moved
+
+
+def _hidden_name(folder: str) -> str:
+    folder = os.path.normpath(folder)
+    return os.path.join(os.path.dirname(folder), INCOMPLETE_PREFIX + os.path.basename(folder))
+
+
+def check_complete(folder: str) -> None:
+    """Raise `CheckpointError` naming every missing or unreadable file when `folder` is not a complete checkpoint."""
+    hidden = _hidden_name(folder)
+    if not os.path.isdir(folder) and os.path.isdir(hidden):
+        raise CheckpointError(
+            f"Cannot resume from {folder}: it is incomplete ({'; '.join(problems(hidden))}); the run stopped while "
+            f"writing it, and it was moved to {hidden}. Resume from the last complete checkpoint "
+            f"({last_complete(os.path.dirname(os.path.normpath(folder))) or 'none found'}), or pass "
+            "resume_from_checkpoint=True.")
+    issues = problems(folder)
+    if issues:
+        latest = last_complete(os.path.dirname(os.path.normpath(folder)))
+        raise CheckpointError(
+            f"Cannot resume from {folder}: {'; '.join(issues)}. It is incomplete (the run stopped while writing it) "
+            f"or not an hf_ppo checkpoint. Resume from the last complete checkpoint ({latest or 'none found'}), or "
+            "pass resume_from_checkpoint=True to take it.")
+
+
+# ---- reading -----------------------------------------------------------------------------------------------------
+@dataclass
+class SavedPPOState:
+    """What `load_ppo_state` returns: the JSON state, the value head, the rollout buffer (or None), and the settings
+    that changed (non-empty only with `allow_config_change_on_resume`)."""
+
+    state: dict
+    value_head: dict[str, torch.Tensor]
+    rollout_buffer: dict[str, torch.Tensor] | None
+    changed: dict[str, str]
+
+
+def load_ppo_state(folder: str, args, device) -> SavedPPOState:
+    """Check that `folder` is complete and was written with this run's settings, then read its PPO part.
+
+    Raises `CheckpointError` for an incomplete folder (naming the missing file), another format, or changed settings
+    (listing each) unless `args.allow_config_change_on_resume`.
+    """
+    from safetensors.torch import load_file
+
+    check_complete(folder)
+    with open(os.path.join(folder, PPO_STATE_FILE)) as f:
+        state = json.load(f)
+    if state.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{os.path.join(folder, PPO_STATE_FILE)} has format {state.get('format')!r}; this "
+                              f"hf_ppo reads format {FORMAT_VERSION}. Resume with the hf_ppo version that wrote it.")
+    changed = compare_settings(state["settings"], settings(args))
+    if changed and not args.allow_config_change_on_resume:
+        raise CheckpointError(
+            f"{folder} was written with other settings:\n- " + describe_changes(changed) + "\nResume with the "
+            "checkpoint's values, or set allow_config_change_on_resume=True to train on with the new ones.")
+    value_head = load_file(os.path.join(folder, VALUE_HEAD_FILE), device=str(device))
+    buffer = (load_file(os.path.join(folder, ROLLOUT_BUFFER_FILE), device=str(device))
+              if state["rollout_buffer"] else None)
+    return SavedPPOState(state, value_head, buffer, changed)
+
+
+def load_policy_weights(policy, folder: str, peft: bool, device, adapter_name: str | None = None) -> None:
+    """Load the policy's trainable weights saved by `save_pretrained` (the adapter, or the full weights/shards).
+
+    `adapter_name`: the trained adapter of a PeftModel that holds several (a reference adapter beside it)."""
+    from safetensors.torch import load_file
+
+    if peft:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(policy, load_file(os.path.join(folder, "adapter_model.safetensors"),
+                                                    device=str(device)), adapter_name=adapter_name or "default")
+        return
+    for name in policy_files(folder, False, []):
+        policy.load_state_dict(load_file(os.path.join(folder, name)), strict=False)

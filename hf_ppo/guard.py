@@ -1,0 +1,115 @@
+"""Non-finite numbers never reach the weights.
+
+- A rollout whose scores, log-probs, values, rewards, advantages or returns hold NaN/inf is dropped and sampled again
+  from the same prompts (Trainer's step count is untouched: every optimizer step trains on a finite rollout).
+- An optimizer step whose loss (any of its micro-batches) or gradient norm is non-finite is skipped: its gradients
+  are dropped, so `optimizer.step()` leaves the weights and the optimizer state as they were. The step still counts
+  for `max_steps` and the learning-rate schedule, as a skipped fp16 step does.
+- Each drop or skip warns and is counted (`nonfinite/dropped_rollouts`, `nonfinite/skipped_steps` in the logs);
+  `max_consecutive_nonfinite` of them without a good optimizer step in between stop training with
+  `NonFiniteError`, naming the cause and the last complete checkpoint.
+- Weights are checked before every save: non-finite ones are never written.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+# Scores beyond this magnitude overflow float32 in the squared value loss long before they mean anything.
+SCORE_WARN_MAGNITUDE = 1e4
+ROLLOUT_FIELDS = ("scores", "logprobs", "ref_logprobs", "values", "rewards", "advantages", "returns")
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced non-finite numbers too many times in a row."""
+
+
+def nonfinite_counts(batch) -> torch.Tensor:
+    """Per field of `ROLLOUT_FIELDS`, the number of non-finite entries at real tokens (scores: per response). (F,)"""
+    mask = batch.response_mask
+    counts = [(~torch.isfinite(batch.scores)).sum()]
+    counts += [(~torch.isfinite(getattr(batch, name)) & mask).sum() for name in ROLLOUT_FIELDS[1:]]
+    return torch.stack(counts).float()
+
+
+def describe_counts(counts: list[float], total_responses: int) -> str | None:
+    """'scores: 2 NaN/inf of 8 responses; ...' for the non-zero counts, or None when everything is finite."""
+    parts = [f"{name}: {int(n)} NaN/inf" + (f" of {total_responses} responses" if name == "scores" else " tokens")
+             for name, n in zip(ROLLOUT_FIELDS, counts) if n]
+    return "; ".join(parts) or None
+
+
+def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
+    """Names of the trainable parameters (and value head) holding NaN/inf."""
+    return [name for name, p in model.named_parameters()
+            if (p.requires_grad or "v_head" in name) and not torch.isfinite(p).all()]
+
+
+class NonFiniteGuard:
+    """Counts dropped rollouts and skipped steps; stops after `max_consecutive` without a good step in between."""
+
+    def __init__(self, max_consecutive: int, score_hint: str):
+        self.max_consecutive = max_consecutive
+        self.score_hint = score_hint  # how to tame huge scores, given the run's reward settings ("" if tamed)
+        self.consecutive = 0
+        self.dropped_rollouts = 0
+        self.skipped_steps = 0
+        self.max_abs_score = 0.0
+        self._warned_scale = False
+
+    def check_scale(self, scores: torch.Tensor) -> None:
+        """Warn once when finite scores exceed `SCORE_WARN_MAGNITUDE` and nothing normalises or clips them."""
+        finite = scores[torch.isfinite(scores)]
+        if finite.numel():
+            self.max_abs_score = max(self.max_abs_score, finite.abs().max().item())
+        if self.score_hint and not self._warned_scale and self.max_abs_score > SCORE_WARN_MAGNITUDE:
+            self._warned_scale = True
+            warnings.warn(f"Reward scores reach {self.max_abs_score:.3g}: at this scale the value loss overflows "
+                          f"and advantages lose precision. {self.score_hint}")
+
+    def dropped_rollout(self, cause: str, last_checkpoint) -> None:
+        self.dropped_rollouts += 1
+        self._record(f"rollout dropped and sampled again ({cause})", last_checkpoint)
+
+    def skipped_step(self, cause: str, last_checkpoint) -> None:
+        self.skipped_steps += 1
+        self._record(f"optimizer step skipped ({cause})", last_checkpoint)
+
+    def good_step(self) -> None:
+        self.consecutive = 0
+
+    def _record(self, what: str, last_checkpoint) -> None:
+        self.consecutive += 1
+        if self.consecutive < self.max_consecutive:
+            warnings.warn(f"Non-finite numbers: {what}. {self.consecutive} in a row; training stops at "
+                          f"max_consecutive_nonfinite={self.max_consecutive}.")
+            return
+        hint = (f" Scores reached {self.max_abs_score:.3g}: {self.score_hint}"
+                if self.score_hint and self.max_abs_score > SCORE_WARN_MAGNITUDE else "")
+        raise NonFiniteError(
+            f"Training stopped: {self.consecutive} non-finite events in a row (max_consecutive_nonfinite="
+            f"{self.max_consecutive}); the last: {what}.{hint} The weights hold no NaN/inf; the last complete "
+            f"checkpoint is {last_checkpoint() or 'none (none was saved yet)'}. Fix the cause (reward model/function, "
+            "learning rate, reward scale) and resume from it.")
+
+    def log_values(self) -> dict[str, float]:
+        return {"nonfinite/dropped_rollouts": float(self.dropped_rollouts),
+                "nonfinite/skipped_steps": float(self.skipped_steps)}
+
+    def state_dict(self) -> dict:
+        return {"consecutive": self.consecutive, "dropped_rollouts": self.dropped_rollouts,
+                "skipped_steps": self.skipped_steps, "max_abs_score": self.max_abs_score,
+                "warned_scale": self._warned_scale}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.consecutive, self.dropped_rollouts = state["consecutive"], state["dropped_rollouts"]
+        self.skipped_steps, self.max_abs_score = state["skipped_steps"], state["max_abs_score"]
+        self._warned_scale = state["warned_scale"]
+
+
+def is_finite_number(value) -> bool:
+    """True for a finite float / 0-d tensor; None counts as finite (nothing was computed)."""
+    return value is None or math.isfinite(float(value))
