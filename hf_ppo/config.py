@@ -135,6 +135,28 @@ class PPOConfig(TrainingArguments):
     whiten_advantages: bool = field(default=True, metadata={"help": "Whiten advantages over the rollout batch."})
     whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE."})
 
+    # ---- Loss variants (defaults: the clipped PPO loss as above, a token mean) --------------------------------------
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = field(
+        default="token_mean",
+        metadata={"help": "How per-token losses (policy, value, entropy) become one number: 'token_mean' (sum over "
+                  "the minibatch's real tokens / their count); 'seq_mean_token_mean' (mean over responses of each "
+                  "response's token mean; GRPO); 'seq_mean_token_sum_norm' (each response's token sum / "
+                  "response_length, averaged over responses; no length bias, Dr. GRPO)."},
+    )
+    cliprange_low: float | None = field(
+        default=None, metadata={"help": "Lower clip range of the ratio: clip to 1 - cliprange_low (None: cliprange)."}
+    )
+    cliprange_high: float | None = field(
+        default=None,
+        metadata={"help": "Upper clip range of the ratio: clip to 1 + cliprange_high (None: cliprange). Larger than "
+                  "cliprange_low is DAPO's 'clip-higher' (e.g. 0.2 / 0.28), against entropy collapse."},
+    )
+    dual_clip: float | None = field(
+        default=None,
+        metadata={"help": "Dual clip c > 1 (Ye et al. 2020; e.g. 3): for negative advantages the policy loss of a "
+                  "token is at most -c * A. None: off."},
+    )
+
     # ---- KL penalty ----------------------------------------------------------------------------------------------
     kl_coef: float = field(default=0.05, metadata={"help": "beta: per-token reward is score - beta * KL."})
     kl_estimator: Literal["k1", "k2", "k3"] = field(
@@ -234,6 +256,15 @@ class PPOConfig(TrainingArguments):
         if never_stops and self.missing_eos_penalty is not None:
             errors.append("missing_eos_penalty needs a stop token: set stop_token='eos', stop_token_ids or "
                           "stop_token_id.")
+        if self.loss_aggregation not in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
+            errors.append(f"loss_aggregation={self.loss_aggregation!r}: choose 'token_mean', 'seq_mean_token_mean' "
+                          "or 'seq_mean_token_sum_norm'.")
+        for name in ("cliprange_low", "cliprange_high"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                errors.append(f"{name}={getattr(self, name)}: must be > 0 (or None to use cliprange).")
+        if self.dual_clip is not None and not self.dual_clip > 1:
+            errors.append(f"dual_clip={self.dual_clip}: must be > 1 (the bound -c * A must lie beyond the clipped "
+                          "loss), or None to turn it off.")
         for name in ("policy_quantization", "ref_quantization", "reward_quantization"):
             if getattr(self, name) not in ("4bit", "8bit", "none"):
                 errors.append(f"{name}={getattr(self, name)!r}: choose '4bit', '8bit' or 'none'.")

@@ -3,7 +3,8 @@
 Conventions: `mask` is a bool tensor, True = a real response token; shapes are `(batch, response_len)` unless said.
 The masked statistics also take a 0/1 float or integer mask (TRL's convention) and give the same result.
 Values at masked positions never change a result. References: Schulman et al. 2017 (PPO), Schulman et al. 2016
-(GAE), Ziegler et al. 2019 (KL penalty, adaptive controller), Huang et al. 2024 (the N+ implementation details).
+(GAE), Ziegler et al. 2019 (KL penalty, adaptive controller), Huang et al. 2024 (the N+ implementation details);
+the critic-free estimators and loss variants cite their own papers.
 """
 
 from __future__ import annotations
@@ -156,12 +157,134 @@ def compute_gae(
     return advantages, returns
 
 
+# ---- Critic-free advantage estimators ----------------------------------------------------------------------------
+# Group layout, shared by every group estimator: the k responses to one prompt are k consecutive rows, so row
+# i * k + j is response j of prompt i. Scores come flat, (num_prompts * k,), or already grouped, (num_prompts, k);
+# the result has the input's shape.
+def _grouped(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """`scores` as (num_prompts, k), with the errors a wrong layout deserves."""
+    if k < 2:
+        raise ValueError(f"k={k}: a group estimator needs k >= 2 responses per prompt (one response has no baseline "
+                         "from its group).")
+    if scores.dim() == 2 and scores.shape[1] != k:
+        raise ValueError(f"scores of shape {tuple(scores.shape)} are not grouped by k={k}: pass (num_prompts, k) or "
+                         "a flat (num_prompts * k,) tensor.")
+    if scores.dim() not in (1, 2) or scores.numel() % k:
+        raise ValueError(f"scores of shape {tuple(scores.shape)} cannot be split into groups of k={k}: pass "
+                         "(num_prompts * k,) or (num_prompts, k), the k responses of a prompt in consecutive rows.")
+    return scores.reshape(-1, k)
+
+
+def rloo_advantages(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """REINFORCE leave-one-out advantages (Ahmadian et al. 2024, "Back to Basics").
+
+    A_i = R_i - 1/(k-1) * sum_{j != i} R_j over the k responses to the same prompt, which equals
+    k/(k-1) * (R_i - mean_group(R)). scores: (num_prompts * k,) or (num_prompts, k), k consecutive rows per prompt
+    -> same shape. Any KL penalty is the caller's: pass R_i - beta * sum_t KL_t to follow the paper.
+    Example: k = 3, R = [1, 2, 6] -> [1 - 4, 2 - 3.5, 6 - 1.5] = [-3, -1.5, 4.5].
+    """
+    grouped = _grouped(scores, k)
+    others_mean = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)  # baseline: mean of the other k - 1
+    return (grouped - others_mean).reshape(scores.shape)
+
+
+def grpo_advantages(scores: torch.Tensor, k: int, scale_rewards: bool = True, eps: float = 1e-4) -> torch.Tensor:
+    """Group-relative advantages (Shao et al. 2024, GRPO; Liu et al. 2025, Dr. GRPO).
+
+    A_i = (R_i - mean_group(R)) / (std_group(R) + eps) with `scale_rewards`; A_i = R_i - mean_group(R) without it
+    (Dr. GRPO: the std division favours groups whose rewards barely differ). std is the sample std (Bessel's
+    correction, n - 1), as TRL's GRPO; a group of equal scores gets A = 0 either way. scores: (num_prompts * k,) or
+    (num_prompts, k), k consecutive rows per prompt -> same shape.
+    Example: k = 3, R = [1, 2, 6]: mean 3, std sqrt(7) -> [-2, -1, 3] / (sqrt(7) + eps).
+    """
+    grouped = _grouped(scores, k)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_rewards:
+        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    return centred.reshape(scores.shape)
+
+
+def reinforce_pp_advantages(
+    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float, k: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ advantages (Hu 2025), and with `k` REINFORCE++-baseline.
+
+    1. With `k` (the baseline variant), each score first loses its group's mean: R_i - mean_group(R), k consecutive
+       rows per prompt. 2. Per-token rewards r_t = -kl_coef * KL_t, plus the (centred) score at the last real token
+       (`compute_rewards`; the paper uses the k1 estimator: pass KL_t = logp - logp_ref). 3. Returns
+       G_t = sum_{s >= t} r_s (gamma = 1, no critic). 4. Advantages = G whitened over every real token of the batch
+       (`masked_whiten`: mean and unbiased std of the whole batch, not per group).
+    scores: (batch,); kl, mask: (batch, len) -> (advantages, returns), both (batch, len), 0 at masked positions.
+    The whitening is over what is passed: in data-parallel training pass the gathered batch for a global one.
+    """
+    if k is not None:
+        scores = scores - _grouped(scores, k).mean(dim=1).repeat_interleave(k)
+    rewards, _ = compute_rewards(scores, kl, mask, kl_coef)
+    returns = rewards.flip(1).cumsum(1).flip(1)  # masked rewards are 0, so padding adds nothing to G_t
+    returns = torch.where(as_bool_mask(mask), returns, torch.zeros_like(returns))
+    return masked_whiten(returns, mask), returns
+
+
+def sequence_to_token_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Give every real response token its sequence's advantage: (batch,) and (batch, len) -> (batch, len), 0 where
+    `mask` is False (True = a real response token)."""
+    mask = as_bool_mask(mask)
+    token_advantages = advantages.unsqueeze(1).expand(mask.shape)
+    return torch.where(mask, token_advantages, torch.zeros_like(token_advantages))
+
+
 # ---- Losses ---------------------------------------------------------------------------------------------------
-def _reduce(per_token: torch.Tensor, mask: torch.Tensor, normalizer: float | torch.Tensor | None) -> torch.Tensor:
-    """Masked sum divided by `normalizer` (default: the number of real tokens, i.e. a masked mean)."""
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def loss_normalizer(mask: torch.Tensor, loss_aggregation: str = "token_mean") -> torch.Tensor:
+    """What `aggregate_loss` divides by for these rows: their real-token count for `token_mean`, their number of
+    sequences with at least one real token for the seq-mean variants. mask: (batch, len) -> scalar (>= 1).
+
+    For exact gradient accumulation, compute it once on the whole minibatch and pass it to every micro-batch.
+    """
+    mask = as_bool_mask(mask)
+    if loss_aggregation == "token_mean":
+        return mask.sum().clamp(min=1)
+    _check_aggregation(loss_aggregation)
+    return mask.any(dim=1).sum().clamp(min=1)
+
+
+def _check_aggregation(loss_aggregation: str) -> None:
+    if loss_aggregation not in LOSS_AGGREGATIONS:
+        raise ValueError(f"Unknown loss_aggregation {loss_aggregation!r}: choose one of {', '.join(LOSS_AGGREGATIONS)}.")
+
+
+def aggregate_loss(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    loss_aggregation: str = "token_mean",
+    normalizer: float | torch.Tensor | None = None,
+    max_length: int | None = None,
+) -> torch.Tensor:
+    """Reduce a per-token loss (batch, len) to a scalar (verl's names; Liu et al. 2025 for the last one).
+
+    - token_mean: sum_{i,t} l_it / N, N = the number of real tokens (PPO's usual mean; long responses weigh more).
+    - seq_mean_token_mean: sum_i (sum_t l_it / |y_i|) / N, N = the number of sequences (GRPO's original: each
+      response weighs the same, so a token of a short response weighs more than one of a long response).
+    - seq_mean_token_sum_norm: sum_i (sum_t l_it / max_length) / N, N = the number of sequences (Dr. GRPO: a constant
+      divisor, no length bias); `max_length` defaults to `len`, pass the generation budget (`response_length`).
+    `normalizer` replaces N (default: `loss_normalizer(mask, loss_aggregation)` of these rows): pass the whole
+    minibatch's, so the losses of its micro-batches sum to the minibatch loss and accumulation is exact.
+    """
+    if loss_aggregation == "token_mean":
+        if normalizer is None:
+            return masked_mean(per_token, mask)
+        return masked_sum(per_token, mask) / normalizer
+    _check_aggregation(loss_aggregation)
+    mask = as_bool_mask(mask)
+    if loss_aggregation == "seq_mean_token_mean":
+        per_sequence = masked_sum(per_token, mask, dim=1) / mask.sum(dim=1).clamp(min=1)
+    else:
+        per_sequence = masked_sum(per_token, mask, dim=1) / (max_length if max_length is not None else mask.shape[1])
     if normalizer is None:
-        return masked_mean(per_token, mask)
-    return masked_sum(per_token, mask) / normalizer
+        normalizer = loss_normalizer(mask, loss_aggregation)
+    return per_sequence.sum() / normalizer
 
 
 def policy_loss(
@@ -171,19 +294,34 @@ def policy_loss(
     mask: torch.Tensor,
     cliprange: float,
     normalizer: float | torch.Tensor | None = None,
+    *,
+    cliprange_low: float | None = None,
+    cliprange_high: float | None = None,
+    dual_clip: float | None = None,
+    loss_aggregation: str = "token_mean",
+    max_length: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Clipped surrogate objective (Schulman et al. 2017), as a loss to minimise.
+    """Clipped surrogate objective (Schulman et al. 2017), as a loss to minimise, with its common variants.
 
-    ratio = exp(logp - logp_old);  loss = max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)).
-    All inputs (batch, len). `normalizer` replaces the token count of the mean (pass the token count of the whole
-    minibatch so gradient accumulation over micro-batches gives the same gradient). Returns (loss, clip fraction,
-    approx KL = mean((logp - logp_old)^2) / 2); the last two are detached metrics.
+    ratio = exp(logp - logp_old);  loss_t = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)).
+    eps_low / eps_high default to `cliprange`; a larger eps_high is DAPO's "clip-higher" (Yu et al. 2025).
+    `dual_clip` = c > 1 (Ye et al. 2020): where A < 0, loss_t = min(loss_t, -c * A), bounding the step a very
+    unlikely token with a negative advantage can cause (None: off).
+    All inputs (batch, len). The per-token losses are reduced by `aggregate_loss` (`loss_aggregation`, `normalizer`,
+    `max_length`): pass the whole minibatch's `loss_normalizer` so gradient accumulation over micro-batches gives the
+    same gradient. Returns (loss, clip fraction, approx KL = mean((logp - logp_old)^2) / 2); the last two are
+    detached token means.
     """
+    low = cliprange if cliprange_low is None else cliprange_low
+    high = cliprange if cliprange_high is None else cliprange_high
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = _reduce(torch.maximum(unclipped, clipped), mask, normalizer)
+    clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    per_token = torch.maximum(unclipped, clipped)
+    if dual_clip is not None:
+        per_token = torch.where(advantages < 0, torch.minimum(per_token, -dual_clip * advantages), per_token)
+    loss = aggregate_loss(per_token, mask, loss_aggregation, normalizer, max_length)
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
         approxkl = 0.5 * masked_mean(log_ratio**2, mask)
@@ -197,15 +335,21 @@ def value_loss(
     mask: torch.Tensor,
     cliprange_value: float,
     normalizer: float | torch.Tensor | None = None,
+    *,
+    loss_aggregation: str = "token_mean",
+    max_length: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss: max((V - R)^2, (clip(V, V_old - eps_v, V_old + eps_v) - R)^2) / 2.
 
-    All inputs (batch, len). Returns (loss, clip fraction = share of tokens where the clipped term was larger).
+    All inputs (batch, len). Reduced like the policy loss (`aggregate_loss`), so one normalizer serves the whole
+    PPO loss and `vf_coef` keeps its weight relative to the policy term under every aggregation. Returns (loss,
+    clip fraction = share of tokens where the clipped term was larger).
     """
     clipped_values = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
     unclipped_loss = (values - returns) ** 2
     clipped_loss = (clipped_values - returns) ** 2
-    loss = 0.5 * _reduce(torch.maximum(unclipped_loss, clipped_loss), mask, normalizer)
+    loss = 0.5 * aggregate_loss(torch.maximum(unclipped_loss, clipped_loss), mask, loss_aggregation, normalizer,
+                                max_length)
     with torch.no_grad():
         clipfrac = masked_mean((clipped_loss > unclipped_loss).float(), mask)
     return loss, clipfrac

@@ -30,6 +30,7 @@ from .ppo_math import (
     kl_estimate,
     last_token_index,
     logprobs_from_logits,
+    loss_normalizer,
     masked_mean,
     masked_sum,
     masked_whiten,
@@ -451,19 +452,20 @@ class MinibatchSchedule:
     """
 
     def __init__(self, batch: RolloutBatch, orders: torch.Tensor, *, num_mini_batches: int,
-                 gradient_accumulation_steps: int, position: int = 0):
+                 gradient_accumulation_steps: int, position: int = 0, loss_aggregation: str = "token_mean"):
         self.batch, self.orders, self.position = batch, orders, position
+        self.loss_aggregation = loss_aggregation
         self.num_mini_batches, self.gradient_accumulation_steps = num_mini_batches, gradient_accumulation_steps
         self.minibatch_size = len(batch) // num_mini_batches
         self.micro_batch_size = self.minibatch_size // gradient_accumulation_steps
 
     @classmethod
     def shuffled(cls, batch: RolloutBatch, *, num_ppo_epochs: int, num_mini_batches: int,
-                 gradient_accumulation_steps: int) -> "MinibatchSchedule":
+                 gradient_accumulation_steps: int, loss_aggregation: str = "token_mean") -> "MinibatchSchedule":
         """A new schedule over `batch`: one permutation per PPO epoch from the global torch RNG."""
         orders = torch.stack([torch.randperm(len(batch), device=batch.queries.device) for _ in range(num_ppo_epochs)])
         return cls(batch, orders, num_mini_batches=num_mini_batches,
-                   gradient_accumulation_steps=gradient_accumulation_steps)
+                   gradient_accumulation_steps=gradient_accumulation_steps, loss_aggregation=loss_aggregation)
 
     def __len__(self) -> int:
         return self.orders.shape[0] * self.num_mini_batches * self.gradient_accumulation_steps
@@ -473,13 +475,14 @@ class MinibatchSchedule:
         return self.position >= len(self)
 
     def next(self) -> dict:
-        """The next micro-batch: {"batch": RolloutBatch, "normalizer": real tokens of its whole minibatch}."""
+        """The next micro-batch: {"batch": RolloutBatch, "normalizer": what its whole minibatch's loss divides by
+        (real tokens, or sequences for the seq-mean aggregations: `loss_normalizer`)}."""
         epoch, rest = divmod(self.position, self.num_mini_batches * self.gradient_accumulation_steps)
         m, k = divmod(rest, self.gradient_accumulation_steps)
         minibatch = self.orders[epoch, m * self.minibatch_size:(m + 1) * self.minibatch_size]
         self.position += 1
         return {"batch": self.batch.select(minibatch[k * self.micro_batch_size:(k + 1) * self.micro_batch_size]),
-                "normalizer": self.batch.response_mask[minibatch].sum().clamp(min=1)}
+                "normalizer": loss_normalizer(self.batch.response_mask[minibatch], self.loss_aggregation)}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every tensor of the rollout, the orders and the position (as a 0-d tensor): what a checkpoint stores."""
@@ -489,8 +492,9 @@ class MinibatchSchedule:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, torch.Tensor], *, num_mini_batches: int,
-                        gradient_accumulation_steps: int) -> "MinibatchSchedule":
+                        gradient_accumulation_steps: int, loss_aggregation: str = "token_mean") -> "MinibatchSchedule":
         state = dict(state)
         orders, position = state.pop("orders"), int(state.pop("position"))
         return cls(RolloutBatch(**state), orders, num_mini_batches=num_mini_batches,
-                   gradient_accumulation_steps=gradient_accumulation_steps, position=position)
+                   gradient_accumulation_steps=gradient_accumulation_steps, position=position,
+                   loss_aggregation=loss_aggregation)

@@ -9,7 +9,8 @@ callbacks, logging, checkpoint rotation and hub plumbing. PPO plugs into its sea
   4. GAE, 5. whitening, 6. update the KL controller; then it hands out shuffled micro-batches of that rollout for
   `num_ppo_epochs` epochs;
 - `compute_loss`: 7. clipped policy loss + vf_coef * clipped value loss (- entropy bonus), normalised by the
-  minibatch's token count so accumulation gives the minibatch gradient exactly;
+  minibatch's token (or, for the seq-mean loss aggregations, sequence) count so accumulation gives the minibatch
+  gradient exactly;
 - `log`: the averaged PPO metrics; `_save` / `_save_checkpoint` / `_load_from_checkpoint` / `push_to_hub`: only the
   policy is saved and published, checkpoints also hold the value head and the PPO state.
 """
@@ -35,10 +36,11 @@ from .ppo_math import (
     AdaptiveKLController,
     FixedKLController,
     RunningMoments,
+    aggregate_loss,
     entropy_from_logits,
     logprobs_from_logits,
+    loss_normalizer,
     masked_mean,
-    masked_sum,
     masked_var,
     policy_loss,
     value_loss,
@@ -105,7 +107,7 @@ class PPOLMTrainer(Trainer):
     """
 
     _tag_names = ["hf_ppo", "ppo", "rlhf"]
-    # compute_loss already divides by the minibatch token count, so Trainer must not divide again.
+    # compute_loss already divides by the minibatch's token (or sequence) count, so Trainer must not divide again.
     loss_is_scaled_for_ga = True
 
     def __init__(
@@ -262,7 +264,8 @@ class PPOLMTrainer(Trainer):
                 batch = self._rollout(prompts)
             self._schedule = MinibatchSchedule.shuffled(
                 batch, num_ppo_epochs=self.args.num_ppo_epochs, num_mini_batches=self.args.num_mini_batches,
-                gradient_accumulation_steps=self.args.gradient_accumulation_steps)
+                gradient_accumulation_steps=self.args.gradient_accumulation_steps,
+                loss_aggregation=self.args.loss_aggregation)
             # Resumed part-way through an iteration without its rollout (settings changed on resume): a fresh
             # rollout serves only the micro-batches still to do.
             self._schedule.position = position
@@ -387,18 +390,22 @@ class PPOLMTrainer(Trainer):
                     logits_to_keep=batch.responses.shape[1] + 1)
         logits, values = out.logits[:, :-1], out.value[:, :-1]
         logprobs = logprobs_from_logits(logits, batch.responses, args.temperature)
+        aggregation = {"loss_aggregation": args.loss_aggregation, "max_length": args.response_length}
         pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, batch.logprobs, batch.advantages, mask, args.cliprange,
-                                                     normalizer)
-        vf_loss, vf_clipfrac = value_loss(values, batch.values, batch.returns, mask, args.cliprange_value, normalizer)
+                                                     normalizer, cliprange_low=args.cliprange_low,
+                                                     cliprange_high=args.cliprange_high, dual_clip=args.dual_clip,
+                                                     **aggregation)
+        vf_loss, vf_clipfrac = value_loss(values, batch.values, batch.returns, mask, args.cliprange_value, normalizer,
+                                          **aggregation)
         loss = pg_loss + args.vf_coef * vf_loss
         if args.entropy_coef:  # a vocabulary-wide softmax: only paid when the bonus is on
             entropy = entropy_from_logits(logits, args.temperature)
-            loss = loss - args.entropy_coef * masked_sum(entropy, mask) / normalizer
+            loss = loss - args.entropy_coef * aggregate_loss(entropy, mask, normalizer=normalizer, **aggregation)
         with torch.no_grad():
             finite = torch.isfinite(loss)
             self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
-            # Losses are reported as this micro-batch's token means (the returned loss is scaled for accumulation).
-            scale = normalizer / mask.sum().clamp(min=1)
+            # Losses are reported as this micro-batch's own aggregate (the returned loss is scaled for accumulation).
+            scale = normalizer / loss_normalizer(mask, args.loss_aggregation)
             ratio = torch.exp(logprobs - batch.logprobs)
             self._record({
                 "loss/policy_avg": pg_loss * scale, "loss/value_avg": vf_loss * scale,
@@ -539,7 +546,8 @@ class PPOLMTrainer(Trainer):
         elif saved.rollout_buffer is not None:
             self._schedule = MinibatchSchedule.from_state_dict(
                 saved.rollout_buffer, num_mini_batches=self.args.num_mini_batches,
-                gradient_accumulation_steps=self.args.gradient_accumulation_steps)
+                gradient_accumulation_steps=self.args.gradient_accumulation_steps,
+                loss_aggregation=self.args.loss_aggregation)
 
     # ---- publishing: the policy alone, with its model card ----------------------------------------------------------
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
@@ -590,7 +598,8 @@ class PPOLMTrainer(Trainer):
                  "gradient_accumulation_steps", "num_mini_batches", "num_ppo_epochs", "response_length",
                  "temperature", "top_k", "top_p", "kl_coef", "kl_estimator", "adaptive_kl", "gamma", "lam",
                  "cliprange", "cliprange_value", "vf_coef", "entropy_coef", "whiten_rewards", "missing_eos_penalty",
-                 "normalize_rewards", "policy_quantization", "ref_quantization", "reward_quantization", "seed"]
+                 "normalize_rewards", "policy_quantization", "ref_quantization", "reward_quantization", "seed",
+                 "loss_aggregation", "cliprange_low", "cliprange_high", "dual_clip"]
         values = {name: getattr(args, name) for name in names}
         values["rollout_batch_size (per device)"] = args.rollout_batch_size
         values["world_size"] = args.world_size

@@ -6,24 +6,32 @@ Every expected value carries its arithmetic in a comment. Tensors are float64 wh
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
 
 from hf_ppo.ppo_math import (
     AdaptiveKLController,
+    LOSS_AGGREGATIONS,
     FixedKLController,
     RunningMoments,
+    aggregate_loss,
     compute_gae,
     compute_rewards,
     entropy_from_logits,
     explained_variance,
+    grpo_advantages,
     kl_estimate,
     logprobs_from_logits,
+    loss_normalizer,
     masked_mean,
     masked_var,
     masked_whiten,
     policy_loss,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    sequence_to_token_advantages,
     value_loss,
 )
 
@@ -490,3 +498,179 @@ def test_running_moments_normalize_with_clip_and_state_dict():
     # 1, 3, 5: mean 3, population var (4 + 0 + 4) / 3 = 8/3
     assert restored.mean == pytest.approx(3.0) and restored.var == pytest.approx(8.0 / 3.0)
     assert (restored.mean, restored.var, restored.count) == (rm.mean, rm.var, rm.count)
+
+
+# ---- critic-free advantage estimators (k consecutive rows per prompt) --------------------------------------------------
+def test_rloo_advantages_hand_example_flat_and_grouped():
+    # k = 3. Group 1: R = [1, 2, 6]; baselines = mean of the other two: [4, 3.5, 1.5] -> [-3, -1.5, 4.5]
+    #         Group 2: R = [4, 4, 4] -> every baseline 4 -> [0, 0, 0]
+    flat = t64([1.0, 2.0, 6.0, 4.0, 4.0, 4.0])
+    close(rloo_advantages(flat, 3), [-3.0, -1.5, 4.5, 0.0, 0.0, 0.0])
+    close(rloo_advantages(flat.reshape(2, 3), 3), [[-3.0, -1.5, 4.5], [0.0, 0.0, 0.0]])
+    # k = 2: each baseline is the other response's score: [0, 1] -> [-1, 1]
+    close(rloo_advantages(t64([0.0, 1.0]), 2), [-1.0, 1.0])
+    # the groups are consecutive rows, not interleaved: [1, 4, 2, 4, 6, 4] is a different grouping
+    assert not torch.allclose(rloo_advantages(t64([1.0, 4.0, 2.0, 4.0, 6.0, 4.0]), 3), rloo_advantages(flat, 3))
+
+
+def test_grpo_advantages_hand_example_with_and_without_std():
+    # R = [1, 2, 6]: mean 3, centred [-2, -1, 3]; sample variance (4 + 1 + 9) / 2 = 7, std sqrt(7) = 2.6457513
+    scores = t64([1.0, 2.0, 6.0, 4.0, 4.0, 4.0])
+    std = math.sqrt(7.0)
+    close(grpo_advantages(scores, 3, scale_rewards=True, eps=0.0)[:3], [-2 / std, -1 / std, 3 / std])
+    close(grpo_advantages(scores, 3, scale_rewards=True, eps=1e-4)[:3], [-2 / (std + 1e-4), -1 / (std + 1e-4),
+                                                                          3 / (std + 1e-4)])
+    # Dr. GRPO: no std division -> [-2, -1, 3]; a group of equal scores gives 0 either way (0 / eps)
+    close(grpo_advantages(scores, 3, scale_rewards=False), [-2.0, -1.0, 3.0, 0.0, 0.0, 0.0])
+    close(grpo_advantages(scores, 3)[3:], [0.0, 0.0, 0.0])
+    # k = 2, R = [0, 1]: centred [-0.5, 0.5], sample std sqrt(0.5) = 0.70710678 -> [-0.70710678, 0.70710678]
+    close(grpo_advantages(t64([[0.0, 1.0]]), 2, eps=0.0), [[-0.5 / math.sqrt(0.5), 0.5 / math.sqrt(0.5)]])
+
+
+@pytest.mark.parametrize("estimator", [rloo_advantages, grpo_advantages])
+def test_group_estimators_reject_bad_group_layouts(estimator):
+    with pytest.raises(ValueError, match="k >= 2"):
+        estimator(t64([1.0, 2.0]), 1)
+    with pytest.raises(ValueError, match="groups of k=3"):
+        estimator(t64([1.0, 2.0, 3.0, 4.0]), 3)
+    with pytest.raises(ValueError, match="not grouped by k=3"):
+        estimator(t64([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), 3)
+
+
+def test_reinforce_pp_advantages_hand_example():
+    # kl_coef 0.5; row 0 has 3 real tokens, row 1 has 2 (its 3rd KL is junk behind the mask)
+    scores = t64([1.0, 3.0])
+    kl = t64([[0.2, 0.4, 0.6], [0.5, 1.0, 1e6]])
+    mask = torch.tensor([[T, T, T], [T, T, F]])
+    # rewards: row 0 [-0.1, -0.2, -0.3 + 1] = [-0.1, -0.2, 0.7]; row 1 [-0.25, -0.5 + 3, 0] = [-0.25, 2.5, 0]
+    # returns to go (gamma 1): row 0 [0.4, 0.5, 0.7]; row 1 [2.25, 2.5, 0]
+    advantages, returns = reinforce_pp_advantages(scores, kl, mask, kl_coef=0.5)
+    close(returns, [[0.4, 0.5, 0.7], [2.25, 2.5, 0.0]])
+    # whitened over the 5 real tokens of the whole batch: mean 6.35 / 5 = 1.27, sample variance 4.148 / 4 = 1.037
+    real = [0.4, 0.5, 0.7, 2.25, 2.5]
+    assert abs(statistics.mean(real) - 1.27) < 1e-12 and abs(statistics.variance(real) - 1.037) < 1e-12
+    z = [(x - 1.27) / math.sqrt(1.037 + 1e-8) for x in real]
+    close(advantages, [z[:3], z[3:] + [0.0]])
+
+    # REINFORCE++-baseline, k = 2 (both rows one group): mean score 2, centred scores [-1, 1]
+    # rewards: row 0 [-0.1, -0.2, -1.3]; row 1 [-0.25, 0.5, 0] -> returns row 0 [-1.6, -1.5, -1.3]; row 1 [0.25, 0.5]
+    advantages, returns = reinforce_pp_advantages(scores, kl, mask, kl_coef=0.5, k=2)
+    close(returns, [[-1.6, -1.5, -1.3], [0.25, 0.5, 0.0]])
+    real = [-1.6, -1.5, -1.3, 0.25, 0.5]
+    mean, var = statistics.mean(real), statistics.variance(real)
+    assert abs(mean + 0.73) < 1e-12  # -3.65 / 5
+    z = [(x - mean) / math.sqrt(var + 1e-8) for x in real]
+    close(advantages, [z[:3], z[3:] + [0.0]])
+
+
+def test_sequence_to_token_advantages():
+    mask = torch.tensor([[T, T, F], [T, F, F]])
+    close(sequence_to_token_advantages(t64([2.0, -1.0]), mask), [[2.0, 2.0, 0.0], [-1.0, 0.0, 0.0]])
+
+
+# ---- loss variants -----------------------------------------------------------------------------------------------------
+def test_loss_aggregations_hand_example():
+    # per-token losses: row 0 [-1, -2, -3] (3 tokens), row 1 [-4] (1 token), row 2 empty (junk everywhere)
+    per_token = t64([[-1.0, -2.0, -3.0, 9.0], [-4.0, 9.0, 9.0, 9.0], [9.0, 9.0, 9.0, 9.0]])
+    mask = torch.tensor([[T, T, T, F], [T, F, F, F], [F, F, F, F]])
+    assert loss_normalizer(mask, "token_mean").item() == 4
+    assert loss_normalizer(mask, "seq_mean_token_mean").item() == 2  # the empty row is not a sequence
+    assert loss_normalizer(mask, "seq_mean_token_sum_norm").item() == 2
+    close(aggregate_loss(per_token, mask, "token_mean"), -10.0 / 4)  # -2.5
+    close(aggregate_loss(per_token, mask, "seq_mean_token_mean"), (-6.0 / 3 + -4.0 / 1) / 2)  # (-2 - 4) / 2 = -3
+    # Dr. GRPO: token sums over a constant: max_length defaults to the width 4 -> (-6/4 - 4/4) / 2 = -1.25
+    close(aggregate_loss(per_token, mask, "seq_mean_token_sum_norm"), -1.25)
+    close(aggregate_loss(per_token, mask, "seq_mean_token_sum_norm", max_length=10), (-0.6 - 0.4) / 2)  # -0.5
+    # a normalizer replaces the count: seq_mean_token_mean with normalizer 4 -> (-2 - 4) / 4 = -1.5
+    close(aggregate_loss(per_token, mask, "seq_mean_token_mean", normalizer=4), -1.5)
+    with pytest.raises(ValueError, match="Unknown loss_aggregation 'seq_sum'"):
+        aggregate_loss(per_token, mask, "seq_sum")
+    # policy_loss with ratio 1 has per-token loss -A: the same numbers through the public entry point
+    advantages = -per_token
+    zeros = torch.zeros_like(per_token)
+    close(policy_loss(zeros, zeros, advantages, mask, 0.2, loss_aggregation="seq_mean_token_mean")[0], -3.0)
+    close(policy_loss(zeros, zeros, advantages, mask, 0.2, loss_aggregation="seq_mean_token_sum_norm",
+                      max_length=10)[0], -0.5)
+
+
+def test_policy_loss_clip_higher_hand_example():
+    #   r=1.25, A=+1: [0.8, 1.2] clips to 1.2 -> -1.2;   [0.7, 1.28] keeps 1.25 -> -1.25
+    #   r=0.75, A=-1: [0.8, 1.2] clips to 0.8 ->  0.8;   [0.7, 1.28] keeps 0.75 ->  0.75
+    #   r=1.5,  A=+1: -1.2 (clipped);                     clips to 1.28 -> -1.28 (clipped)
+    logprobs = t64([[math.log(1.25), math.log(0.75), math.log(1.5)]])
+    old, advantages = torch.zeros_like(logprobs), t64([[1.0, -1.0, 1.0]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    loss, clipfrac, _ = policy_loss(logprobs, old, advantages, mask, 0.2)
+    close(loss, (-1.2 + 0.8 - 1.2) / 3)
+    close(clipfrac, 1.0)
+    loss, clipfrac, _ = policy_loss(logprobs, old, advantages, mask, 0.2, cliprange_low=0.3, cliprange_high=0.28)
+    close(loss, (-1.25 + 0.75 - 1.28) / 3)
+    close(clipfrac, 1.0 / 3.0)
+    # only the upper bound moves with cliprange_high alone: token 2 is still clipped at 0.8
+    loss, _, _ = policy_loss(logprobs, old, advantages, mask, 0.2, cliprange_high=0.28)
+    close(loss, (-1.25 + 0.8 - 1.28) / 3)
+
+
+def test_policy_loss_defaults_unchanged_by_explicit_variant_defaults():
+    logprobs, old, adv, mask = _random_ppo_batch(seed=3)
+    default = policy_loss(logprobs, old, adv, mask, 0.2, normalizer=17)
+    explicit = policy_loss(logprobs, old, adv, mask, 0.2, normalizer=17, cliprange_low=0.2, cliprange_high=0.2,
+                           dual_clip=None, loss_aggregation="token_mean")
+    assert all(torch.equal(a, b) for a, b in zip(default, explicit))
+
+
+def test_policy_loss_dual_clip_hand_example():
+    # c = 3, cliprange 0.2:
+    #   r=5,   A=-1: max(5, 1.2) = 5, bounded by -c*A = 3       -> 3   (dual clip active: no gradient)
+    #   r=2,   A=-1: max(2, 1.2) = 2 < 3                         -> 2
+    #   r=5,   A=+1: max(-5, -1.2) = -1.2; A > 0 is never bounded -> -1.2
+    #   r=0.5, A=-2: max(1.0, 1.6) = 1.6 < 6                     -> 1.6
+    logprobs = t64([[math.log(5.0), math.log(2.0), math.log(5.0), math.log(0.5)]]).requires_grad_(True)
+    old, advantages = torch.zeros(1, 4, dtype=F64), t64([[-1.0, -1.0, 1.0, -2.0]])
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    plain, _, _ = policy_loss(logprobs, old, advantages, mask, 0.2)
+    close(plain, (5.0 + 2.0 - 1.2 + 1.6) / 4)  # 1.85
+    loss, _, _ = policy_loss(logprobs, old, advantages, mask, 0.2, dual_clip=3.0)
+    close(loss, (3.0 + 2.0 - 1.2 + 1.6) / 4)  # 1.35
+    loss.backward()
+    # d/dlogp of -A*r is -A*r / n: token 2: 1 * 2 / 4 = 0.5; the dual-clipped and the clipped tokens: 0
+    close(logprobs.grad, [[0.0, 0.5, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize("aggregation", LOSS_AGGREGATIONS)
+def test_loss_aggregation_gradient_accumulation_invariance(aggregation):
+    # 8 sequences of very different lengths (one empty), as one micro-batch of 8 and as two micro-batches of 4
+    gen = torch.Generator().manual_seed(1)
+    rows, length = 8, 6
+    logprobs = torch.randn(rows, length, generator=gen, dtype=F64) * 0.3 - 2.0
+    old = logprobs + torch.randn(rows, length, generator=gen, dtype=F64) * 0.3
+    adv = torch.randn(rows, length, generator=gen, dtype=F64)
+    values, old_values, returns = (torch.randn(rows, length, generator=gen, dtype=F64) for _ in range(3))
+    lengths = torch.tensor([6, 1, 4, 0, 2, 6, 3, 5])
+    mask = torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)
+    variants = dict(cliprange_high=0.28, dual_clip=3.0, loss_aggregation=aggregation, max_length=8)
+
+    def loss_of(lp, v, rows, normalizer):
+        pg, _, _ = policy_loss(lp[rows], old[rows], adv[rows], mask[rows], 0.2, normalizer, **variants)
+        vf, _ = value_loss(v[rows], old_values[rows], returns[rows], mask[rows], 0.2, normalizer,
+                           loss_aggregation=aggregation, max_length=8)
+        return pg + 0.1 * vf
+
+    full_lp, full_v = logprobs.clone().requires_grad_(True), values.clone().requires_grad_(True)
+    full = loss_of(full_lp, full_v, slice(0, 8), None)  # no normalizer: this batch's own
+    full.backward()
+    normalizer = loss_normalizer(mask, aggregation)
+    # 6 + 1 + 4 + 0 + 2 + 6 + 3 + 5 = 27 tokens; 7 sequences (row 3 is empty)
+    assert normalizer.item() == (27 if aggregation == "token_mean" else 7)
+    micro_lp, micro_v = logprobs.clone().requires_grad_(True), values.clone().requires_grad_(True)
+    total = 0.0
+    for rows in (slice(0, 4), slice(4, 8)):
+        loss = loss_of(micro_lp, micro_v, rows, normalizer)
+        loss.backward()
+        total = total + loss.detach()
+    close(total, full.detach())
+    close(micro_lp.grad, full_lp.grad)
+    close(micro_v.grad, full_v.grad)
+    # each micro-batch's own normalizer would not add up: 3 vs 4 sequences, 11 vs 16 tokens
+    naive = sum(loss_of(logprobs, values, r, None) for r in (slice(0, 4), slice(4, 8))) / 2
+    assert abs(naive.item() - full.item()) > 1e-6

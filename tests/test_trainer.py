@@ -277,3 +277,52 @@ def test_trackers_and_sample_tables(tiny_models, tokenizer, prompts_dataset, tmp
                  train_dataset=prompts_dataset).train()
     printed = capsys.readouterr().out
     assert printed.count("Samples at PPO iteration") == 2 and "the movie was" in printed
+
+
+# ---- loss variants ---------------------------------------------------------------------------------------------------
+def test_loss_variants_train_with_finite_metrics_and_a_sequence_normalizer(tiny_models, tokenizer, prompts_dataset,
+                                                                           tmp_path):
+    """Dr. GRPO's length-unbiased aggregation + clip-higher + dual clip + entropy bonus: two optimizer steps."""
+    trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, loss_aggregation="seq_mean_token_sum_norm",
+                    cliprange_low=0.2, cliprange_high=0.28, dual_clip=3.0, entropy_coef=0.01, max_steps=2)
+    normalizers = []
+    compute_loss = trainer.compute_loss
+
+    def spy(model, inputs, *args, **kwargs):
+        normalizers.append(float(inputs["normalizer"]))
+        return compute_loss(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = spy
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    # minibatch = 4 x 2 = 8 responses, each with at least one real token: the normalizer counts sequences, not tokens
+    assert normalizers == [8.0] * 4
+    logged = [e for e in trainer.state.log_history if "loss/policy_avg" in e]
+    assert len(logged) == 2
+    assert all(math.isfinite(v) for e in logged for k, v in e.items() if isinstance(v, float))
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+def test_seq_mean_aggregation_accumulates_exactly(tiny_models, tokenizer, prompts_dataset, tmp_path):
+    """1 x 8 and 2 x 4 (accumulated) move the weights identically under a sequence-level aggregation too (the
+    normalizer is the minibatch's 8 sequences; each micro-batch's own 4 would double the 2 x 4 gradient)."""
+    weights = []
+    for micro, accumulation in [(8, 1), (4, 2)]:
+        trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, per_device_train_batch_size=micro,
+                        gradient_accumulation_steps=accumulation, num_ppo_epochs=1, max_steps=1, optim="sgd",
+                        learning_rate=1.0, max_grad_norm=0.0, loss_aggregation="seq_mean_token_mean")
+        trainer.train()
+        weights.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+    for name, value in weights[0].items():
+        torch.testing.assert_close(weights[1][name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("loss_aggregation", "seq_mean", "loss_aggregation='seq_mean': choose"),
+    ("cliprange_low", 0.0, "cliprange_low=0.0: must be > 0"),
+    ("cliprange_high", -0.1, "cliprange_high=-0.1: must be > 0"),
+    ("dual_clip", 1.0, "dual_clip=1.0: must be > 1"),
+])
+def test_loss_variant_fields_are_range_checked(tmp_path, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        make_args(tmp_path, **{field: value})
