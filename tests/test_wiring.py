@@ -136,6 +136,8 @@ def test_old_logprobs_stay_fixed_and_the_ratio_moves_within_an_iteration(lora_ru
         epoch1, epoch2 = logs[:2], logs[2:]
         assert sum(e["policy/approxkl_avg"] for e in epoch2) > sum(e["policy/approxkl_avg"] for e in epoch1)
         assert sum(e["policy/clipfrac_avg"] for e in epoch2) > sum(e["policy/clipfrac_avg"] for e in epoch1)
+        # Value clipping is measured against the rollout's values, so it acts once the value head has moved.
+        assert logs[0]["val/clipfrac_avg"] == 0 and any(e["val/clipfrac_avg"] > 0 for e in logs[1:])
 
 
 def test_kl_controller_moves_toward_its_target_with_the_observed_kl(lora_run):
