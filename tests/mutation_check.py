@@ -78,8 +78,10 @@ MUTATIONS = [
     Mutation("stop_token_not_real", "the stop token left out of the response mask",
              [(R, "stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()",
                "stops_before = torch.cumsum(is_stop.long(), dim=1)")]),
-    Mutation("tokens_after_stop_kept", "tokens after the stop token not replaced by padding",
-             [(R, "return responses.masked_fill(~mask, pad_token_id), mask, is_stop.any(dim=1)",
+    Mutation("tokens_after_stop_kept", "tokens after the stop token not replaced by padding (sampler and truncation)",
+             [(R, "token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)",
+               "token = sample_token(out.logits[:, -1], temperature, top_k, top_p)"),
+              (R, "return responses.masked_fill(~mask, pad_token_id), mask, is_stop.any(dim=1)",
                "return responses, mask, is_stop.any(dim=1)")]),
     # -- positions and shifts -----------------------------------------------------------------------------------------
     Mutation("logprobs_shifted", "log-probs shifted by one position, consistently in rollout and loss",
@@ -235,12 +237,12 @@ def run_mutation(mutation: Mutation, copy: Path, timeout: int) -> tuple[str, str
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-k", default="", help="only mutations whose name contains this")
+    parser.add_argument("-k", default="", help="only mutations whose name contains this (comma-separated: any)")
     parser.add_argument("--jobs", type=int, default=2, help="mutations run in parallel (each in its own copy)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per run of the subset")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     args = parser.parse_args()
-    mutations = [m for m in MUTATIONS if args.k in m.name]
+    mutations = [m for m in MUTATIONS if any(k in m.name for k in args.k.split(","))]
     if args.list:
         for m in mutations:
             print(f"{m.name:28s} {', '.join(sorted({f for f, _, _ in m.edits})):24s} {m.bug}")

@@ -249,10 +249,10 @@ def _greedy_rollout(paths, tmp_path, prompts):
     from transformers import AutoTokenizer
 
     torch.manual_seed(0)
-    policy = AutoModelForCausalLMWithValueHead(AutoModelForCausalLM.from_pretrained(paths["gpt2"]),
+    policy = AutoModelForCausalLMWithValueHead(AutoModelForCausalLM.from_pretrained(paths["gpt2_plain"]),
                                                value_head_init_std=0.5)
     args = config(tmp_path, per_device_train_batch_size=len(prompts), top_k=1)
-    trainer = RecordingTrainer(model=policy, args=args, processing_class=AutoTokenizer.from_pretrained(paths["gpt2"]),
+    trainer = RecordingTrainer(model=policy, args=args, processing_class=AutoTokenizer.from_pretrained(paths["gpt2_plain"]),
                                reward_model=paths["gpt2_reward"], train_dataset=Dataset.from_dict({"prompt": prompts}))
     trainer.train()
     return trainer.micro_batches[0]
@@ -262,6 +262,7 @@ def test_left_padding_does_not_change_tokens_logprobs_values_or_score(paths, tmp
     alone = _greedy_rollout(paths, tmp_path / "alone", [PROMPTS[0]])
     batched = _greedy_rollout(paths, tmp_path / "batched", [PROMPTS[0]] + LONG_PROMPTS)
     assert not alone.query_mask.logical_not().any() and batched.query_mask.logical_not().any()
+    assert alone.response_mask.all(), "the check needs a full-length greedy response"
     (key,) = rows_of([alone])
     i = next(i for i in range(len(batched)) if row_key(batched, i)[0] == key[0])
     assert torch.equal(batched.responses[i], alone.responses[0]), "greedy tokens changed with left padding"
@@ -357,8 +358,10 @@ def test_frozen_models_are_separate_and_the_policy_still_trains(paths, tmp_path,
     model = AutoModelForCausalLM.from_pretrained(paths["llama"]) if how != "path" else paths["llama"]
     if how.startswith("wrapper"):
         model = AutoModelForCausalLMWithValueHead(model)
+    if how != "path":
+        model.train()  # as a user's model object may be: the frozen copies must still end up in eval mode
     ref = model if how.endswith("as_ref") else None
-    reward = AutoModelForSequenceClassification.from_pretrained(paths["reward"])
+    reward = AutoModelForSequenceClassification.from_pretrained(paths["reward"]).train()
     trainer = PPOLMTrainer(model=model, ref_model=ref, args=config(tmp_path), processing_class=tokenizer,
                            reward_model=reward, train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
     frozen = _assert_frozen_and_separate(trainer)

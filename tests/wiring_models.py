@@ -54,6 +54,7 @@ def build_wiring_models(root) -> dict[str, str]:
         "reward": build_reward_model(tok, seed=1),
         "gpt2_reward": GPT2ForSequenceClassification(_gpt2_config(tok, num_labels=1)),
         "other_reward": build_reward_model(other_tok, seed=2),
+        "gpt2_plain": GPT2LMHeadModel(_gpt2_config(tok)),  # no EOS bias: greedy responses run their full length
     }
     paths = {}
     for name, model in models.items():
