@@ -52,7 +52,8 @@ def _config(tmp_path, case) -> PPOConfig:
 def test_one_iteration_matches_the_plain_reference(name, paths, tmp_path):
     case = CASES[name]
     args = _config(tmp_path, case)
-    peft_config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM") if case["peft"] else None
+    peft_config = (LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM") if case["peft"]
+                   else None)
     trainer = RecordingTrainer(model=paths[case["policy"]], args=args, reward_model=paths[case["reward"]],
                                train_dataset=Dataset.from_dict({"prompt": PROMPTS}), peft_config=peft_config,
                                snapshot_calls=[CAPTURED_CALL])
@@ -65,7 +66,8 @@ def test_one_iteration_matches_the_plain_reference(name, paths, tmp_path):
     # The reference's own models: the starting policy from disk, the reward model (and its tokenizer) from disk.
     ref_lm = AutoModelForCausalLM.from_pretrained(paths[case["policy"]]).eval()
     reward_model = AutoModelForSequenceClassification.from_pretrained(paths[case["reward"]]).eval()
-    reward_tokenizer = AutoTokenizer.from_pretrained(paths[case["reward"]]) if case["reward"] == "other_reward" else None
+    own_tokenizer = case["reward"] == "other_reward"
+    reward_tokenizer = AutoTokenizer.from_pretrained(paths[case["reward"]]) if own_tokenizer else None
     policy_lm = model.pretrained_model.eval()
 
     # Prompts: left-padded with the pad token, each one a tokenized dataset prompt.

@@ -210,10 +210,10 @@ def test_returns_use_raw_advantages_and_advantages_are_whitened(lora_run):
 
 
 def test_vf_coef_and_entropy_coef_change_the_loss_as_documented(lora_run):
-    """loss = policy loss + vf_coef * value loss - entropy_coef * entropy, each summed over tokens / minibatch tokens."""
+    """loss = policy loss + vf_coef * value loss - entropy_coef * entropy, sums over tokens / minibatch tokens."""
     model, inputs = lora_run.snapshots[0]
     batch = lora_run.micro_batches[0]
-    minibatch_tokens = (lora_run.micro_batches[0].response_mask.sum() + lora_run.micro_batches[1].response_mask.sum()).item()
+    minibatch_tokens = sum(b.response_mask.sum().item() for b in lora_run.micro_batches[:2])  # minibatch 0
     seqs = []
     for i in range(len(batch)):
         n = int(batch.response_mask[i].sum())
@@ -252,7 +252,8 @@ def _greedy_rollout(paths, tmp_path, prompts):
     policy = AutoModelForCausalLMWithValueHead(AutoModelForCausalLM.from_pretrained(paths["gpt2_plain"]),
                                                value_head_init_std=0.5)
     args = config(tmp_path, per_device_train_batch_size=len(prompts), top_k=1)
-    trainer = RecordingTrainer(model=policy, args=args, processing_class=AutoTokenizer.from_pretrained(paths["gpt2_plain"]),
+    tokenizer = AutoTokenizer.from_pretrained(paths["gpt2_plain"])
+    trainer = RecordingTrainer(model=policy, args=args, processing_class=tokenizer,
                                reward_model=paths["gpt2_reward"], train_dataset=Dataset.from_dict({"prompt": prompts}))
     trainer.train()
     return trainer.micro_batches[0]
