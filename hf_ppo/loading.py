@@ -404,11 +404,22 @@ def load_reference(
     if isinstance(ref_model, str):
         ref_model = from_pretrained(AutoModelForCausalLM, ref_model, "reference model",
                                     **_init_kwargs(init_kwargs, quantization, dtype, device))
-    elif ref_model is policy_source:
+    elif _shares_parameters(ref_model, policy_source):
+        # The policy object or a part of it (e.g. the body of a value-head wrapper): freezing it would freeze the
+        # policy and training would move the reference. A frozen copy of the starting policy instead.
         ref_model = copy.deepcopy(ref_model)
     if not _is_quantized(ref_model):
         ref_model = ref_model.to(device)
     return freeze(ref_model)
+
+
+def _shares_parameters(model: nn.Module, other) -> bool:
+    """True when `model` and the module `other` hold a parameter in common (one is, or contains, the other)."""
+    if not isinstance(other, nn.Module):
+        return False
+    ids = {id(p) for p in other.parameters()}
+    return any(id(p) in ids for p in model.parameters())
+
 
 
 def load_reward_model(

@@ -1,0 +1,295 @@
+"""Mutation check: plant realistic wiring bugs one at a time and report which the test suite catches.
+
+    python tests/mutation_check.py              # every mutation, 2 workers
+    python tests/mutation_check.py -k shuffle   # only mutations whose name contains "shuffle"
+    python tests/mutation_check.py --list       # the mutations, without running anything
+
+Each mutation replaces an exact snippet of today's code (rollout.py, trainer.py, modeling.py, loading.py) with a
+bug of a kind a refactor introduces. It is applied to a temporary COPY of the repository (the working tree is never
+touched), and a fast subset of the suite (`SUBSET`) runs against the copy with `-x`. The score is caught / total;
+it must stay at 100%. A snippet that no longer appears exactly once in the code is reported STALE: when code moves,
+move the mutation with it (same bug, new snippet). The script exits non-zero if a mutation is MISSED or STALE, or if
+the unmutated subset does not pass. Not collected by pytest (the name does not start with `test_`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Fast tests that pin the wiring; the files that catch the most mutations run first (-x stops at the first failure).
+SUBSET = [
+    "tests/test_reference_iteration.py",
+    "tests/test_wiring.py",
+    "tests/test_trainer.py::test_gradient_accumulation_gives_the_whole_minibatch_gradient",
+]
+COPIED = ["hf_ppo", "tests", "model_cards", "pyproject.toml"]
+
+
+@dataclass
+class Mutation:
+    name: str
+    bug: str  # the kind of bug, in the issue's words
+    edits: list[tuple[str, str, str]]  # (file under hf_ppo/, exact original snippet, replacement)
+
+
+R, T, M, L = "rollout.py", "trainer.py", "modeling.py", "loading.py"
+ARANGE = "torch.arange({0}.shape[1], device={0}.device).expand_as({0})"
+MUTATIONS = [
+    # -- the reference ------------------------------------------------------------------------------------------------
+    Mutation("ref_adapter_enabled", "reference log-probs computed with the LoRA adapter enabled",
+             [(R, "    with adapter_disabled(policy):\n", "    with contextlib.nullcontext():\n")]),
+    Mutation("adapter_disabled_noop", "reference log-probs computed with the LoRA adapter enabled",
+             [(R, 'return peft_model.disable_adapter() if hasattr(peft_model, "disable_adapter") else contextlib.nullcontext()',
+               "return contextlib.nullcontext()")]),
+    Mutation("ref_is_policy", "frozen reference ignored: the policy scores itself (KL always 0)",
+             [(T, "reference_logprobs(model, self.ref_model,", "reference_logprobs(model, None,")]),
+    Mutation("ref_untempered", "reference log-probs without the sampling temperature",
+             [(R, "policy_forward(ref_model, queries, query_mask, responses, response_mask, temperature=temperature,",
+               "policy_forward(ref_model, queries, query_mask, responses, response_mask, temperature=1.0,")]),
+    Mutation("ref_untempered_lora", "reference log-probs without the sampling temperature (adapter-disabled)",
+             [(R, "response_mask, temperature=temperature, batch_size=batch_size, with_values=False)[0]",
+               "response_mask, temperature=1.0, batch_size=batch_size, with_values=False)[0]")]),
+    # -- the score ----------------------------------------------------------------------------------------------------
+    Mutation("score_at_pad_slot", "reward model's score read at a pad slot instead of the last real token",
+             [(R, "last = last_token_index(mask.bool())",
+               "last = torch.full_like(last_token_index(mask.bool()), mask.shape[1] - 1)")]),
+    Mutation("score_attends_padding", "reward model attends the padding after the stop token",
+             [(R, "attention_mask = torch.cat([query_mask, response_mask], dim=1).long()",
+               "attention_mask = torch.cat([query_mask, torch.ones_like(response_mask)], dim=1).long()")]),
+    Mutation("reward_tokenizer_ignored", "reward model with another tokenizer fed the policy's token ids",
+             [(T, "if loading.same_tokenizer(tokenizer, reward_processing_class):", "if True:")]),
+    Mutation("reward_text_without_prompt", "reward model with another tokenizer scores the completion alone",
+             [(R, "return [p + c for p, c in zip(prompt_texts, completions)], False", "return list(completions), False")]),
+    Mutation("eos_penalty_to_stopped", "missing-EOS penalty given to responses that did stop",
+             [(T, "args.missing_eos_penalty * (~contains_stop).float()", "args.missing_eos_penalty * contains_stop.float()")]),
+    Mutation("eos_penalty_to_all", "missing-EOS penalty given to responses that did stop",
+             [(T, "scores = scores - args.missing_eos_penalty * (~contains_stop).float()",
+               "scores = scores - args.missing_eos_penalty")]),
+    Mutation("stop_token_not_real", "the stop token left out of the response mask",
+             [(R, "stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()",
+               "stops_before = torch.cumsum(is_stop.long(), dim=1)")]),
+    Mutation("tokens_after_stop_kept", "tokens after the stop token not replaced by padding (sampler and truncation)",
+             [(R, "token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)",
+               "token = sample_token(out.logits[:, -1], temperature, top_k, top_p)"),
+              (R, "return responses.masked_fill(~mask, pad_token_id), mask, is_stop.any(dim=1)",
+               "return responses, mask, is_stop.any(dim=1)")]),
+    # -- positions and shifts -----------------------------------------------------------------------------------------
+    Mutation("logprobs_shifted", "log-probs shifted by one position, consistently in rollout and loss",
+             [(R, "logits = out.logits[:, :-1]\n", "logits = out.logits[:, 1:]\n"),
+              (T, "logits, values = out.logits[:, :-1], out.value[:, :-1]",
+               "logits, values = out.logits[:, 1:], out.value[:, :-1]")]),
+    Mutation("values_shifted", "values shifted by one position, consistently in rollout and loss",
+             [(R, "values.append(out.value[:, :-1].float())", "values.append(out.value[:, 1:].float())"),
+              (T, "logits, values = out.logits[:, :-1], out.value[:, :-1]",
+               "logits, values = out.logits[:, :-1], out.value[:, 1:]")]),
+    Mutation("value_from_wrong_layer", "value head reads a hidden state other than the LM head's",
+             [(M, "hidden = out.hidden_states[-1]", "hidden = out.hidden_states[-2]")]),
+    Mutation("value_positions_misaligned", "value head reads the first positions instead of the kept ones",
+             [(M, "hidden = hidden[:, -logits_to_keep:]", "hidden = hidden[:, :logits_to_keep]")]),
+    Mutation("positions_scoring", "position ids not derived from the attention mask (policy/reference passes)",
+             [(R, "position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)",
+               "position_ids = " + ARANGE.format("attention_mask"))]),
+    Mutation("positions_generation", "position ids not derived from the attention mask (sampling)",
+             [(R, "positions = (attention.cumsum(1) - 1).clamp(min=0)", "positions = " + ARANGE.format("attention"))]),
+    Mutation("positions_reward", "position ids not derived from the attention mask (reward model)",
+             [(R, "position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)", "position_ids = " + ARANGE.format("mask"))]),
+    # -- temperature --------------------------------------------------------------------------------------------------
+    Mutation("sampler_ignores_temperature", "the sampler ignoring temperature",
+             [(R, "logits = logits.float() / temperature\n    if top_k:", "logits = logits.float()\n    if top_k:")]),
+    Mutation("rollout_samples_at_t1", "the sampler ignoring temperature (not passed by the trainer)",
+             [(T, "            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,",
+               "            temperature=1.0, top_k=args.top_k, top_p=args.top_p,")]),
+    Mutation("old_logprobs_untempered", "rollout log-probs without the sampling temperature",
+             [(R, "logprobs.append(logprobs_from_logits(logits, responses[rows], temperature))",
+               "logprobs.append(logprobs_from_logits(logits, responses[rows]))")]),
+    Mutation("loss_logprobs_untempered", "loss log-probs without the sampling temperature",
+             [(T, "logprobs = logprobs_from_logits(logits, batch.responses, args.temperature)",
+               "logprobs = logprobs_from_logits(logits, batch.responses)")]),
+    # -- rewards, advantages, returns ---------------------------------------------------------------------------------
+    Mutation("kl_estimator_ignored", "the configured KL estimator ignored",
+             [(R, "kl = kl_estimate(batch.logprobs, batch.ref_logprobs, kl_estimator)",
+               'kl = kl_estimate(batch.logprobs, batch.ref_logprobs, "k1")')]),
+    Mutation("advantages_not_whitened", "advantages never whitened although whiten_advantages=True",
+             [(R, "batch.advantages = masked_whiten(advantages, mask) if whiten_advantages else advantages",
+               "batch.advantages = advantages")]),
+    Mutation("returns_from_whitened", "returns built from whitened advantages",
+             [(R, "    batch.rewards = rewards\n",
+               "    batch.rewards = rewards\n    batch.returns = torch.where(mask, masked_whiten(advantages, mask) + "
+               "batch.values, torch.zeros_like(advantages))\n")]),
+    Mutation("gamma_lam_swapped", "GAE hyperparameters swapped",
+             [(T, "gamma=args.gamma, lam=args.lam", "gamma=args.lam, lam=args.gamma")]),
+    # -- KL controller ------------------------------------------------------------------------------------------------
+    Mutation("kl_ctl_fed_entropy", "the KL controller fed the wrong KL (the entropy)",
+             [(T, "self.kl_ctl.update(stats[0].item(),", "self.kl_ctl.update(stats[1].item(),")]),
+    Mutation("kl_ctl_fed_per_token_kl", "the KL controller fed the wrong KL (per token, not per response)",
+             [(T, "self.kl_ctl.update(stats[0].item(),", "self.kl_ctl.update((stats[0] / stats[5]).item(),")]),
+    Mutation("kl_coef_not_adapted", "rewards use the initial kl_coef, not the controller's",
+             [(T, "kl_coef=self.kl_ctl.value,", "kl_coef=args.kl_coef,")]),
+    # -- minibatches and the loss -------------------------------------------------------------------------------------
+    Mutation("never_shuffled", "the minibatch order never shuffled",
+             [(T, "order = torch.randperm(len(batch), device=batch.queries.device)",
+               "order = torch.arange(len(batch), device=batch.queries.device)")]),
+    Mutation("same_order_every_epoch", "the minibatch order the same in every PPO epoch",
+             [(T, "order = torch.randperm(len(batch), device=batch.queries.device)",
+               "order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(0)).to(batch.queries.device)")]),
+    Mutation("vf_coef_ignored", "vf_coef ignored",
+             [(T, "loss = pg_loss + args.vf_coef * vf_loss", "loss = pg_loss + vf_loss")]),
+    Mutation("entropy_sign", "the entropy bonus sign flipped",
+             [(T, "loss = loss - args.entropy_coef *", "loss = loss + args.entropy_coef *")]),
+    Mutation("old_logprobs_recomputed", "old log-probs recomputed every step (the ratio is always 1)",
+             [(T, "policy_loss(logprobs, batch.logprobs,", "policy_loss(logprobs, logprobs.detach(),")]),
+    Mutation("old_values_recomputed", "old values recomputed every step (value clipping never acts)",
+             [(T, "value_loss(values, batch.values,", "value_loss(values, values.detach(),")]),
+    Mutation("rollout_every_step", "old log-probs recomputed every step (a fresh rollout per micro-batch)",
+             [(T, "if position == 0 or not self._schedule:", "if True:")]),
+    Mutation("micro_batch_normalizer", "loss normalised by the micro-batch's tokens, not the minibatch's",
+             [(T, '"normalizer": normalizer})',
+               '"normalizer": batch.response_mask[minibatch[k * micro:(k + 1) * micro]].sum()})')]),
+    # -- frozen models, aliasing, dropout -----------------------------------------------------------------------------
+    Mutation("dropout_kept", "dropout left on",
+             [(L, "            module.p = 0.0\n", "            pass\n")]),
+    Mutation("attention_dropout_kept", "dropout left on (Llama-family float attention dropout)",
+             [(L, "                setattr(module, name, 0.0)\n", "                pass\n")]),
+    Mutation("disable_dropout_skipped", "dropout left on (never called)",
+             [(T, "        if args.disable_dropout:\n", "        if False:\n")]),
+    Mutation("frozen_trainable", "the reference (and reward) model left trainable",
+             [(L, "    model.requires_grad_(False)\n", "")]),
+    Mutation("frozen_train_mode", "a frozen model left in training mode",
+             [(L, "    model.eval()\n    model.requires_grad_(False)\n", "    model.requires_grad_(False)\n")]),
+    Mutation("ref_alias_not_copied", "a reference passed as an object aliasing the policy",
+             [(L, "        ref_model = copy.deepcopy(ref_model)\n", "        pass\n")]),
+    Mutation("ref_alias_identity_only", "a reference aliasing the policy (a wrapper's body) not detected",
+             [(L, "elif _shares_parameters(ref_model, policy_source):", "elif ref_model is policy_source:")]),
+]
+
+THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""
+import torch
+
+
+def pytest_sessionstart(session):
+    torch.set_num_threads(1)
+'''
+
+
+def make_copy(dest: Path) -> None:
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        elif source.exists():
+            shutil.copy2(source, dest / name)
+    (dest / "_mutation_threads.py").write_text(THREADS_PLUGIN)
+
+
+def check_snippets(mutation: Mutation) -> str | None:
+    """None when every edit's snippet occurs exactly once in today's code, else why it is stale."""
+    for file, old, _ in mutation.edits:
+        count = (ROOT / "hf_ppo" / file).read_text().count(old)
+        if count != 1:
+            return f"snippet found {count} times in hf_ppo/{file}: {old.strip()[:60]!r}"
+    return None
+
+
+def run_subset(copy: Path, timeout: int) -> tuple[int, str, float]:
+    env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1", TOKENIZERS_PARALLELISM="false")
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "_mutation_threads",
+               "-W", "ignore", *SUBSET]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+        code, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired:
+        code, output = -1, "TIMEOUT"
+    return code, output, time.perf_counter() - start
+
+
+def first_failure(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" ", 1)[1].split(" - ")[0].replace("tests/", "")
+    return "TIMEOUT" if output == "TIMEOUT" else "(no test named: see the run's output)"
+
+
+def run_mutation(mutation: Mutation, copy: Path, timeout: int) -> tuple[str, str, float]:
+    originals = {}
+    try:
+        for file, old, new in mutation.edits:
+            path = copy / "hf_ppo" / file
+            text = originals.setdefault(path, path.read_text())
+            current = path.read_text()
+            path.write_text(current.replace(old, new, 1))
+        code, output, seconds = run_subset(copy, timeout)
+    finally:
+        for path, text in originals.items():
+            path.write_text(text)
+    return ("caught" if code != 0 else "MISSED"), (first_failure(output) if code != 0 else ""), seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-k", default="", help="only mutations whose name contains this (comma-separated: any)")
+    parser.add_argument("--jobs", type=int, default=2, help="mutations run in parallel (each in its own copy)")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per run of the subset")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    args = parser.parse_args()
+    mutations = [m for m in MUTATIONS if any(k in m.name for k in args.k.split(","))]
+    if args.list:
+        for m in mutations:
+            print(f"{m.name:28s} {', '.join(sorted({f for f, _, _ in m.edits})):24s} {m.bug}")
+        return 0
+
+    stale = {m.name: why for m in mutations if (why := check_snippets(m))}
+    runnable = [m for m in mutations if m.name not in stale]
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="hf_ppo_mutants_") as tmp:
+        copies = [Path(tmp) / f"copy{i}" for i in range(max(1, args.jobs))]
+        for copy in copies:
+            copy.mkdir()
+            make_copy(copy)
+        code, output, seconds = run_subset(copies[0], args.timeout)
+        if code != 0:
+            print(output[-4000:])
+            print(f"The unmutated subset fails ({seconds:.0f} s): fix the suite before checking mutations.")
+            return 2
+        print(f"baseline: the unmutated subset passes in {seconds:.0f} s; running {len(runnable)} mutations "
+              f"with {len(copies)} worker(s)", flush=True)
+        free = list(copies)
+
+        def work(mutation):
+            copy = free.pop()
+            try:
+                result = run_mutation(mutation, copy, args.timeout)
+            finally:
+                free.append(copy)
+            print(f"  {mutation.name}: {result[0]} ({result[2]:.0f} s)", flush=True)
+            return result
+
+        with ThreadPoolExecutor(max_workers=len(copies)) as pool:
+            results = dict(zip([m.name for m in runnable], pool.map(work, runnable)))
+
+    print(f"\n{'mutation':28s} {'file(s)':24s} {'result':7s} {'secs':>5s}  caught by / bug")
+    for m in mutations:
+        files = ", ".join(sorted({f for f, _, _ in m.edits}))
+        if m.name in stale:
+            print(f"{m.name:28s} {files:24s} {'STALE':7s} {'':>5s}  {stale[m.name]}")
+            continue
+        result, test, seconds = results[m.name]
+        print(f"{m.name:28s} {files:24s} {result:7s} {seconds:5.0f}  {test or m.bug}")
+    caught = sum(r[0] == "caught" for r in results.values())
+    print(f"\nscore: {caught}/{len(mutations)} caught ({100 * caught / max(1, len(mutations)):.0f}%), "
+          f"{len(mutations) - len(runnable)} stale, {time.perf_counter() - start:.0f} s")
+    return 0 if caught == len(mutations) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
