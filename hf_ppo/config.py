@@ -58,7 +58,11 @@ class PPOConfig(TrainingArguments):
     )
 
     # ---- Rollout: sampling -------------------------------------------------------------------------------------
-    response_length: int = field(default=53, metadata={"help": "New tokens sampled per response."})
+    response_length: int = field(
+        default=53,
+        metadata={"help": "New tokens sampled per response (at most; a stop token ends it earlier). 53 is the N+ "
+                  "paper's TL;DR summary budget: set it to what your task's answers need."},
+    )
     max_prompt_length: int | None = field(
         default=512,
         metadata={"help": "Prompts longer than this (in tokens) are truncated from the left, with one warning. "
@@ -134,6 +138,18 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "push_to_hub uploads the adapter merged into a de-quantized base instead of the adapter."},
     )
 
+    # ---- Console output (what a person watching the run reads) --------------------------------------------------
+    print_metrics: bool = field(
+        default=False,
+        metadata={"help": "Print every logged metric dict under the progress bar, as Trainer does. Off: the bar shows "
+                  "the iteration, reward and KL; the metrics go to `report_to` trackers and trainer_state.json."},
+    )
+    dataloader_pin_memory: bool | None = field(
+        default=None,
+        metadata={"help": "Pin the prompt batches in page-locked memory. None: only when an accelerator (GPU) is "
+                  "present (pinning on a CPU-only machine does nothing but warn)."},
+    )
+
     # TrainingArguments defaults that differ for PPO.
     learning_rate: float = field(default=3e-6, metadata={"help": "Initial AdamW learning rate (N+ paper)."})
     remove_unused_columns: bool = field(
@@ -147,6 +163,8 @@ class PPOConfig(TrainingArguments):
     def __post_init__(self):
         if self.bf16 is None:
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()) and not self.fp16
+        if self.dataloader_pin_memory is None:
+            self.dataloader_pin_memory = torch.accelerator.is_available() and not self.use_cpu
         super().__post_init__()
         errors = []
         if self.num_ppo_epochs < 1:
