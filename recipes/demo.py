@@ -73,7 +73,7 @@ def _with_stage_bar(trainer, description: str, verbose: bool):
     return trainer
 
 
-def build_sft_policy(out_dir: Path, seed: int = 0, verbose: bool = False) -> Path:
+def build_sft_policy(out_dir: Path, seed: int = 0, verbose: bool = False, max_steps: int = 300) -> Path:
     """Step 1: train the tiny policy to write synthetic reviews; save model + tokenizer to `out_dir`.
 
     A causal-LM loss over whole reviews ending in EOS, so the policy also learns to stop: the PPO demo relies on
@@ -87,7 +87,7 @@ def build_sft_policy(out_dir: Path, seed: int = 0, verbose: bool = False) -> Pat
     train = Dataset.from_dict({"text": tiny.synthetic_reviews(3000, seed=seed + 100)})
     args = SFTConfig(
         **_quiet_args(out_dir / "_run", seed),
-        max_steps=300,
+        max_steps=max_steps,
         per_device_train_batch_size=32,
         learning_rate=3e-3,
         lr_scheduler_type="cosine",
@@ -115,7 +115,7 @@ def preference_pairs(n: int, seed: int) -> list[dict]:
     return pairs
 
 
-def build_reward(out_dir: Path, seed: int = 0, verbose: bool = False) -> tuple[Path, float]:
+def build_reward(out_dir: Path, seed: int = 0, verbose: bool = False, max_steps: int = 250) -> tuple[Path, float]:
     """Step 2: train the tiny reward model with trl's `RewardTrainer`; return its path and held-out pair accuracy."""
     from datasets import Dataset
     from transformers.trainer_callback import ProgressCallback
@@ -127,7 +127,7 @@ def build_reward(out_dir: Path, seed: int = 0, verbose: bool = False) -> tuple[P
     held_out = Dataset.from_list(preference_pairs(300, seed=seed + 300))
     args = RewardConfig(
         **_quiet_args(out_dir / "_run", seed),
-        max_steps=250,
+        max_steps=max_steps,
         per_device_train_batch_size=32,
         per_device_eval_batch_size=64,
         learning_rate=2e-3,
@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num_samples", type=int, default=64, help="Prompts in the before/after comparison.")
     parser.add_argument("--verbose", action="store_true",
                         help="Also print every logged metric dict and PPO's sample tables during training.")
+    parser.add_argument("--quick", action="store_true",
+                        help="A smoke run of every stage (30 SFT and reward steps, 2 PPO iterations, 16 samples; "
+                             "cached apart): it checks the pipeline, its numbers mean nothing.")
     args, ppo_overrides = parser.parse_known_args(argv)  # anything else goes to recipes/ppo.py, e.g. --max_steps 16
 
     quiet_console()
@@ -257,9 +260,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     start = time.perf_counter()
     out = Path(args.output_dir).resolve()
-    cache = out / "cache" / CACHE_VERSION
-    cached(lambda d: build_sft_policy(d, verbose=args.verbose), cache / "sft", args.rebuild, "1/4 SFT policy")
-    cached(lambda d: build_reward(d, verbose=args.verbose), cache / "reward", args.rebuild, "2/4 reward model")
+    cache = out / "cache" / (CACHE_VERSION + ("-quick" if args.quick else ""))
+    steps = {"max_steps": 30} if args.quick else {}
+    if args.quick:
+        args.num_samples = 16
+        ppo_overrides = ["--max_steps", "16", *ppo_overrides]
+    cached(lambda d: build_sft_policy(d, verbose=args.verbose, **steps), cache / "sft", args.rebuild, "1/4 SFT policy")
+    cached(lambda d: build_reward(d, verbose=args.verbose, **steps), cache / "reward", args.rebuild, "2/4 reward model")
     accuracy = json.loads((cache / "reward" / "held_out_accuracy.json").read_text())["accuracy"]
     print(f"[demo] reward model accuracy on 300 held-out preference pairs: {accuracy:.1%}")
     prompts_file = write_prompts(out / "prompts.jsonl", n=2000, seed=1000)

@@ -127,17 +127,20 @@ def build_parser() -> TrlParser:
     return parser
 
 
-def _unknown_keys(parser: TrlParser, remaining: list[str], source: str) -> list[str]:
-    """One message per unknown `--key` in `remaining`, with the nearest valid key when one is close."""
+def _unknown_keys(parser: TrlParser, remaining: list[str], source: str, prefix: str) -> list[str]:
+    """One message per unknown `--key` in `remaining`, with the nearest valid key when one is close.
+
+    `prefix` is how keys are written in `source`: "" for YAML keys, "--" for command-line options.
+    """
     known = sorted({a.dest for a in parser._actions if a.dest != "help"} | {"config"})
     messages = []
     for item in remaining:
         if not item.startswith("--"):
             continue
-        key = item[2:].split("=", 1)[0]
+        key = item[2:].split("=", 1)[0].replace("-", "_")
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        hint = f" Did you mean {close[0]!r}?" if close else " `python recipes/ppo.py --help` lists every key."
-        messages.append(f"unknown key {key!r} {source}.{hint}")
+        hint = f" Did you mean '{prefix}{close[0]}'?" if close else " `python recipes/ppo.py --help` lists every key."
+        messages.append(f"unknown key '{prefix}{item[2:].split('=', 1)[0]}' {source}.{hint}")
     return messages
 
 
@@ -150,10 +153,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, ModelArg
     parser = build_parser()
     script_args, model_args, ppo_config, from_yaml, from_cli = parser.parse_args_and_config(
         argv, return_remaining_strings=True, separate_remaining_strings=True)
-    errors = (_unknown_keys(parser, from_yaml, f"in {config_file}")
-              + _unknown_keys(parser, from_cli, "on the command line"))
-    errors += [f"unexpected argument {item!r} on the command line (options are --key value)."
-               for item in from_cli if not item.startswith("--") and from_cli.index(item) == 0]
+    errors = (_unknown_keys(parser, from_yaml, f"in {config_file}", "")
+              + _unknown_keys(parser, from_cli, "on the command line", "--"))
+    if from_cli and not from_cli[0].startswith("--"):
+        errors.append(f"unexpected argument {from_cli[0]!r} on the command line (options are written --key value).")
     if errors:
         raise ConfigError("\n".join(errors))
     config_dir = os.path.dirname(os.path.abspath(config_file)) if config_file else None
