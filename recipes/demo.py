@@ -3,6 +3,8 @@
     python recipes/demo.py --output_dir outputs/demo            # what `make demo` runs
     python recipes/demo.py --output_dir outputs/demo --seed 1   # another PPO seed, same cached models
     python recipes/demo.py --output_dir outputs/demo --rebuild  # retrain the cached SFT policy and reward model
+    python recipes/demo.py --output_dir outputs/demo --verbose  # also print every metric dict and sample tables
+    python recipes/demo.py --output_dir /tmp/demo --quick       # a smoke run of every stage (what the tests run)
 
 Everything is built locally on the CPU, in four steps:
 
@@ -12,8 +14,12 @@ Everything is built locally on the CPU, in four steps:
    its accuracy on held-out pairs is printed;
 3. `recipes/ppo.py` runs with `recipes/configs/demo.yaml`: QLoRA policy (4-bit base + LoRA), 4-bit reward model,
    the reference being the policy with its adapter disabled; prompts are the first three words of reviews;
-4. a before/after table of sampled completions with their rewards is printed, and the curves of reward, KL,
-   response length and entropy are written to `<output_dir>/ppo/training_curves.png`.
+4. a before/after table of sampled completions with their rewards is printed, the curves of reward, KL,
+   response length and entropy per PPO iteration are written to `<output_dir>/ppo/training_curves.png`, the
+   figures the README quotes to `<output_dir>/summary.json`, and a closing summary says where everything is and
+   prints a command that loads the policy from any directory.
+
+The console shows one progress bar per stage and no metric dicts (they are in `ppo/trainer_state.json`).
 
 Steps 1-2 are cached under `<output_dir>/cache/<CACHE_VERSION>/`, so a second run goes straight to PPO.
 What it leaves out on purpose: any download, a GPU, evaluation beyond the before/after sample.
