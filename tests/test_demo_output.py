@@ -32,9 +32,10 @@ def demo(tmp_path_factory):
     """Run the quick demo once; return (console output, output dir)."""
     out = tmp_path_factory.mktemp("demo") / "out"
     env = _env(PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    # Bytes, decoded by hand: text mode would turn tqdm's "\r" redraws into newlines a terminal never shows.
     run = subprocess.run([sys.executable, str(REPO / "recipes" / "demo.py"), "--quick", "--output_dir", str(out)],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    console = run.stdout + run.stderr
+                         cwd=REPO, env=env, capture_output=True, timeout=600)
+    console = (run.stdout + run.stderr).decode("utf-8", errors="replace")
     assert run.returncode == 0, console[-4000:]
     return console, out
 
