@@ -162,7 +162,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, ModelArg
     config_dir = os.path.dirname(os.path.abspath(config_file)) if config_file else None
     for args in (script_args, model_args):
         for name in INPUT_PATHS[type(args)]:
-            setattr(args, name, resolve_input(getattr(args, name), name, config_dir))
+            try:
+                setattr(args, name, resolve_input(getattr(args, name), name, config_dir))
+            except ConfigError as err:  # report every missing input at once
+                errors.append(str(err))
+    if errors:
+        hint = " (the demo's are built by `make demo`)" if any("demo" in e for e in errors) else ""
+        raise ConfigError("\n".join(errors) + "\nRelative paths are read from the working directory, then from the "
+                          f"config file's folder: fix the paths{hint}.")
     test = script_args.dataset_test_split
     if test is not None and (os.sep in test or os.path.splitext(test)[1].lower() in LOCAL_BUILDERS):
         script_args.dataset_test_split = resolve_input(test, "dataset_test_split", config_dir, hub=False)
@@ -182,21 +189,17 @@ def resolve_input(value: str | None, name: str, config_dir: str | None, hub: boo
     if value is None:
         return None
     expanded = os.path.expanduser(value)
-    candidates = [expanded] if os.path.isabs(expanded) else [os.path.abspath(expanded)]
+    candidates = [os.path.abspath(expanded)]
     if config_dir is not None and not os.path.isabs(expanded):
-        candidates.append(os.path.join(config_dir, expanded))
+        candidates.append(os.path.normpath(os.path.join(config_dir, expanded)))
     for candidate in candidates:
         if os.path.exists(candidate):
-            return os.path.normpath(candidate)
+            return candidate
     if hub and HUB_ID.match(value) and not value.startswith("."):
         return value  # a Hub id: the trainer (or `datasets`) loads it, with its own error when it cannot
     where = " nor ".join(dict.fromkeys(candidates))
-    raise ConfigError(
-        f"{name}={value!r} was not found: it is neither {where}"
-        + (", and it is not a Hub id ('name' or 'namespace/name')" if hub else "")
-        + ". Relative paths are read from the working directory, then from the config file's folder; "
-        "fix the path" + (" or build the demo's models with `make demo`" if "demo" in value else "") + "."
-    )
+    raise ConfigError(f"{name}={value!r} was not found: it is neither {where}"
+                      + (", and it is not a Hub id ('name' or 'namespace/name')." if hub else "."))
 
 
 def silence_known_warnings() -> None:
