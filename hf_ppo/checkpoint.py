@@ -42,7 +42,8 @@ _NOT_COMPARED = {"model_init_kwargs", "ref_model_init_kwargs", "reward_model_ini
                  "push_merged_model", "max_consecutive_nonfinite", "allow_config_change_on_resume",
                  # TRL's run-length and bookkeeping names: they set max_steps / run_name / map workers, which a resume
                  # may change (a longer run), and never what one iteration does.
-                 "total_episodes", "num_total_batches", "dataset_num_proc", "ds3_gather_for_generation", "exp_name"}
+                 "total_episodes", "num_total_batches", "dataset_num_proc", "ds3_gather_for_generation", "exp_name",
+                 "print_metrics"}
 # TrainingArguments fields that fix the batch geometry (and the prompt order): compared like the PPO fields.
 _GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed")
 _TRAINING_ARGUMENTS_FIELDS = {f.name for f in dataclasses.fields(TrainingArguments)}

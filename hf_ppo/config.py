@@ -81,7 +81,11 @@ class PPOConfig(TrainingArguments):
     )
 
     # ---- Rollout: sampling -------------------------------------------------------------------------------------
-    response_length: int = field(default=53, metadata={"help": "New tokens sampled per response."})
+    response_length: int = field(
+        default=53,
+        metadata={"help": "New tokens sampled per response (at most; a stop token ends it earlier). 53 is the N+ "
+                  "paper's TL;DR summary budget: set it to what your task's answers need."},
+    )
     max_prompt_length: int | None = field(
         default=512,
         metadata={"help": "Prompts longer than this (in tokens) are truncated from the left, with one warning. "
@@ -230,6 +234,18 @@ class PPOConfig(TrainingArguments):
                   "apply (with a warning). False: such a resume is an error listing the differences."},
     )
 
+    # ---- Console output (what a person watching the run reads) --------------------------------------------------
+    print_metrics: bool = field(
+        default=False,
+        metadata={"help": "Print every logged metric dict under the progress bar, as Trainer does. Off: the bar shows "
+                  "the iteration, reward and KL; the metrics go to `report_to` trackers and trainer_state.json."},
+    )
+    dataloader_pin_memory: bool | None = field(
+        default=None,
+        metadata={"help": "Pin the prompt batches in page-locked memory. None: only when an accelerator (GPU) is "
+                  "present (pinning on a CPU-only machine does nothing but warn)."},
+    )
+
     # TrainingArguments defaults that differ for PPO.
     learning_rate: float = field(default=3e-6, metadata={"help": "Initial AdamW learning rate (N+ paper)."})
     remove_unused_columns: bool = field(
@@ -245,6 +261,8 @@ class PPOConfig(TrainingArguments):
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()) and not self.fp16
         if self.exp_name is not None and self.run_name is None:
             self.run_name = self.exp_name
+        if self.dataloader_pin_memory is None:
+            self.dataloader_pin_memory = torch.accelerator.is_available() and not self.use_cpu
         super().__post_init__()
         errors = _range_errors(self) + self._map_trl_names()
         if self.stop_token_ids is not None and self.stop_token_id is not None:

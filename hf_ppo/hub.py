@@ -166,6 +166,7 @@ def write_model_card(
     hyperparameters: dict,
     log_history: list[dict],
     merged: bool = False,
+    saved_locally: bool = False,
 ) -> Path:
     """Render the policy's model card into `folder/README.md` and its plot into `folder/training_curves.png`.
 
@@ -175,7 +176,8 @@ def write_model_card(
     versions and citations. Its YAML metadata holds `base_model`, `library_name` (`peft`, or `transformers` when
     `merged`), `tags` and `datasets`. Nothing local is written: model and dataset names that are not Hub ids
     become "a local model"/"a local dataset", and hyperparameters holding a path or a secret are left out.
-    Returns the path of README.md.
+    `saved_locally`: the card of a folder written by `save_model()` (not pushed yet); its "How to load" loads the
+    folder itself, `merged` then meaning a standalone model (no adapter). Returns the path of README.md.
     """
     import jinja2
     from huggingface_hub import ModelCard, ModelCardData
@@ -212,6 +214,7 @@ def write_model_card(
         model_name=repo_id.split("/")[-1],
         repo_id=repo_id,
         merged=merged,
+        saved_locally=saved_locally,
         base_model_text=_model_text(base_id, base_model),
         base_model_id=base_id or "<base model id>",
         reward_model_text=_model_text(reward_id, reward_model),
@@ -231,12 +234,55 @@ def write_model_card(
 
 
 def _card_template() -> str:
-    """The card template: from the installed package first, else from the source checkout's `model_cards/`."""
-    try:
-        return resources.files("hf_ppo.model_cards").joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
-    except (ModuleNotFoundError, FileNotFoundError):
-        # A source checkout that is not installed: `hf_ppo.model_cards` only exists in the wheel's layout.
-        return (Path(__file__).resolve().parent.parent / "model_cards" / CARD_TEMPLATE).read_text(encoding="utf-8")
+    """The card template: the source checkout's `model_cards/` when this module runs from one, else the package's.
+
+    The checkout's copy wins so that an edited template is the one rendered even when another checkout is the
+    installed (editable) one; a wheel has no `model_cards/` beside the package and reads `hf_ppo.model_cards`.
+    """
+    source = Path(__file__).resolve().parent.parent / "model_cards" / CARD_TEMPLATE
+    if source.is_file():
+        return source.read_text(encoding="utf-8")
+    return resources.files("hf_ppo.model_cards").joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
+
+
+def make_base_path_absolute(folder) -> str | None:
+    """Make `folder/adapter_config.json` name its base model loadably from any working directory.
+
+    PEFT records the base as it was given to `from_pretrained`: a relative local path then only resolves from the
+    directory the run started in. A base that is a local folder is rewritten as its absolute path; a Hub id is kept.
+    Returns the recorded base (None when `folder` holds no adapter).
+    """
+    path = Path(folder) / "adapter_config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    base = config.get("base_model_name_or_path")
+    if base and not os.path.isabs(base) and os.path.isdir(base):
+        config["base_model_name_or_path"] = base = os.path.abspath(base)
+        path.write_text(json.dumps(config, indent=2, sort_keys=True))
+    return base
+
+
+def saved_policy_message(folder, is_adapter: bool) -> str:
+    """What `save_model()` prints: where the policy is, how to load it (adapter or merged), how to push it."""
+    folder = os.path.abspath(folder)
+    name = Path(folder).name
+    if is_adapter:
+        load = [f"  load it:   from peft import AutoPeftModelForCausalLM; "
+                f"model = AutoPeftModelForCausalLM.from_pretrained({folder!r})",
+                "             (the base model is read from adapter_config.json; the tokenizer is in the same folder)",
+                "  merged:    model = AutoPeftModelForCausalLM.from_pretrained(...).merge_and_unload(); "
+                "model.save_pretrained('merged')"]
+        what = "LoRA adapter, tokenizer and model card"
+    else:
+        load = [f"  load it:   from transformers import AutoModelForCausalLM; "
+                f"model = AutoModelForCausalLM.from_pretrained({folder!r})"]
+        what = "weights, tokenizer and model card"
+    push = ["  push it:   trainer.push_to_hub() in the training script (push_to_hub: true in a recipe config), or "
+            "from the folder:",
+            f"             python -c \"from hf_ppo.hub import push_policy_folder; "
+            f"push_policy_folder({folder!r}, 'your-user/{name}')\""]
+    return "\n".join([f"Saved the policy ({what}) to {folder}", *load, *push])
 
 
 def _looks_local(value: str) -> bool:

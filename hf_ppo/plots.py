@@ -13,27 +13,33 @@ DEFAULT_PANELS = {
 }
 
 
-def metric_series(log_history: list[dict], key: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of `key` across the logged entries that have it."""
+# The x-axis label of each log-history key a plot can be drawn against.
+X_LABELS = {"step": "optimizer step", "iteration": "PPO iteration"}
+
+
+def metric_series(log_history: list[dict], key: str, x_key: str = "step") -> tuple[list[float], list[float]]:
+    """(x, values) of `key` across the logged entries that have it; x is `x_key` ("step" or "iteration")."""
     steps, values = [], []
     for entry in log_history:
-        if key in entry and "step" in entry:
-            steps.append(entry["step"])
+        if key in entry and x_key in entry:
+            steps.append(entry[x_key])
             values.append(float(entry[key]))
     return steps, values
 
 
 def plot_training_curves(
-    log_history: list[dict], path: str | Path, panels: dict[str, str] | None = None, title: str = "PPO training"
+    log_history: list[dict], path: str | Path, panels: dict[str, str] | None = None, title: str = "PPO training",
+    x_key: str = "step",
 ) -> Path | None:
-    """Draw one panel per metric in `panels` that was logged; write `path` (PNG). None when nothing was logged."""
+    """Draw one panel per metric in `panels` that was logged, against `x_key` ("step": optimizer steps, or
+    "iteration": PPO iterations); write `path` (PNG). None when nothing was logged."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     panels = panels or DEFAULT_PANELS
-    series = {k: metric_series(log_history, k) for k in panels}
+    series = {k: metric_series(log_history, k, x_key) for k in panels}
     series = {k: v for k, v in series.items() if v[0]}
     if not series:
         return None
@@ -41,7 +47,7 @@ def plot_training_curves(
     for ax, (key, (steps, values)) in zip(axes[0], series.items()):
         ax.plot(steps, values, marker="o", markersize=3)
         ax.set_title(panels[key], fontsize=10)
-        ax.set_xlabel("optimizer step")
+        ax.set_xlabel(X_LABELS.get(x_key, x_key))
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()

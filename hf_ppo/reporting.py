@@ -5,20 +5,47 @@ from __future__ import annotations
 from transformers.trainer_callback import ProgressCallback
 
 
-class PPOProgressCallback(ProgressCallback):
-    """Trainer's progress bar (it counts optimizer steps), captioned with the PPO iteration, reward and KL."""
+class StageProgressCallback(ProgressCallback):
+    """Trainer's progress bar, named after its stage and captioned with the loss; the metric dicts stay off the console.
 
-    def __init__(self, steps_per_iteration: int):
+    Trainer's own `ProgressCallback` prints every logged dict under the bar (dozens of lines per run). Here they
+    only go to the trackers (`report_to`) and `trainer_state.json`; `print_metrics=True` prints them as Trainer does.
+    """
+
+    def __init__(self, description: str | None = None, print_metrics: bool = False):
         super().__init__()
-        self.steps_per_iteration = steps_per_iteration
+        self.description, self.print_metrics = description, print_metrics
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        if self.training_bar is not None and self.description:
+            self.training_bar.set_description(self.description)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and self.training_bar is not None and logs and "objective/scores" in logs:
+        if state.is_world_process_zero and self.training_bar is not None and logs:
+            self.caption(state, logs)
+        if self.print_metrics:
+            super().on_log(args, state, control, logs=logs, **kwargs)
+
+    def caption(self, state, logs: dict) -> None:
+        """Show the latest training loss beside the bar."""
+        if "loss" in logs:
+            self.training_bar.set_postfix(loss=f"{logs['loss']:.3f}", refresh=False)
+
+
+class PPOProgressCallback(StageProgressCallback):
+    """Trainer's progress bar (it counts optimizer steps), captioned with the PPO iteration, reward and KL."""
+
+    def __init__(self, steps_per_iteration: int, print_metrics: bool = False):
+        super().__init__("PPO", print_metrics)
+        self.steps_per_iteration = steps_per_iteration
+
+    def caption(self, state, logs: dict) -> None:
+        if "objective/scores" in logs:
             total = max(1, state.max_steps // self.steps_per_iteration)
             self.training_bar.set_description(f"PPO iteration {logs.get('iteration', 0)}/{total}")
             self.training_bar.set_postfix(reward=f"{logs['objective/scores']:.3f}", kl=f"{logs['objective/kl']:.3f}",
                                           refresh=False)
-        super().on_log(args, state, control, logs=logs, **kwargs)
 
 
 def log_samples_table(rows: list[tuple[str, str, float]], iteration: int, step: int, report_to: list[str]) -> None:

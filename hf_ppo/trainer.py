@@ -203,7 +203,7 @@ class PPOLMTrainer(Trainer):
             callbacks=callbacks, optimizers=optimizers,
         )
         if self.pop_callback(ProgressCallback) is not None:
-            self.add_callback(PPOProgressCallback(self.args.optimizer_steps_per_iteration))
+            self.add_callback(PPOProgressCallback(self.args.optimizer_steps_per_iteration, self.args.print_metrics))
 
         self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
                        else FixedKLController(args.kl_coef))
@@ -482,10 +482,34 @@ class PPOLMTrainer(Trainer):
         if not self.args.should_save:
             return
         self._check_finite_weights(output_dir)
+        from .hub import make_base_path_absolute
+
         os.makedirs(output_dir, exist_ok=True)
+        card = os.path.join(output_dir, "README.md")
+        had_card = os.path.isfile(card)
         policy = self.accelerator.unwrap_model(self.model).pretrained_model
         adapters.save_policy(policy, output_dir, self.trained_adapter)
         self.processing_class.save_pretrained(output_dir)
+        make_base_path_absolute(output_dir)  # the adapter loads from any directory, not only where training ran
+        if not had_card and os.path.isfile(card):
+            os.remove(card)  # PEFT's placeholder card: save_model() and push_to_hub() write the real one
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the policy (see `_save`); called by the user, also write its model card and say how to use it.
+
+        The card is the Hub card's template, rendered for the folder; the message (printed once, on the main
+        process) names the folder, how to load the policy (adapter or merged) and how to push it.
+        """
+        super().save_model(output_dir, _internal_call)
+        if _internal_call or not self.args.should_save:
+            return
+        from .hub import saved_policy_message
+
+        folder = output_dir if output_dir is not None else self.args.output_dir
+        is_adapter = self._write_card(folder, os.path.basename(os.path.abspath(folder)), merged=False, dataset_names=[],
+                                      saved_locally=True)
+        if self.is_world_process_zero():
+            print(saved_policy_message(folder, is_adapter))
 
     def _check_finite_weights(self, output_dir: str) -> None:
         bad = nonfinite_parameters(self.accelerator.unwrap_model(self.model))
@@ -571,7 +595,7 @@ class PPOLMTrainer(Trainer):
         reference, the reward model, optimizer state or training_args.bin. A failed push raises `HubPushError`,
         leaves the local output intact, and can be retried by calling `push_to_hub()` again.
         """
-        from .hub import push_policy_folder, resolve_repo_id, write_model_card
+        from .hub import push_policy_folder, resolve_repo_id
 
         args = self.args
         token = token if token is not None else args.hub_token
@@ -580,17 +604,26 @@ class PPOLMTrainer(Trainer):
         folder = self._save_merged_policy() if args.push_merged_model else args.output_dir
         if not self.is_world_process_zero():
             return None
-        policy = self.accelerator.unwrap_model(self.model).pretrained_model
-        peft_config = policy.peft_config[self.trained_adapter].to_dict() if self.trained_adapter else None
         names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
-        write_model_card(folder, repo_id=repo_id, base_model=self._model_sources["model"],
-                         reward_model=self._model_sources["reward_model"], ref_model=self._model_sources["ref_model"],
-                         dataset_names=names, peft_config=peft_config, hyperparameters=self._card_hyperparameters(),
-                         log_history=self.state.log_history, merged=args.push_merged_model)
+        self._write_card(folder, repo_id, merged=args.push_merged_model, dataset_names=names)
         return push_policy_folder(folder, repo_id, token=token,
                                   private=private if private is not None else args.hub_private_repo,
                                   revision=revision if revision is not None else args.hub_revision,
                                   create_pr=create_pr, commit_message=commit_message or "Upload PPO policy")
+
+    def _write_card(self, folder: str, repo_id: str, merged: bool, dataset_names: list[str],
+                    saved_locally: bool = False) -> bool:
+        """Render the policy's model card (and its plot) into `folder`; return whether the policy is an adapter."""
+        from .hub import write_model_card
+
+        policy = self.accelerator.unwrap_model(self.model).pretrained_model
+        peft_config = policy.peft_config[self.trained_adapter].to_dict() if self.trained_adapter else None
+        write_model_card(folder, repo_id=repo_id, base_model=self._model_sources["model"],
+                         reward_model=self._model_sources["reward_model"], ref_model=self._model_sources["ref_model"],
+                         dataset_names=dataset_names, peft_config=peft_config,
+                         hyperparameters=self._card_hyperparameters(), log_history=self.state.log_history,
+                         merged=merged or (saved_locally and peft_config is None), saved_locally=saved_locally)
+        return peft_config is not None
 
     def _card_hyperparameters(self) -> dict:
         args = self.args

@@ -3,6 +3,8 @@
     python recipes/demo.py --output_dir outputs/demo            # what `make demo` runs
     python recipes/demo.py --output_dir outputs/demo --seed 1   # another PPO seed, same cached models
     python recipes/demo.py --output_dir outputs/demo --rebuild  # retrain the cached SFT policy and reward model
+    python recipes/demo.py --output_dir outputs/demo --verbose  # also print every metric dict and sample tables
+    python recipes/demo.py --output_dir /tmp/demo --quick       # a smoke run of every stage (what the tests run)
 
 Everything is built locally on the CPU, in four steps:
 
@@ -12,8 +14,12 @@ Everything is built locally on the CPU, in four steps:
    its accuracy on held-out pairs is printed;
 3. `recipes/ppo.py` runs with `recipes/configs/demo.yaml`: QLoRA policy (4-bit base + LoRA), 4-bit reward model,
    the reference being the policy with its adapter disabled; prompts are the first three words of reviews;
-4. a before/after table of sampled completions with their rewards is printed, and the curves of reward, KL,
-   response length and entropy are written to `<output_dir>/ppo/training_curves.png`.
+4. a before/after table of sampled completions with their rewards is printed, the curves of reward, KL,
+   response length and entropy per PPO iteration are written to `<output_dir>/ppo/training_curves.png`, the
+   figures the README quotes to `<output_dir>/summary.json`, and a closing summary says where everything is and
+   prints a command that loads the policy from any directory.
+
+The console shows one progress bar per stage and no metric dicts (they are in `ppo/trainer_state.json`).
 
 Steps 1-2 are cached under `<output_dir>/cache/<CACHE_VERSION>/`, so a second run goes straight to PPO.
 What it leaves out on purpose: any download, a GPU, evaluation beyond the before/after sample.
@@ -47,7 +53,7 @@ def sentiment(text: str) -> int:
 
 
 def _quiet_args(output_dir: Path, seed: int) -> dict:
-    """TrainingArguments shared by the two supervised passes: CPU, no checkpoints, no trackers."""
+    """TrainingArguments shared by the two supervised passes: CPU, no checkpoints, no trackers, no pinned memory."""
     return dict(
         output_dir=str(output_dir),
         use_cpu=True,
@@ -55,13 +61,25 @@ def _quiet_args(output_dir: Path, seed: int) -> dict:
         report_to="none",
         save_strategy="no",
         logging_steps=50,
-        disable_tqdm=True,
         seed=seed,
         dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+        activation_checkpointing=False,  # trl defaults it on; the tiny models do not need it
     )
 
 
-def build_sft_policy(out_dir: Path, seed: int = 0) -> Path:
+def _with_stage_bar(trainer, description: str, verbose: bool):
+    """Swap Trainer's progress bar for one named after the demo stage (metric dicts printed only when verbose)."""
+    from transformers.trainer_callback import ProgressCallback
+
+    from hf_ppo.reporting import StageProgressCallback
+
+    trainer.pop_callback(ProgressCallback)
+    trainer.add_callback(StageProgressCallback(description, print_metrics=verbose))
+    return trainer
+
+
+def build_sft_policy(out_dir: Path, seed: int = 0, verbose: bool = False, max_steps: int = 300) -> Path:
     """Step 1: train the tiny policy to write synthetic reviews; save model + tokenizer to `out_dir`.
 
     A causal-LM loss over whole reviews ending in EOS, so the policy also learns to stop: the PPO demo relies on
@@ -75,16 +93,15 @@ def build_sft_policy(out_dir: Path, seed: int = 0) -> Path:
     train = Dataset.from_dict({"text": tiny.synthetic_reviews(3000, seed=seed + 100)})
     args = SFTConfig(
         **_quiet_args(out_dir / "_run", seed),
-        max_steps=300,
+        max_steps=max_steps,
         per_device_train_batch_size=32,
         learning_rate=3e-3,
         lr_scheduler_type="cosine",
         warmup_steps=20,
         max_length=32,
-        gradient_checkpointing=False,
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=train, processing_class=tokenizer)
-    trainer.train()
+    _with_stage_bar(trainer, "1/4 SFT policy", verbose).train()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -104,9 +121,10 @@ def preference_pairs(n: int, seed: int) -> list[dict]:
     return pairs
 
 
-def build_reward(out_dir: Path, seed: int = 0) -> tuple[Path, float]:
+def build_reward(out_dir: Path, seed: int = 0, verbose: bool = False, max_steps: int = 250) -> tuple[Path, float]:
     """Step 2: train the tiny reward model with trl's `RewardTrainer`; return its path and held-out pair accuracy."""
     from datasets import Dataset
+    from transformers.trainer_callback import ProgressCallback
     from trl import RewardConfig, RewardTrainer
 
     tokenizer = tiny.build_tokenizer(seed=seed)
@@ -115,21 +133,21 @@ def build_reward(out_dir: Path, seed: int = 0) -> tuple[Path, float]:
     held_out = Dataset.from_list(preference_pairs(300, seed=seed + 300))
     args = RewardConfig(
         **_quiet_args(out_dir / "_run", seed),
-        max_steps=250,
+        max_steps=max_steps,
         per_device_train_batch_size=32,
         per_device_eval_batch_size=64,
         learning_rate=2e-3,
         lr_scheduler_type="cosine",
         warmup_steps=20,
         max_length=32,
-        gradient_checkpointing=False,
         # Keeps scores centred on 0, so the PPO demo's reward curve starts near 0 and reads as "better than average".
         center_rewards_coefficient=0.01,
     )
     trainer = RewardTrainer(
         model=model, args=args, train_dataset=train, eval_dataset=held_out, processing_class=tokenizer
     )
-    trainer.train()
+    _with_stage_bar(trainer, "2/4 reward model", verbose).train()
+    trainer.pop_callback(ProgressCallback)  # no bar for the few evaluation batches
     accuracy = trainer.evaluate()["eval_accuracy"]
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -198,6 +216,33 @@ def print_table(before, after, n_rows: int) -> None:
     Console().print(table)
 
 
+def quiet_console() -> None:
+    """No per-file progress bars (datasets maps, weight loading/saving): one bar per demo stage is enough."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def kl_figures(history: list[dict]) -> dict:
+    """First, last and peak logged `objective/kl` (nats per response), with the PPO iteration of the peak."""
+    logged = [(e["objective/kl"], e.get("iteration")) for e in history if "objective/kl" in e]
+    if not logged:
+        return {}
+    peak, at = max(logged, key=lambda pair: pair[0])
+    return {"first": logged[0][0], "last": logged[-1][0], "peak": peak, "iteration_of_peak": at}
+
+
+def load_command(policy_dir: Path) -> str:
+    """A shell command that loads the saved policy from any directory and completes one prompt."""
+    code = (f"from peft import AutoPeftModelForCausalLM; from transformers import AutoTokenizer; p = '{policy_dir}'; "
+            "m = AutoPeftModelForCausalLM.from_pretrained(p); t = AutoTokenizer.from_pretrained(p); "
+            "print(t.decode(m.generate(**t('the movie was', return_tensors='pt'), max_new_tokens=12, do_sample=False)"
+            "[0], skip_special_tokens=True))")
+    return f'python -c "{code}"'
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Build (or reuse) the SFT policy and reward model, run PPO, print and plot; return a summary dict."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -205,18 +250,29 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0, help="PPO seed (the cached models do not depend on it).")
     parser.add_argument("--rebuild", action="store_true", help="Retrain the cached SFT policy and reward model.")
     parser.add_argument("--num_samples", type=int, default=64, help="Prompts in the before/after comparison.")
+    parser.add_argument("--verbose", action="store_true",
+                        help="Also print every logged metric dict and PPO's sample tables during training.")
+    parser.add_argument("--quick", action="store_true",
+                        help="A smoke run of every stage (30 SFT and reward steps, 2 PPO iterations, 16 samples; "
+                             "cached apart): it checks the pipeline, its numbers mean nothing.")
     args, ppo_overrides = parser.parse_known_args(argv)  # anything else goes to recipes/ppo.py, e.g. --max_steps 16
 
+    quiet_console()
     import ppo  # noqa: E402  (recipes/ppo.py, next to this file)
+    from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     from hf_ppo.plots import plot_training_curves
 
     start = time.perf_counter()
-    out = Path(args.output_dir)
-    cache = out / "cache" / CACHE_VERSION
-    cached(lambda d: build_sft_policy(d), cache / "sft", args.rebuild, "1/4 SFT policy")
-    cached(lambda d: build_reward(d), cache / "reward", args.rebuild, "2/4 reward model")
+    out = Path(args.output_dir).resolve()
+    cache = out / "cache" / (CACHE_VERSION + ("-quick" if args.quick else ""))
+    steps = {"max_steps": 30} if args.quick else {}
+    if args.quick:
+        args.num_samples = 16
+        ppo_overrides = ["--max_steps", "16", *ppo_overrides]
+    cached(lambda d: build_sft_policy(d, verbose=args.verbose, **steps), cache / "sft", args.rebuild, "1/4 SFT policy")
+    cached(lambda d: build_reward(d, verbose=args.verbose, **steps), cache / "reward", args.rebuild, "2/4 reward model")
     accuracy = json.loads((cache / "reward" / "held_out_accuracy.json").read_text())["accuracy"]
     print(f"[demo] reward model accuracy on 300 held-out preference pairs: {accuracy:.1%}")
     prompts_file = write_prompts(out / "prompts.jsonl", n=2000, seed=1000)
@@ -230,6 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     print("[demo] 3/4 PPO: recipes/ppo.py --config recipes/configs/demo.yaml")
     ppo_dir = out / "ppo"
+    console = ["--print_metrics", "true"] if args.verbose else ["--num_sample_generations", "0"]
     trainer = ppo.main([
         "--config", str(DEMO_CONFIG),
         "--model_name_or_path", str(cache / "sft"),
@@ -237,12 +294,11 @@ def main(argv: list[str] | None = None) -> dict:
         "--dataset_name", str(prompts_file),
         "--output_dir", str(ppo_dir),
         "--seed", str(args.seed),
+        *console,
         *ppo_overrides,
     ])
     ppo_s = time.perf_counter() - start - setup_s
     config = trainer.args
-
-    from peft import PeftModel
 
     tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cache / "sft"), ppo_dir).eval()
     gen = dict(max_new_tokens=config.response_length, temperature=config.temperature, seed=args.seed + 12345)
@@ -256,23 +312,40 @@ def main(argv: list[str] | None = None) -> dict:
               "rollout/response_length": "response length (tokens)",
               # objective/entropy sums -log p over a response (TRL's convention), so it is per response, not per token
               "objective/entropy": "entropy (nats/response)"}
-    plot = plot_training_curves(history, ppo_dir / "training_curves.png", panels,
-                                title="hf_ppo demo: PPO on a tiny Llama (QLoRA policy, 4-bit reward model)")
+    iterations = trainer.state.global_step // config.optimizer_steps_per_iteration
+    plot = plot_training_curves(history, ppo_dir / "training_curves.png", panels, x_key="iteration",
+                                title=f"hf_ppo demo: PPO on a tiny Llama (QLoRA policy, 4-bit reward model); "
+                                      f"{iterations} iterations = {trainer.state.global_step} optimizer steps")
     series = {k: [round(e[k], 3) for e in history if k in e] for k in
               ("objective/scores", "objective/kl", "rollout/response_length", "objective/entropy")}
-    for key, values in series.items():
-        print(f"[demo] {key:24s} per logged iteration: {values}")
+    if args.verbose:
+        for key, values in series.items():
+            print(f"[demo] {key:24s} per logged iteration: {values}")
+    total_s = time.perf_counter() - start
     summary = {
+        "seed": args.seed,
         "reward_model_accuracy": accuracy,
         "mean_reward_before": sum(r for *_, r in before) / len(before),
         "mean_reward_after": sum(r for *_, r in after) / len(after),
+        "num_samples": len(before),
+        "kl": kl_figures(history),
+        "iterations": iterations,
+        "optimizer_steps": trainer.state.global_step,
         "series": series,
-        "seconds": {"setup": round(setup_s, 1), "ppo": round(ppo_s, 1), "total": round(time.perf_counter() - start, 1)},
+        "seconds": {"setup": round(setup_s, 1), "ppo": round(ppo_s, 1), "total": round(total_s, 1)},
         "plot": str(plot),
+        "policy": str(ppo_dir),
+        "load_command": load_command(ppo_dir),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"[demo] mean reward {summary['mean_reward_before']:+.2f} -> {summary['mean_reward_after']:+.2f}; "
-          f"plots: {plot}; total {summary['seconds']['total']}s")
+    kl = summary["kl"]
+    print(f"[demo] done in {total_s:.0f}s (PPO {ppo_s:.0f}s, {iterations} iterations, seed {args.seed})")
+    print(f"[demo] mean reward on {len(before)} held-out prompts: {summary['mean_reward_before']:+.2f} (SFT) -> "
+          f"{summary['mean_reward_after']:+.2f} (PPO); KL to the reference {kl['last']:.2f} at the end, "
+          f"peak {kl['peak']:.2f} (iteration {kl['iteration_of_peak']})")
+    print(f"[demo] plot:    {plot}")
+    print(f"[demo] policy:  {ppo_dir} (LoRA adapter + tokenizer + model card; figures in {out / 'summary.json'})")
+    print(f"[demo] load it: {summary['load_command']}")
     return summary
 
 

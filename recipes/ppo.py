@@ -1,21 +1,28 @@
 """PPO (RLHF) on a Hub or local policy with a Hub or local reward model: the one hf_ppo recipe.
 
-    # the offline demo config (after `make demo` has built its tiny models)
-    python recipes/ppo.py --config recipes/configs/demo.yaml
-    # a real run on one 24GB GPU (needs the Hub), with command-line overrides on top of the YAML
+Three ways to run it: a YAML config, the same with command-line overrides (the command line wins), and
+`accelerate launch` for several GPUs (DDP or DeepSpeed ZeRO-2; the script itself is unchanged):
+
+    python recipes/ppo.py --config recipes/configs/demo.yaml          # offline, after one `make demo`
     python recipes/ppo.py --config recipes/configs/qlora_24gb.yaml --learning_rate 5e-6 --output_dir runs/my-ppo
-    # several GPUs (DDP), or DeepSpeed ZeRO-2; the script itself is unchanged
     accelerate launch --config_file recipes/accelerate/ddp.yaml recipes/ppo.py --config recipes/configs/qlora_24gb.yaml
     accelerate launch --config_file recipes/accelerate/deepspeed_zero2.yaml recipes/ppo.py --config ...
-    # every option, with its help
-    python recipes/ppo.py --help
 
-The YAML keys are the fields of `ScriptArguments`, `ModelArguments` and `hf_ppo.PPOConfig` (which includes all of
-`transformers.TrainingArguments`); a key none of them has is an error naming it. Quantization is per model and
-lives in PPOConfig: `policy_quantization` (4bit + use_peft = QLoRA), `ref_quantization`, `reward_quantization`.
+Every YAML key is an option below (`--key value`); a key that is none of them is an error that suggests the
+nearest one. Relative paths (models, datasets, checkpoints) are looked up in the working directory, then next to
+the config file; a name found in neither is taken as a Hub id when it reads as one (`name` or `namespace/name`),
+else it is an error before anything loads. `output_dir` is relative to the working directory.
 
-Prompts come from `prompt_column`: plain text, or chat conversations (`prompt_column: messages`, a list of
-{"role", "content"} dicts) rendered with the policy tokenizer's chat template and a generation prompt.
+When it ends, the policy (LoRA adapter or full weights, tokenizer, model card) is in `output_dir`, with
+`trainer_state.json` (every logged metric); the last lines say how to load and push it. `push_to_hub: true`
+uploads the policy alone (never the value head, reference or reward model).
+
+Quantization is per model and lives in PPOConfig: `policy_quantization` (4bit + use_peft = QLoRA),
+`ref_quantization`, `reward_quantization`. Prompts come from `prompt_column`: plain text, or chat conversations
+(`prompt_column: messages`, a list of {"role", "content"} dicts) rendered with the policy tokenizer's chat template.
+Defaults follow the N+ implementation-details paper (Huang et al. 2024), e.g. `response_length` 53 is its
+TL;DR summary budget, `learning_rate` 3e-6, `kl_coef` 0.05: set them for your task (the configs in
+recipes/configs/ do).
 
 Deliberately left out: custom reward functions (pass a callable to `PPOLMTrainer` in your own script), dataset
 mixtures, streaming datasets, and any device placement (Trainer and accelerate own it).
@@ -23,11 +30,17 @@ mixtures, streaming datasets, and any device placement (Trainer and accelerate o
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import os
-from dataclasses import dataclass, field
+import re
+import sys
+import warnings
+from dataclasses import dataclass, field, fields
 
 from datasets import Dataset, DatasetDict, load_dataset
 from transformers import AutoTokenizer
+from transformers import TrainingArguments
 from trl import TrlParser
 
 from hf_ppo import PPOConfig, PPOLMTrainer
@@ -102,6 +115,124 @@ def resolve_model_paths(model_args: ModelArguments) -> tuple[str, str, str]:
     return policy, model_args.model_name_or_path or policy, rewards.pop()
 
 
+class ConfigError(ValueError):
+    """A bad key or path in the YAML config or on the command line: reported as one line, before anything loads."""
+
+
+# Options that name things to read; a relative one is looked up in the working directory, then beside the config.
+INPUT_PATHS = {ModelArguments: ["model_name_or_path", "reward_model_name_or_path", "ref_model_name_or_path",
+                               "sft_model_path", "reward_model_path"],
+               ScriptArguments: ["dataset_name"]}
+# "name" or "namespace/name": what a Hub id looks like (a path with more parts, or ./ ../, cannot be one).
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written (it holds commands), each option with its default."""
+
+
+def build_parser() -> TrlParser:
+    """The recipe's parser; `--help` lists the PPO fields first, then data and models, then TrainingArguments."""
+    parser = TrlParser((ScriptArguments, ModelArguments, PPOConfig), description=__doc__,
+                       usage="python recipes/ppo.py [--config CONFIG.yaml] [--key value ...]",
+                       formatter_class=_HelpFormatter)
+    trainer_fields = {f.name for f in fields(TrainingArguments)}
+    ppo_fields = {f.name for f in fields(PPOConfig)} - trainer_fields
+    titles = [("PPO (hf_ppo.PPOConfig)", ppo_fields),
+              ("prompts (ScriptArguments)", {f.name for f in fields(ScriptArguments)}),
+              ("models (ModelArguments)", {f.name for f in fields(ModelArguments)}),
+              ("training (transformers.TrainingArguments, as in any Trainer run)", trainer_fields)]
+    # HfArgumentParser puts every option in one group; regroup them so that the PPO fields come first.
+    groups = [(parser.add_argument_group(title), names) for title, names in titles]
+    for action in list(parser._optionals._group_actions):
+        group = next((g for g, names in groups if action.dest in names), None)
+        if group is not None:
+            parser._optionals._group_actions.remove(action)
+            group._group_actions.append(action)
+    return parser
+
+
+def _unknown_keys(parser: TrlParser, remaining: list[str], source: str, prefix: str) -> list[str]:
+    """One message per unknown `--key` in `remaining`, with the nearest valid key when one is close.
+
+    `prefix` is how keys are written in `source`: "" for YAML keys, "--" for command-line options.
+    """
+    known = sorted({a.dest for a in parser._actions if a.dest != "help"} | {"config"})
+    messages = []
+    for item in remaining:
+        if not item.startswith("--"):
+            continue
+        key = item[2:].split("=", 1)[0].replace("-", "_")
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f" Did you mean '{prefix}{close[0]}'?" if close else " `python recipes/ppo.py --help` lists every key."
+        messages.append(f"unknown key '{prefix}{item[2:].split('=', 1)[0]}' {source}.{hint}")
+    return messages
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, ModelArguments, PPOConfig]:
+    """Parse the YAML config (`--config`) and the command line on top of it; resolve and check the paths."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config_file = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
+    if config_file is not None and not os.path.isfile(config_file):
+        raise ConfigError(f"--config {config_file}: no such file (relative to {os.getcwd()}).")
+    parser = build_parser()
+    script_args, model_args, ppo_config, from_yaml, from_cli = parser.parse_args_and_config(
+        argv, return_remaining_strings=True, separate_remaining_strings=True)
+    errors = (_unknown_keys(parser, from_yaml, f"in {config_file}", "")
+              + _unknown_keys(parser, from_cli, "on the command line", "--"))
+    if from_cli and not from_cli[0].startswith("--"):
+        errors.append(f"unexpected argument {from_cli[0]!r} on the command line (options are written --key value).")
+    if errors:
+        raise ConfigError("\n".join(errors))
+    config_dir = os.path.dirname(os.path.abspath(config_file)) if config_file else None
+    for args in (script_args, model_args):
+        for name in INPUT_PATHS[type(args)]:
+            try:
+                setattr(args, name, resolve_input(getattr(args, name), name, config_dir))
+            except ConfigError as err:  # report every missing input at once
+                errors.append(str(err))
+    if errors:
+        hint = " (the demo's are built by `make demo`)" if any("demo" in e for e in errors) else ""
+        raise ConfigError("\n".join(errors) + "\nRelative paths are read from the working directory, then from the "
+                          f"config file's folder: fix the paths{hint}.")
+    test = script_args.dataset_test_split
+    if test is not None and (os.sep in test or os.path.splitext(test)[1].lower() in LOCAL_BUILDERS):
+        script_args.dataset_test_split = resolve_input(test, "dataset_test_split", config_dir, hub=False)
+    if isinstance(ppo_config.resume_from_checkpoint, str) and ppo_config.resume_from_checkpoint.lower() not in (
+            "true", "false"):
+        ppo_config.resume_from_checkpoint = resolve_input(ppo_config.resume_from_checkpoint, "resume_from_checkpoint",
+                                                          config_dir, hub=False)
+    ppo_config.output_dir = os.path.abspath(ppo_config.output_dir)
+    return script_args, model_args, ppo_config
+
+
+def resolve_input(value: str | None, name: str, config_dir: str | None, hub: bool = True) -> str | None:
+    """`value` as an absolute path when it exists (working directory first, then `config_dir`); a Hub id as is.
+
+    Raises `ConfigError` naming both places looked in when it is neither a local path nor (with `hub`) a Hub id.
+    """
+    if value is None:
+        return None
+    expanded = os.path.expanduser(value)
+    candidates = [os.path.abspath(expanded)]
+    if config_dir is not None and not os.path.isabs(expanded):
+        candidates.append(os.path.normpath(os.path.join(config_dir, expanded)))
+    for candidate in candidates:
+        if os.path.exists(candidate):
+            return candidate
+    if hub and HUB_ID.match(value) and not value.startswith("."):
+        return value  # a Hub id: the trainer (or `datasets`) loads it, with its own error when it cannot
+    where = " nor ".join(dict.fromkeys(candidates))
+    raise ConfigError(f"{name}={value!r} was not found: it is neither {where}"
+                      + (", and it is not a Hub id ('name' or 'namespace/name')." if hub else "."))
+
+
+def silence_known_warnings() -> None:
+    """Hide the one deprecation warning we cannot fix: peft 0.21 reads transformers' `is_gradient_checkpointing`."""
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning,
+                            module="transformers.modeling_utils")
+
+
 def init_kwargs(model_args: ModelArguments, revision: str | None) -> dict:
     """`from_pretrained` keyword arguments shared by the three models; unset values are left to transformers."""
     kwargs = {"revision": revision, "dtype": model_args.dtype, "attn_implementation": model_args.attn_implementation,
@@ -156,8 +287,8 @@ def prepare_prompts(dataset: Dataset, column: str, tokenizer, source: str) -> Da
 
 def main(argv: list[str] | None = None) -> PPOLMTrainer:
     """Parse `argv` (default: sys.argv), train, save (and push); return the trainer."""
-    parser = TrlParser((ScriptArguments, ModelArguments, PPOConfig))
-    script_args, model_args, ppo_config = parser.parse_args_and_config(argv)
+    script_args, model_args, ppo_config = parse_args(argv)
+    silence_known_warnings()
 
     ppo_config.model_init_kwargs = {**init_kwargs(model_args, model_args.model_revision),
                                     **(ppo_config.model_init_kwargs or {})}
@@ -199,12 +330,20 @@ def main(argv: list[str] | None = None) -> PPOLMTrainer:
         peft_config=peft_config,
     )
     trainer.train(resume_from_checkpoint=ppo_config.resume_from_checkpoint)
+    trainer.save_state()  # trainer_state.json: every logged metric, beside the policy
     if ppo_config.push_to_hub:  # saves the policy to output_dir, then uploads it with its card
-        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+        commit = trainer.push_to_hub(dataset_name=script_args.dataset_name)
+        if trainer.is_world_process_zero():
+            print(f"Pushed the policy to {trainer.hub_model_id} ({getattr(commit, 'commit_url', commit)}); "
+                  f"local copy in {ppo_config.output_dir}.\n  load it:   from peft import AutoPeftModelForCausalLM; "
+                  f"model = AutoPeftModelForCausalLM.from_pretrained({trainer.hub_model_id!r})")
     else:
-        trainer.save_model(ppo_config.output_dir)
+        trainer.save_model(ppo_config.output_dir)  # prints where the policy is, how to load and push it
     return trainer
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as err:  # a bad key or path: the message is the whole story, no traceback
+        sys.exit(f"ppo.py: error: {err}")
