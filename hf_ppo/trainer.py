@@ -31,7 +31,6 @@ from . import adapters, checkpoint, loading
 from .config import PPOConfig
 from .data import PromptCollator, prepare_prompts
 from .guard import NonFiniteGuard, describe_counts, is_finite_number, nonfinite_counts, nonfinite_parameters
-from .modeling import AutoModelForCausalLMWithValueHead
 from .ppo_math import (
     AdaptiveKLController,
     FixedKLController,

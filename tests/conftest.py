@@ -44,3 +44,17 @@ def lora_config():
     from peft import LoraConfig
 
     return LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """A fresh tiny tokenizer (module-scoped: tests that change it do not leak into other modules)."""
+    from hf_ppo.tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def inputs(tok):
+    """A left-padded batch of two rows of different lengths."""
+    return tok(["the movie was great and the plot was fun", "bad"], return_tensors="pt", padding=True)

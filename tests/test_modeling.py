@@ -11,20 +11,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
 from hf_ppo.modeling import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
-from hf_ppo.tiny import build_causal_lm, build_tokenizer
+from hf_ppo.tiny import build_causal_lm
 
 Wrapper = AutoModelForCausalLMWithValueHead
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def inputs(tok):
-    # left-padded batch of two rows of different lengths
-    return tok(["the movie was great and the plot was fun", "bad"], return_tensors="pt", padding=True)
 
 
 @pytest.fixture(scope="module")

@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-
-
-def _load_recipe():
-    spec = importlib.util.spec_from_file_location("ppo_recipe_cli", RECIPES / "ppo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
-
-
-ppo = _load_recipe()
+from test_recipe import ppo  # recipes/ppo.py, loaded once as a module
 
 
 def _project(tmp_path: Path, tiny_models: dict, **extra) -> Path:

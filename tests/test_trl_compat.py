@@ -19,7 +19,7 @@ import torch
 from datasets import Dataset
 from hub_fixtures import TEST_USER
 from peft import LoraConfig, PeftModel, get_peft_model
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
 from hf_ppo import AutoModelForCausalLMWithValueHead, PPOConfig, PPOLMTrainer
@@ -30,16 +30,6 @@ from hf_ppo.tiny import build_causal_lm, build_tokenizer
 
 Wrapper = AutoModelForCausalLMWithValueHead
 HIDDEN = 64  # bitsandbytes' CPU 4-bit kernels need in_features >= 64
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def inputs(tok):
-    return tok(["the movie was great and the plot was fun", "bad"], return_tensors="pt", padding=True)
 
 
 @pytest.fixture(scope="module")
