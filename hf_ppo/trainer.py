@@ -27,7 +27,7 @@ from torch.utils.data import Sampler
 from transformers import Trainer, set_seed
 from transformers.trainer_callback import ProgressCallback
 
-from . import adapters, checkpoint, loading
+from . import adapters, checkpoint, hub, loading
 from .config import PPOConfig
 from .data import PromptCollator, prepare_prompts
 from .guard import NonFiniteGuard, describe_counts, is_finite_number, nonfinite_counts, nonfinite_parameters
@@ -132,9 +132,9 @@ class PPOLMTrainer(Trainer):
         # Seed before any model is built: LoRA and value-head initialisation must follow `seed` too.
         set_seed(args.seed)
         device, dtype = args.device, loading.compute_dtype(args.bf16, args.fp16)
-        self._model_sources = {"model": model if isinstance(model, str) else _name_of(model),
-                               "reward_model": reward_model if isinstance(reward_model, str) else _name_of(reward_model),
-                               "ref_model": ref_model if isinstance(ref_model, str) else _name_of(ref_model)}
+        self._model_sources = {"model": model if isinstance(model, str) else hub.source_name(model),
+                               "reward_model": reward_model if isinstance(reward_model, str) else hub.source_name(reward_model),
+                               "ref_model": ref_model if isinstance(ref_model, str) else hub.source_name(ref_model)}
 
         if processing_class is None:
             if not isinstance(model, str):
@@ -145,7 +145,7 @@ class PPOLMTrainer(Trainer):
         # reads the policy's token ids is checked against the tokenizer here, not by an IndexError mid-rollout.
         policy = loading.load_policy(model, args.model_init_kwargs, args.policy_quantization, peft_config, dtype,
                                      device, args.gradient_checkpointing)
-        body = policy.pretrained_model
+        body = policy.policy_model
         loading.check_vocab(body, processing_class, "policy", _POLICY_VOCAB_FIX)
         # Stop tokens (the tokenizer's EOS and the model's generation_config ones), then a pad token that is none of
         # them: an existing unused special token when the tokenizer has no pad or pads with a stop token.
@@ -156,11 +156,11 @@ class PPOLMTrainer(Trainer):
                                              "id" if isinstance(model, str) else "object")
         # The trained adapter and, with ref_model=None, the reference adapter beside it (continuing from an adapter).
         self.trained_adapter, self.ref_adapter = adapters.prepare_adapters(
-            policy.pretrained_model, fresh=peft_config is not None, ref_model_given=ref_model is not None,
+            body, fresh=peft_config is not None, ref_model_given=ref_model is not None,
             model_adapter_name=args.model_adapter_name, ref_adapter_name=args.ref_adapter_name)
         if isinstance(model, str) and self.trained_adapter and peft_config is None:  # an adapter given by id/path:
             # the card and the merged export name its base; the card names the adapter as the reference.
-            self._model_sources["model"] = policy.pretrained_model.peft_config[self.trained_adapter].base_model_name_or_path
+            self._model_sources["model"] = body.peft_config[self.trained_adapter].base_model_name_or_path
             self._model_sources["ref_model"] = self._model_sources["ref_model"] or model
         elif self.ref_adapter is not None:  # a reference adapter of a PeftModel object: never "the adapter disabled"
             self._model_sources["ref_model"] = f"adapter {self.ref_adapter!r} of the policy"
@@ -276,7 +276,7 @@ class PPOLMTrainer(Trainer):
         optimizer = super().create_optimizer(model)
         if self.args.value_head_learning_rate is None:
             return optimizer
-        head = list(self.accelerator.unwrap_model(self.model).v_head.parameters())
+        head = self.accelerator.unwrap_model(self.model).critic_parameters()
         ids = {id(p) for p in head}
         for group in optimizer.param_groups:
             group["params"] = [p for p in group["params"] if id(p) not in ids]
@@ -481,15 +481,13 @@ class PPOLMTrainer(Trainer):
         if not self.args.should_save:
             return
         self._check_finite_weights(output_dir)
-        from .hub import make_base_path_absolute
-
         os.makedirs(output_dir, exist_ok=True)
         card = os.path.join(output_dir, "README.md")
         had_card = os.path.isfile(card)
-        policy = self.accelerator.unwrap_model(self.model).pretrained_model
+        policy = self.accelerator.unwrap_model(self.model).policy_model
         adapters.save_policy(policy, output_dir, self.trained_adapter)
         self.processing_class.save_pretrained(output_dir)
-        make_base_path_absolute(output_dir)  # the adapter loads from any directory, not only where training ran
+        hub.make_base_path_absolute(output_dir)  # the adapter loads from any directory, not only where training ran
         if not had_card and os.path.isfile(card):
             os.remove(card)  # PEFT's placeholder card: save_model() and push_to_hub() write the real one
 
@@ -502,13 +500,11 @@ class PPOLMTrainer(Trainer):
         super().save_model(output_dir, _internal_call)
         if _internal_call or not self.args.should_save:
             return
-        from .hub import saved_policy_message
-
         folder = output_dir if output_dir is not None else self.args.output_dir
         is_adapter = self._write_card(folder, os.path.basename(os.path.abspath(folder)), merged=False, dataset_names=[],
                                       saved_locally=True)
         if self.is_world_process_zero():
-            print(saved_policy_message(folder, is_adapter))
+            print(hub.saved_policy_message(folder, is_adapter))
 
     def _check_finite_weights(self, output_dir: str) -> None:
         bad = nonfinite_parameters(self.accelerator.unwrap_model(self.model))
@@ -524,13 +520,11 @@ class PPOLMTrainer(Trainer):
         if self.args.should_save:
             wrapper = self.accelerator.unwrap_model(self.model)
             schedule = self._schedule if self._schedule is not None and not self._schedule.done else None
-            state = {"iteration": self.iteration, "kl_controller": self.kl_ctl.state_dict(),
-                     "reward_moments": self.reward_moments.state_dict() if self.reward_moments else None,
-                     "nonfinite": self._guard.state_dict(), "peft": wrapper.is_peft_model,
-                     "optimizer_saved": not self.args.save_only_model, "settings": checkpoint.settings(self.args),
-                     "pending_metrics": {k: [v.item() for v in vs] for k, vs in self._metrics.items()}}
-            checkpoint.save_ppo_state(folder, state=state, value_head=wrapper.value_head_state_dict(),
-                                      rollout_buffer=schedule.state_dict() if schedule is not None else None)
+            checkpoint.save_trainer_state(
+                folder, args=self.args, iteration=self.iteration, kl_controller=self.kl_ctl,
+                reward_moments=self.reward_moments, guard=self._guard, peft=wrapper.is_peft_model, metrics=self._metrics,
+                critic_state=wrapper.value_head_state_dict(),
+                rollout_buffer=schedule.state_dict() if schedule is not None else None)
         super()._save_checkpoint(model, trial)
 
     def _hp_search_setup(self, trial) -> None:
@@ -545,21 +539,14 @@ class PPOLMTrainer(Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         wrapper = self.accelerator.unwrap_model(model if model is not None else self.model)
-        device = wrapper.v_head.weight.device
+        device = wrapper.critic_device
         saved = checkpoint.load_ppo_state(resume_from_checkpoint, self.args, device)
-        checkpoint.load_policy_weights(wrapper.pretrained_model, resume_from_checkpoint, wrapper.is_peft_model, device,
+        checkpoint.load_policy_weights(wrapper.policy_model, resume_from_checkpoint, wrapper.is_peft_model, device,
                                       adapter_name=self.trained_adapter)
         wrapper.load_value_head_state_dict(saved.value_head)
-        state = saved.state
-        self.iteration = state["iteration"]
-        if "kl_coef" not in saved.changed:  # a changed kl_coef (allowed on resume) restarts the controller from it
-            self.kl_ctl.load_state_dict(state["kl_controller"])
-        if self.reward_moments is not None and state["reward_moments"]:
-            self.reward_moments.load_state_dict(state["reward_moments"])
-        self._guard.load_state_dict(state["nonfinite"])
-        self._metrics.clear()
-        for key, values in state["pending_metrics"].items():
-            self._metrics[key] = [torch.tensor(v) for v in values]
+        self.iteration = checkpoint.restore_trainer_state(saved, kl_controller=self.kl_ctl,
+                                                          reward_moments=self.reward_moments, guard=self._guard,
+                                                          metrics=self._metrics)
         self._micro_step, self._schedule = None, None
         if saved.changed:
             warnings.warn(f"Resuming from {resume_from_checkpoint} with changed settings (allow_config_change_on_resume"
@@ -575,9 +562,7 @@ class PPOLMTrainer(Trainer):
     # ---- publishing: the policy alone, with its model card ----------------------------------------------------------
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Resolve the repo id at construction (a clear error now, not after training); the push creates it."""
-        from .hub import resolve_repo_id
-
-        self.hub_model_id = resolve_repo_id(self.args.hub_model_id, self.args.output_dir,
+        self.hub_model_id = hub.resolve_repo_id(self.args.hub_model_id, self.args.output_dir,
                                             token if token is not None else self.args.hub_token)
         self.push_in_progress = None
 
@@ -594,18 +579,16 @@ class PPOLMTrainer(Trainer):
         reference, the reward model, optimizer state or training_args.bin. A failed push raises `HubPushError`,
         leaves the local output intact, and can be retried by calling `push_to_hub()` again.
         """
-        from .hub import push_policy_folder, resolve_repo_id
-
         args = self.args
         token = token if token is not None else args.hub_token
-        repo_id = self.hub_model_id or resolve_repo_id(args.hub_model_id, args.output_dir, token)
+        repo_id = self.hub_model_id or hub.resolve_repo_id(args.hub_model_id, args.output_dir, token)
         self.save_model(args.output_dir, _internal_call=True)
         folder = self._save_merged_policy() if args.push_merged_model else args.output_dir
         if not self.is_world_process_zero():
             return None
         names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
         self._write_card(folder, repo_id, merged=args.push_merged_model, dataset_names=names)
-        return push_policy_folder(folder, repo_id, token=token,
+        return hub.push_policy_folder(folder, repo_id, token=token,
                                   private=private if private is not None else args.hub_private_repo,
                                   revision=revision if revision is not None else args.hub_revision,
                                   create_pr=create_pr, commit_message=commit_message or "Upload PPO policy")
@@ -613,53 +596,23 @@ class PPOLMTrainer(Trainer):
     def _write_card(self, folder: str, repo_id: str, merged: bool, dataset_names: list[str],
                     saved_locally: bool = False) -> bool:
         """Render the policy's model card (and its plot) into `folder`; return whether the policy is an adapter."""
-        from .hub import write_model_card
-
-        policy = self.accelerator.unwrap_model(self.model).pretrained_model
-        peft_config = policy.peft_config[self.trained_adapter].to_dict() if self.trained_adapter else None
-        write_model_card(folder, repo_id=repo_id, base_model=self._model_sources["model"],
-                         reward_model=self._model_sources["reward_model"], ref_model=self._model_sources["ref_model"],
-                         dataset_names=dataset_names, peft_config=peft_config,
-                         hyperparameters=self._card_hyperparameters(), log_history=self.state.log_history,
-                         merged=merged or (saved_locally and peft_config is None), saved_locally=saved_locally)
-        return peft_config is not None
-
-    def _card_hyperparameters(self) -> dict:
-        args = self.args
-        names = ["learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
-                 "gradient_accumulation_steps", "num_mini_batches", "num_ppo_epochs", "response_length",
-                 "temperature", "top_k", "top_p", "kl_coef", "kl_estimator", "adaptive_kl", "gamma", "lam",
-                 "cliprange", "cliprange_value", "vf_coef", "entropy_coef", "whiten_rewards", "missing_eos_penalty",
-                 "normalize_rewards", "policy_quantization", "ref_quantization", "reward_quantization", "seed",
-                 "loss_aggregation", "cliprange_low", "cliprange_high", "dual_clip"]
-        values = {name: getattr(args, name) for name in names}
-        values["rollout_batch_size (per device)"] = args.rollout_batch_size
-        values["world_size"] = args.world_size
-        return values
+        return hub.write_policy_card(folder, self.accelerator.unwrap_model(self.model).policy_model,
+                                     self.trained_adapter, self._model_sources, self.args, self.state.log_history,
+                                     repo_id=repo_id, merged=merged, dataset_names=dataset_names,
+                                     saved_locally=saved_locally)
 
     def _save_merged_policy(self) -> str:
         """Save the adapter merged into a full-precision base to `output_dir/merged`; return that folder."""
-        from .hub import save_merged_policy
-
         folder = os.path.join(self.args.output_dir, "merged")
-        policy = self.accelerator.unwrap_model(self.model).pretrained_model
-        if not hasattr(policy, "peft_config"):
+        if not self.accelerator.unwrap_model(self.model).is_peft_model:
             self.save_model(folder, _internal_call=True)
         elif self.args.should_save:
-            save_merged_policy(self.args.output_dir, self._model_sources["model"], folder, self.processing_class,
+            hub.save_merged_policy(self.args.output_dir, self._model_sources["model"], folder, self.processing_class,
                                self.args.model_init_kwargs)
         return folder
 
 
 # ---- construction helpers ------------------------------------------------------------------------------------------
-def _name_of(obj) -> str | None:
-    if obj is None:
-        return None
-    model = getattr(obj, "pretrained_model", obj)
-    config = getattr(model, "config", None)
-    return getattr(config, "_name_or_path", None) or type(obj).__name__
-
-
 def _max_positions(config) -> int | None:
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     return getattr(text_config, "max_position_embeddings", None)
