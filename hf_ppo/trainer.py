@@ -25,11 +25,12 @@ from collections import defaultdict
 import torch
 from torch.utils.data import Sampler
 from transformers import Trainer, set_seed
-from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_callback import ProgressCallback, TrainerCallback
 
 from . import adapters, checkpoint, hub, loading
 from .config import PPOConfig
 from .data import PromptCollator, prepare_prompts
+from .generation import KVCacheSampler
 from .guard import NonFiniteGuard, describe_counts, is_finite_number, nonfinite_counts, nonfinite_parameters
 from .ppo_math import (
     AdaptiveKLController,
@@ -45,21 +46,8 @@ from .ppo_math import (
     value_loss,
 )
 from .reporting import PPOProgressCallback, log_samples_table
-from .rollout import (
-    ROLLOUT_STATS,
-    MinibatchSchedule,
-    RolloutBatch,
-    add_advantages,
-    check_reward_values,
-    decode_masked,
-    generate,
-    policy_forward,
-    reference_logprobs,
-    rollout_stats,
-    score_responses,
-    sequence_inputs,
-    truncate_after_stop,
-)
+from .rollout import (MinibatchSchedule, RolloutBatch, check_reward_values, decode_masked, rollout, sample_and_score,
+                      sequence_inputs)
 
 class RolloutRepeatSampler(Sampler):
     """Shuffled prompt indices, each global rollout batch repeated `repeat` times in a row.
@@ -85,6 +73,16 @@ class RolloutRepeatSampler(Sampler):
 
     def __len__(self) -> int:
         return (self.num_prompts // self.global_batch_size) * self.global_batch_size * self.repeat
+
+
+class _WeightsChanged(TrainerCallback):
+    """Tells the trainer's rollout engine after every optimizer step that the policy's weights changed."""
+
+    def __init__(self, trainer: "PPOLMTrainer"):
+        self.trainer = trainer
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer.rollout_engine.weights_changed()
 
 
 class PPOLMTrainer(Trainer):
@@ -204,6 +202,13 @@ class PPOLMTrainer(Trainer):
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(PPOProgressCallback(self.args.optimizer_steps_per_iteration, self.args.print_metrics))
 
+        # The default rollout engine; another one is a `generation.RolloutEngine` assigned here.
+        self.rollout_engine = KVCacheSampler(
+            response_length=args.response_length,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            pad_token_id=tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
+            batch_size=args.local_rollout_forward_batch_size)
+        self.add_callback(_WeightsChanged(self))
         self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
                        else FixedKLController(args.kl_coef))
         self.reward_moments = RunningMoments() if args.normalize_rewards else None
@@ -283,56 +288,34 @@ class PPOLMTrainer(Trainer):
         optimizer.add_param_group({"params": head, "lr": self.args.value_head_learning_rate, "weight_decay": 0.0})
         return optimizer
 
-    # ---- rollout: steps 1-6 ---------------------------------------------------------------------------------------
+    # ---- rollout: steps 1-10 --------------------------------------------------------------------------------------
     @torch.no_grad()
     def _rollout(self, inputs: dict) -> RolloutBatch | None:
+        """Steps 1-9 (`rollout.rollout`), then the trainer's part: the non-finite guard, metrics, step 10 (the KL
+        controller); None when the rollout held NaN/inf and was dropped."""
         args, tokenizer = self.args, self.processing_class
         model = self.accelerator.unwrap_model(self.model)
-        queries, query_mask, prompts = inputs["queries"], inputs["query_mask"], inputs["prompts"]
-        start = time.perf_counter()
         if self._train_phase_start is not None:
-            self._record({"time/train": start - self._train_phase_start})
+            self._record({"time/train": time.perf_counter() - self._train_phase_start})
         # eval() for sampling only where it changes something: active dropout, or checkpointing (which turns the
         # KV cache off in training mode); each toggle walks every module.
         toggle = model.training and (args.gradient_checkpointing or not args.disable_dropout)
         if toggle:
             model.eval()
-        # 1. Generate (KV cache; the unwrapped model, never the DDP wrapper).
-        responses = generate(
-            model.pretrained_model, queries, query_mask, response_length=args.response_length,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, pad_token_id=tokenizer.pad_token_id,
-            stop_token_ids=self.stop_token_ids, batch_size=args.local_rollout_forward_batch_size,
-        )
-        responses, response_mask, contains_stop = truncate_after_stop(responses, self.stop_token_ids,
-                                                                      tokenizer.pad_token_id)
-        generated = time.perf_counter()
-        # 2. Score: old log-probs and values in one pass, reference log-probs, reward.
-        batch_size = args.local_rollout_forward_batch_size
-        logprobs, values, entropy = policy_forward(model, queries, query_mask, responses, response_mask,
-                                                   temperature=args.temperature, batch_size=batch_size,
-                                                   with_entropy=True)
-        ref_logprobs = reference_logprobs(model, self.ref_model, queries, query_mask, responses, response_mask,
-                                          temperature=args.temperature, batch_size=batch_size,
-                                          ref_adapter=self.ref_adapter)
-        scores = score_responses(self.reward_model, queries=queries, query_mask=query_mask, responses=responses,
-                                 response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
-                                 batch_size=batch_size, reward_tokenizer=self.reward_tokenizer,
-                                 input_format=args.reward_input_format)
-        scored = time.perf_counter()
+        moments = self.reward_moments.state_dict() if self.reward_moments is not None else None
+        result = rollout(model, inputs["queries"], inputs["query_mask"], inputs["prompts"],
+                         engine=self.rollout_engine, ref_model=self.ref_model, ref_adapter=self.ref_adapter,
+                         reward=self.reward_model, tokenizer=tokenizer, reward_tokenizer=self.reward_tokenizer,
+                         input_format=args.reward_input_format, stop_token_ids=self.stop_token_ids,
+                         temperature=args.temperature, batch_size=args.local_rollout_forward_batch_size,
+                         missing_eos_penalty=args.missing_eos_penalty, shape_scores=self._shape_scores,
+                         kl_coef=self.kl_ctl.value, kl_estimator=args.kl_estimator,
+                         gamma=args.gamma, lam=args.lam, whiten_rewards=args.whiten_rewards,
+                         whiten_advantages=args.whiten_advantages)
         if toggle:
             model.train()
-
-        # 3-5. KL-penalised per-token rewards (EOS penalty and optional normalisation on the score first), GAE,
-        # whitening.
-        if args.missing_eos_penalty is not None:
-            scores = scores - args.missing_eos_penalty * (~contains_stop).float()
-        batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
-                             contains_stop)
-        self._guard.check_scale(scores)
-        moments = self.reward_moments.state_dict() if self.reward_moments is not None else None
-        kl = add_advantages(batch, self._shape_scores(scores), kl_coef=self.kl_ctl.value,
-                            kl_estimator=args.kl_estimator, gamma=args.gamma, lam=args.lam,
-                            whiten_rewards=args.whiten_rewards, whiten_advantages=args.whiten_advantages)
+        batch = result.batch
+        self._guard.check_scale(batch.scores)
         # NaN/inf anywhere: drop the rollout before it moves the reward statistics, the KL controller or a weight
         # (decided over all processes, so they all sample again together).
         counts = nonfinite_counts(batch)
@@ -347,16 +330,17 @@ class PPOLMTrainer(Trainer):
             return None
 
         # Metrics, averaged over processes (so every rank's KL controller sees the same KL).
-        stats = self.accelerator.reduce(rollout_stats(batch, kl, entropy, self.stop_token_ids), reduction="mean")
-        self._record(dict(zip(ROLLOUT_STATS, stats)))
-        generated_tokens = response_mask.sum().item() * args.world_size
-        self._record({"objective/kl_coef": self.kl_ctl.value, "time/generate": generated - start,
-                      "time/score": scored - generated,
-                      "rollout/tokens_per_second": generated_tokens / max(generated - start, 1e-9)})
-        # 6. The KL controller moves after each rollout, by the number of episodes it saw.
+        stats = self.accelerator.reduce(torch.stack(list(result.stats.values())), reduction="mean")
+        self._record(dict(zip(result.stats, stats)))
+        generated_tokens = batch.response_mask.sum().item() * args.world_size
+        self._record({"objective/kl_coef": self.kl_ctl.value, "time/generate": result.generate_seconds,
+                      "time/score": result.score_seconds,
+                      "rollout/tokens_per_second": generated_tokens / max(result.generate_seconds, 1e-9)})
+        # 10. The KL controller moves after each rollout, by the number of episodes it saw.
         self.kl_ctl.update(stats[0].item(), len(batch) * args.world_size)
         self.iteration += 1
-        self._maybe_log_samples(tokenizer, queries, query_mask, responses, response_mask, scores)
+        self._maybe_log_samples(tokenizer, batch.queries, batch.query_mask, batch.responses, batch.response_mask,
+                                batch.scores)
         self._train_phase_start = time.perf_counter()
         return batch
 
@@ -462,18 +446,12 @@ class PPOLMTrainer(Trainer):
 
     @torch.no_grad()
     def _eval_scores(self, inputs) -> torch.Tensor:
-        """Scores of freshly sampled responses to eval prompts (eval_loss = -mean score)."""
-        args, tokenizer = self.args, self.processing_class
-        model = self.accelerator.unwrap_model(self.model)
-        responses = generate(model.pretrained_model, inputs["queries"], inputs["query_mask"],
-                             response_length=args.response_length, temperature=args.temperature, top_k=args.top_k,
-                             top_p=args.top_p, pad_token_id=tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
-                             batch_size=args.local_rollout_forward_batch_size)
-        responses, mask, _ = truncate_after_stop(responses, self.stop_token_ids, tokenizer.pad_token_id)
-        return score_responses(self.reward_model, queries=inputs["queries"], query_mask=inputs["query_mask"],
-                               responses=responses, response_mask=mask, tokenizer=tokenizer, prompts=inputs["prompts"],
-                               batch_size=args.local_rollout_forward_batch_size, reward_tokenizer=self.reward_tokenizer,
-                               input_format=args.reward_input_format)
+        """Scores of freshly sampled responses to eval prompts (steps 1-3; eval_loss = -mean score)."""
+        return sample_and_score(self.rollout_engine, self.accelerator.unwrap_model(self.model), self.reward_model,
+                                inputs["queries"], inputs["query_mask"], inputs["prompts"],
+                                tokenizer=self.processing_class, reward_tokenizer=self.reward_tokenizer,
+                                input_format=self.args.reward_input_format, stop_token_ids=self.stop_token_ids,
+                                batch_size=self.args.local_rollout_forward_batch_size).scores
 
     # ---- saving: the policy alone; checkpoints add the value head and PPO state ------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
@@ -544,6 +522,7 @@ class PPOLMTrainer(Trainer):
         checkpoint.load_policy_weights(wrapper.policy_model, resume_from_checkpoint, wrapper.is_peft_model, device,
                                       adapter_name=self.trained_adapter)
         wrapper.load_value_head_state_dict(saved.value_head)
+        self.rollout_engine.weights_changed()
         self.iteration = checkpoint.restore_trainer_state(saved, kl_controller=self.kl_ctl,
                                                           reward_moments=self.reward_moments, guard=self._guard,
                                                           metrics=self._metrics)
