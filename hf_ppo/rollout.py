@@ -235,6 +235,18 @@ def check_reward_values(values, expected: int) -> torch.Tensor:
     return scores
 
 
+def probe_reward_callable(reward, train_dataset, tokenizer) -> None:
+    """Call a reward callable once at construction on two prompts with empty completions: a wrong return type or
+    NaN/inf fails now, naming the fix, not at the first rollout. Models and a missing dataset are skipped."""
+    if not callable(reward) or isinstance(reward, nn.Module) or train_dataset is None:
+        return
+    probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
+    probe = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in probe]
+    if not torch.isfinite(check_reward_values(reward(probe, [""] * len(probe)), len(probe))).all():
+        raise ValueError("The reward function returned NaN/inf for the probe (prompts, empty completions): "
+                         "return finite floats.")
+
+
 def _is_number(value) -> bool:
     """A real number: int/float/bool, a numpy scalar, or a one-element tensor/array (not a string, not None)."""
     if isinstance(value, (str, bytes)) or value is None:

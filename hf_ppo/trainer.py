@@ -1,18 +1,19 @@
 """`PPOLMTrainer`: clipped-PPO RLHF as a thin `transformers.Trainer` subclass.
 
 Trainer keeps its loop, optimizer, LR schedule, gradient accumulation, `max_grad_norm` clipping, mixed precision,
-callbacks, logging, checkpoint rotation and hub plumbing. PPO plugs into its seams:
+callbacks, logging, checkpoint rotation and hub plumbing. PPO plugs into its seams (steps numbered as in the README's
+"What one iteration does" and `rollout.py`):
 
-- the sampler repeats each rollout batch of prompts once per micro-batch of the iteration, so Trainer's step
-  counting (`max_steps`, epochs, `save_steps`) is right;
-- `_prepare_inputs`, on the first micro-batch of an iteration: 1. generate, 2. score, 3. KL-penalised rewards,
-  4. GAE, 5. whitening, 6. update the KL controller; then it hands out shuffled micro-batches of that rollout for
-  `num_ppo_epochs` epochs;
-- `compute_loss`: 7. clipped policy loss + vf_coef * clipped value loss (- entropy bonus), normalised by the
+- the sampler (`data.RolloutRepeatSampler`) repeats each rollout batch of prompts once per micro-batch of the
+  iteration, so Trainer's step counting (`max_steps`, epochs, `save_steps`) is right;
+- `_prepare_inputs`, on the first micro-batch of an iteration: steps 1-9 (`rollout.rollout`: generate, truncate,
+  score, EOS penalty, policy forward, reference, shaping, rewards/GAE/whitening, statistics), then 10. the KL
+  controller update; then it hands out shuffled micro-batches of that rollout for `num_ppo_epochs` epochs;
+- `compute_loss`: 11. clipped policy loss + vf_coef * clipped value loss (- entropy bonus), normalised by the
   minibatch's token (or, for the seq-mean loss aggregations, sequence) count so accumulation gives the minibatch
   gradient exactly;
 - `log`: the averaged PPO metrics; `_save` / `_save_checkpoint` / `_load_from_checkpoint` / `push_to_hub`: only the
-  policy is saved and published, checkpoints also hold the value head and the PPO state.
+  policy is saved and published (`hub.py`), checkpoints also hold the critic and the PPO state (`checkpoint.py`).
 """
 
 from __future__ import annotations
@@ -23,15 +24,14 @@ import warnings
 from collections import defaultdict
 
 import torch
-from torch.utils.data import Sampler
 from transformers import Trainer, set_seed
 from transformers.trainer_callback import ProgressCallback, TrainerCallback
 
 from . import adapters, checkpoint, hub, loading
 from .config import PPOConfig
-from .data import PromptCollator, prepare_prompts
+from .data import PromptCollator, RolloutRepeatSampler, check_rollout_batch, prepare_prompts
 from .generation import KVCacheSampler
-from .guard import NonFiniteGuard, describe_counts, is_finite_number, nonfinite_counts, nonfinite_parameters
+from .guard import NonFiniteGuard, describe_counts, score_hint, is_finite_number, nonfinite_counts, nonfinite_parameters
 from .ppo_math import (
     AdaptiveKLController,
     FixedKLController,
@@ -45,35 +45,9 @@ from .ppo_math import (
     policy_loss,
     value_loss,
 )
-from .reporting import PPOProgressCallback, log_samples_table
-from .rollout import (MinibatchSchedule, RolloutBatch, check_reward_values, decode_masked, rollout, sample_and_score,
+from .reporting import PPOProgressCallback, maybe_log_samples
+from .rollout import (MinibatchSchedule, RolloutBatch, probe_reward_callable, rollout, sample_and_score,
                       sequence_inputs)
-
-class RolloutRepeatSampler(Sampler):
-    """Shuffled prompt indices, each global rollout batch repeated `repeat` times in a row.
-
-    The DataLoader's batch is one device's rollout batch, so accelerate hands each process its slice of the same
-    global batch `repeat` times: once per micro-batch of the PPO iteration. Incomplete batches are dropped.
-    """
-
-    def __init__(self, num_prompts: int, global_batch_size: int, repeat: int, seed: int):
-        self.num_prompts, self.global_batch_size, self.repeat, self.seed = num_prompts, global_batch_size, repeat, seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.num_prompts, generator=generator).tolist()
-        for start in range(0, len(self) // self.repeat, self.global_batch_size):
-            chunk = order[start:start + self.global_batch_size]
-            for _ in range(self.repeat):
-                yield from chunk
-
-    def __len__(self) -> int:
-        return (self.num_prompts // self.global_batch_size) * self.global_batch_size * self.repeat
-
 
 class _WeightsChanged(TrainerCallback):
     """Tells the trainer's rollout engine after every optimizer step that the policy's weights changed."""
@@ -144,7 +118,7 @@ class PPOLMTrainer(Trainer):
         policy = loading.load_policy(model, args.model_init_kwargs, args.policy_quantization, peft_config, dtype,
                                      device, args.gradient_checkpointing)
         body = policy.policy_model
-        loading.check_vocab(body, processing_class, "policy", _POLICY_VOCAB_FIX)
+        loading.check_vocab(body, processing_class, "policy", loading.POLICY_VOCAB_FIX)
         # Stop tokens (the tokenizer's EOS and the model's generation_config ones), then a pad token that is none of
         # them: an existing unused special token when the tokenizer has no pad or pads with a stop token.
         self.stop_token_ids = loading.resolve_stop_token_ids(args.stop_token_ids, args.stop_token_id, args.stop_token,
@@ -165,7 +139,7 @@ class PPOLMTrainer(Trainer):
         self.ref_model = loading.load_reference(ref_model, model, args.ref_model_init_kwargs, args.ref_quantization,
                                                 dtype, device, uses_peft=policy.is_peft_model)
         if self.ref_model is not None:
-            loading.check_vocab(self.ref_model, tokenizer, "reference model", _REFERENCE_VOCAB_FIX)
+            loading.check_vocab(self.ref_model, tokenizer, "reference model", loading.REFERENCE_VOCAB_FIX)
         self.reward_model = loading.load_reward_model(reward_model, args.reward_model_init_kwargs,
                                                       args.reward_quantization, dtype, device)
         if isinstance(reward_model, str) and reward_processing_class is None:
@@ -176,23 +150,18 @@ class PPOLMTrainer(Trainer):
                     loading.disable_dropout(m)
 
         # Data: validated and tokenized here, so bad prompts fail before training starts.
-        context = _max_positions(policy.config)
+        context = loading.max_positions(policy.config)
         train_dataset = prepare_prompts(train_dataset, tokenizer, "train_dataset", context=context,
                                         max_prompt_length=args.max_prompt_length, response_length=args.response_length,
                                         num_proc=args.dataset_num_proc)
         eval_dataset = prepare_prompts(eval_dataset, tokenizer, "eval_dataset", context=context,
                                        max_prompt_length=args.max_prompt_length, response_length=args.response_length,
                                        num_proc=args.dataset_num_proc)
-        self._check_batch_sizes(args, train_dataset)
+        check_rollout_batch(args, train_dataset)
         chat = {isinstance(d[0]["prompt"], list) for d in (train_dataset, eval_dataset) if d is not None}
         self.reward_tokenizer = loading.reward_tokenizer(self.reward_model, tokenizer, reward_processing_class,
                                                          args.reward_input_format, chat or {False})
-        if callable(self.reward_model) and not isinstance(self.reward_model, torch.nn.Module) and train_dataset is not None:
-            probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
-            probe = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in probe]
-            if not torch.isfinite(check_reward_values(self.reward_model(probe, [""] * len(probe)), len(probe))).all():
-                raise ValueError("The reward function returned NaN/inf for the probe (prompts, empty completions): "
-                                 "return finite floats.")
+        probe_reward_callable(self.reward_model, train_dataset, tokenizer)
 
         super().__init__(
             model=policy, args=args, data_collator=PromptCollator(tokenizer.pad_token_id),
@@ -215,26 +184,10 @@ class PPOLMTrainer(Trainer):
         self.iteration = 0  # rollouts done so far (restored on resume)
         self._micro_step = None  # position in the current iteration; derived from global_step on first use
         self._schedule: MinibatchSchedule | None = None  # the current iteration's rollout and update order
-        self._guard = NonFiniteGuard(args.max_consecutive_nonfinite, _score_hint(args))
+        self._guard = NonFiniteGuard(args.max_consecutive_nonfinite, score_hint(args))
         self._step_loss_finite: torch.Tensor | None = None  # all micro-batch losses of this optimizer step finite
         self._metrics: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._train_phase_start = None
-
-    # ---- validation -------------------------------------------------------------------------------------------
-    def _check_batch_sizes(self, args: PPOConfig, train_dataset) -> None:
-        if train_dataset is None:
-            return
-        global_batch = args.rollout_batch_size * args.world_size
-        if len(train_dataset) < global_batch:
-            raise ValueError(
-                f"One PPO iteration samples {global_batch} prompts (per_device_train_batch_size "
-                f"{args.per_device_train_batch_size} x gradient_accumulation_steps {args.gradient_accumulation_steps} x "
-                f"num_mini_batches {args.num_mini_batches} x {args.world_size} processes), but train_dataset has "
-                f"{len(train_dataset)}. Add prompts or lower one of those factors."
-            )
-        if args.max_steps > 0 and args.max_steps % args.optimizer_steps_per_iteration:
-            warnings.warn(f"max_steps={args.max_steps} is not a multiple of num_ppo_epochs x num_mini_batches = "
-                          f"{args.optimizer_steps_per_iteration}: the last PPO iteration will stop part-way.")
 
     # ---- data: one rollout batch per iteration, repeated for every micro-batch ---------------------------------------
     def _get_train_sampler(self, train_dataset=None):
@@ -339,8 +292,8 @@ class PPOLMTrainer(Trainer):
         # 10. The KL controller moves after each rollout, by the number of episodes it saw.
         self.kl_ctl.update(stats[0].item(), len(batch) * args.world_size)
         self.iteration += 1
-        self._maybe_log_samples(tokenizer, batch.queries, batch.query_mask, batch.responses, batch.response_mask,
-                                batch.scores)
+        if self.is_world_process_zero():
+            maybe_log_samples(tokenizer, batch, self.iteration, self.state.global_step, self.state.max_steps, args)
         self._train_phase_start = time.perf_counter()
         return batch
 
@@ -353,19 +306,7 @@ class PPOLMTrainer(Trainer):
             return scores.clamp(-self.args.reward_clip, self.args.reward_clip)
         return scores
 
-    def _maybe_log_samples(self, tokenizer, queries, query_mask, responses, response_mask, scores) -> None:
-        n = self.args.num_sample_generations
-        if n <= 0 or not self.is_world_process_zero():
-            return
-        total = max(1, self.state.max_steps // self.args.optimizer_steps_per_iteration)
-        every = max(1, total // n)
-        if (self.iteration - 1) % every:
-            return
-        rows = list(zip(decode_masked(tokenizer, queries, query_mask), decode_masked(tokenizer, responses, response_mask),
-                        scores.tolist()))[:8]
-        log_samples_table(rows, self.iteration, self.state.global_step, self.args.report_to)
-
-    # ---- loss: step 7 ---------------------------------------------------------------------------------------------
+    # ---- loss: step 11 --------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         args, batch, normalizer = self.args, inputs["batch"], inputs["normalizer"]
         mask = batch.response_mask
@@ -590,25 +531,3 @@ class PPOLMTrainer(Trainer):
                                self.args.model_init_kwargs)
         return folder
 
-
-# ---- construction helpers ------------------------------------------------------------------------------------------
-def _max_positions(config) -> int | None:
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return getattr(text_config, "max_position_embeddings", None)
-
-
-_POLICY_VOCAB_FIX = ("If you added tokens to the tokenizer (a [PAD], chat tokens), the policy needs rows for them: "
-                     "`model.resize_token_embeddings(len(tokenizer))` and pass the model object; a pad token needs "
-                     "none (the trainer picks an existing unused special token when the tokenizer has no pad). "
-                     "Otherwise pass the tokenizer that belongs to the policy.")
-_REFERENCE_VOCAB_FIX = ("The reference scores the policy's token ids, so it must have the policy's vocabulary: pass "
-                        "the policy's starting checkpoint as ref_model (or ref_model=None), resized like the policy "
-                        "if you added tokens.")
-
-
-
-def _score_hint(args: PPOConfig) -> str:
-    """How to tame huge reward scores, or "" when the run already normalises or clips them."""
-    if args.normalize_rewards or args.reward_clip is not None:
-        return ""
-    return "Set normalize_rewards=True (running mean/std) or reward_clip, or rescale the reward."
