@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+import weakref
 from collections import defaultdict
 
 import torch
@@ -53,10 +54,10 @@ class _WeightsChanged(TrainerCallback):
     """Tells the trainer's rollout engine after every optimizer step that the policy's weights changed."""
 
     def __init__(self, trainer: "PPOLMTrainer"):
-        self.trainer = trainer
+        self.trainer = weakref.ref(trainer)  # no reference cycle through Trainer's callback handler
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        self.trainer.rollout_engine.weights_changed()
+        self.trainer().rollout_engine.weights_changed()
 
 
 class PPOLMTrainer(Trainer):
