@@ -98,6 +98,19 @@ def save_ppo_state(folder: str, *, state: dict, value_head: dict[str, torch.Tens
     _atomic_write(os.path.join(folder, PPO_STATE_FILE), json.dumps(state, indent=2).encode())
 
 
+def save_trainer_state(folder: str, *, args, iteration: int, kl_controller, reward_moments, guard, peft: bool,
+                       metrics: dict[str, list[torch.Tensor]], critic_state: dict[str, torch.Tensor],
+                       rollout_buffer: dict[str, torch.Tensor] | None) -> None:
+    """Assemble the PPO trainer's state (iteration, KL controller, reward statistics, non-finite guard, metrics not
+    yet logged, the settings) and write it with the critic and an unfinished iteration's rollout (`save_ppo_state`)."""
+    state = {"iteration": iteration, "kl_controller": kl_controller.state_dict(),
+             "reward_moments": reward_moments.state_dict() if reward_moments else None,
+             "nonfinite": guard.state_dict(), "peft": peft,
+             "optimizer_saved": not args.save_only_model, "settings": settings(args),
+             "pending_metrics": {k: [v.item() for v in vs] for k, vs in metrics.items()}}
+    save_ppo_state(folder, state=state, value_head=critic_state, rollout_buffer=rollout_buffer)
+
+
 def _atomic_write(path: str, data: bytes) -> None:
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
@@ -272,6 +285,24 @@ def load_ppo_state(folder: str, args, device) -> SavedPPOState:
     buffer = (load_file(os.path.join(folder, ROLLOUT_BUFFER_FILE), device=str(device))
               if state["rollout_buffer"] else None)
     return SavedPPOState(state, value_head, buffer, changed)
+
+
+def restore_trainer_state(saved: SavedPPOState, *, kl_controller, reward_moments, guard,
+                          metrics: dict[str, list[torch.Tensor]]) -> int:
+    """Put the state written by `save_trainer_state` back into the trainer's objects; return the iteration.
+
+    A changed kl_coef (allowed on resume) restarts the controller from the new value instead.
+    """
+    state = saved.state
+    if "kl_coef" not in saved.changed:
+        kl_controller.load_state_dict(state["kl_controller"])
+    if reward_moments is not None and state["reward_moments"]:
+        reward_moments.load_state_dict(state["reward_moments"])
+    guard.load_state_dict(state["nonfinite"])
+    metrics.clear()
+    for key, values in state["pending_metrics"].items():
+        metrics[key] = [torch.tensor(v) for v in values]
+    return state["iteration"]
 
 
 def load_policy_weights(policy, folder: str, peft: bool, device, adapter_name: str | None = None) -> None:

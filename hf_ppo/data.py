@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch.utils.data import Sampler
 
 
 class PromptCollator:
@@ -143,3 +144,47 @@ def _check_rows(values: list, name: str, key: str, chat: bool) -> None:
     if problems:
         raise ValueError(f"{name}[{key!r}] has malformed rows: " + "; ".join(problems) + ". Fix or drop them, e.g. "
                          f"{name}.filter(lambda x: isinstance(x['{key}'], {'list' if chat else 'str'})).")
+
+
+class RolloutRepeatSampler(Sampler):
+    """Shuffled prompt indices, each global rollout batch repeated `repeat` times in a row.
+
+    The DataLoader's batch is one device's rollout batch, so accelerate hands each process its slice of the same
+    global batch `repeat` times: once per micro-batch of the PPO iteration. Incomplete batches are dropped.
+    """
+
+    def __init__(self, num_prompts: int, global_batch_size: int, repeat: int, seed: int):
+        self.num_prompts, self.global_batch_size, self.repeat, self.seed = num_prompts, global_batch_size, repeat, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.num_prompts, generator=generator).tolist()
+        for start in range(0, len(self) // self.repeat, self.global_batch_size):
+            chunk = order[start:start + self.global_batch_size]
+            for _ in range(self.repeat):
+                yield from chunk
+
+    def __len__(self) -> int:
+        return (self.num_prompts // self.global_batch_size) * self.global_batch_size * self.repeat
+
+
+def check_rollout_batch(args, train_dataset) -> None:
+    """Fail at construction when one iteration needs more prompts than `train_dataset` has; warn when `max_steps`
+    ends part-way through an iteration."""
+    if train_dataset is None:
+        return
+    global_batch = args.rollout_batch_size * args.world_size
+    if len(train_dataset) < global_batch:
+        raise ValueError(
+            f"One PPO iteration samples {global_batch} prompts (per_device_train_batch_size "
+            f"{args.per_device_train_batch_size} x gradient_accumulation_steps {args.gradient_accumulation_steps} x "
+            f"num_mini_batches {args.num_mini_batches} x {args.world_size} processes), but train_dataset has "
+            f"{len(train_dataset)}. Add prompts or lower one of those factors."
+        )
+    if args.max_steps > 0 and args.max_steps % args.optimizer_steps_per_iteration:
+        warnings.warn(f"max_steps={args.max_steps} is not a multiple of num_ppo_epochs x num_mini_batches = "
+                      f"{args.optimizer_steps_per_iteration}: the last PPO iteration will stop part-way.")

@@ -113,3 +113,10 @@ class NonFiniteGuard:
 def is_finite_number(value) -> bool:
     """True for a finite float / 0-d tensor; None counts as finite (nothing was computed)."""
     return value is None or math.isfinite(float(value))
+
+
+def score_hint(args) -> str:
+    """How to tame huge reward scores, or "" when the run already normalises or clips them."""
+    if args.normalize_rewards or args.reward_clip is not None:
+        return ""
+    return "Set normalize_rewards=True (running mean/std) or reward_clip, or rescale the reward."

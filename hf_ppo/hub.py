@@ -117,6 +117,47 @@ def save_merged_policy(adapter_dir, base_source, folder, tokenizer, init_kwargs:
     return Path(folder)
 
 
+# ---- What the trainer publishes ----------------------------------------------------------------------------------------
+CARD_HYPERPARAMETERS = [
+    "learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "num_mini_batches", "num_ppo_epochs", "response_length", "temperature", "top_k", "top_p", "kl_coef",
+    "kl_estimator", "adaptive_kl", "gamma", "lam", "cliprange", "cliprange_value", "vf_coef", "entropy_coef",
+    "whiten_rewards", "missing_eos_penalty", "normalize_rewards", "policy_quantization", "ref_quantization",
+    "reward_quantization", "seed", "loss_aggregation", "cliprange_low", "cliprange_high", "dual_clip"]
+
+
+def card_hyperparameters(args) -> dict:
+    """The PPOConfig values the card lists (`CARD_HYPERPARAMETERS`), plus the per-device rollout batch and world size."""
+    values = {name: getattr(args, name) for name in CARD_HYPERPARAMETERS}
+    values["rollout_batch_size (per device)"] = args.rollout_batch_size
+    values["world_size"] = args.world_size
+    return values
+
+
+def source_name(obj) -> str | None:
+    """How the card names a model given as an object: its config's `_name_or_path`, else its class name."""
+    if obj is None:
+        return None
+    model = getattr(obj, "pretrained_model", obj)  # a value-head wrapper names its body
+    config = getattr(model, "config", None)
+    return getattr(config, "_name_or_path", None) or type(obj).__name__
+
+
+def write_policy_card(folder, policy, trained_adapter: str | None, sources: dict, args, log_history: list[dict], *,
+                      repo_id: str, merged: bool, dataset_names: list[str], saved_locally: bool = False) -> bool:
+    """Render the trained policy's card (and plot) into `folder`; return whether the policy is an adapter.
+
+    `policy`: the policy model (a PeftModel when LoRA-trained); `sources`: {"model", "reward_model", "ref_model"}
+    names as given to the trainer.
+    """
+    peft_config = policy.peft_config[trained_adapter].to_dict() if trained_adapter else None
+    write_model_card(folder, repo_id=repo_id, base_model=sources["model"], reward_model=sources["reward_model"],
+                     ref_model=sources["ref_model"], dataset_names=dataset_names, peft_config=peft_config,
+                     hyperparameters=card_hyperparameters(args), log_history=log_history,
+                     merged=merged or (saved_locally and peft_config is None), saved_locally=saved_locally)
+    return peft_config is not None
+
+
 # ---- Repo id ---------------------------------------------------------------------------------------------------------
 def resolve_repo_id(hub_model_id: str | None, output_dir: str, token: str | None) -> str:
     """The Hub repo id to push to, resolved as `TrainingArguments`/`Trainer` do.

@@ -546,3 +546,18 @@ def reward_tokenizer(reward_model, tokenizer, reward_processing_class, input_for
     if formats == {"concat"} and same_tokenizer(tokenizer, chosen):
         return None
     return chosen
+
+
+POLICY_VOCAB_FIX = ("If you added tokens to the tokenizer (a [PAD], chat tokens), the policy needs rows for them: "
+                     "`model.resize_token_embeddings(len(tokenizer))` and pass the model object; a pad token needs "
+                     "none (the trainer picks an existing unused special token when the tokenizer has no pad). "
+                     "Otherwise pass the tokenizer that belongs to the policy.")
+REFERENCE_VOCAB_FIX = ("The reference scores the policy's token ids, so it must have the policy's vocabulary: pass "
+                        "the policy's starting checkpoint as ref_model (or ref_model=None), resized like the policy "
+                        "if you added tokens.")
+
+
+def max_positions(config) -> int | None:
+    """The model's context length (`max_position_embeddings` of its text config), or None when it has none."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text_config, "max_position_embeddings", None)

@@ -190,6 +190,21 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
     def is_peft_model(self) -> bool:
         return hasattr(self.pretrained_model, "peft_config")
 
+    # ---- the actor-critic interface: what the trainer uses instead of the attributes ---------------------------------
+    @property
+    def policy_model(self) -> nn.Module:
+        """The policy alone (the causal LM, or its `PeftModel`): what samples, is saved and is published."""
+        return self.pretrained_model
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """The parameters that only the critic owns (the value head; the body is shared with the policy)."""
+        return list(self.v_head.parameters())
+
+    @property
+    def critic_device(self) -> torch.device:
+        """Where the critic's own parameters live (checkpoint state is loaded onto it)."""
+        return self.v_head.weight.device
+
     # ---- forward ----------------------------------------------------------------------------------------------
     def forward(
         self,

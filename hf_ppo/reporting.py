@@ -76,3 +76,20 @@ def log_samples_table(rows: list[tuple[str, str, float]], iteration: int, step: 
     for prompt, completion, score in rows:
         table.add_row(prompt, completion, f"{score:.3f}")
     Console().print(table)
+
+
+def maybe_log_samples(tokenizer, batch, iteration: int, step: int, max_steps: int, args) -> None:
+    """Every so many iterations (`num_sample_generations` tables over the run), a table of up to 8 (prompt,
+    completion, score) rows of the rollout `batch`."""
+    from .rollout import decode_masked
+
+    n = args.num_sample_generations
+    if n <= 0:
+        return
+    total = max(1, max_steps // args.optimizer_steps_per_iteration)
+    every = max(1, total // n)
+    if (iteration - 1) % every:
+        return
+    rows = list(zip(decode_masked(tokenizer, batch.queries, batch.query_mask),
+                    decode_masked(tokenizer, batch.responses, batch.response_mask), batch.scores.tolist()))[:8]
+    log_samples_table(rows, iteration, step, args.report_to)

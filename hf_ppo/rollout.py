@@ -1,13 +1,18 @@
-"""Rollout: sample responses, score them, and bundle everything PPO needs in one `RolloutBatch`.
+"""Rollout: one PPO iteration's experience, in the numbered steps used everywhere (README, trainer, here).
 
-Steps (each a function below, called in order by the trainer):
-1. `generate`: KV-cached sampling of `response_length` new tokens from left-padded prompts.
-2. `truncate_after_stop`: everything after the first stop token becomes padding (the "EOS trick", N+ paper).
-3. `policy_forward`: old log-probs and values in one no-grad forward of policy + value head; `reference_logprobs`
-   gives the reference's (a frozen model, or the policy with its reference adapter active or its adapter disabled).
-4. `score_responses`: the reward model's score (its input in `reward_input_format`: chat / pair / concat; read at
-   the last real token, or pooled by the model itself for encoders), or a reward callable on text.
-5. `add_advantages`: KL-penalised per-token rewards, GAE, whitening; `rollout_stats` summarises the batch.
+`rollout` runs them in order and returns a `RolloutBatch`, complete when constructed, and its statistics:
+1. generate: the rollout engine (`generation.py`) samples `response_length` tokens for the left-padded prompts;
+2. truncate: everything after the first stop token becomes padding (`truncate_after_stop`, the "EOS trick");
+3. score: the reward model's score (`score_responses`) or a reward callable on text;
+   (steps 1-3 are `sample_and_score`, shared with evaluation)
+4. EOS penalty: `missing_eos_penalty` off the score of responses without a stop token;
+5. policy forward: old log-probs and values in one no-grad pass of policy + value head (`policy_forward`);
+6. reference: the reference's log-probs (`reference_logprobs`: a frozen model, or the policy with its reference
+   adapter active or its adapter disabled);
+7. shaping: running normalisation / clipping of the scores (the trainer's callable: its statistics span processes);
+8. rewards and advantages: KL-penalised per-token rewards, GAE, whitening (`compute_advantages`);
+9. statistics: `rollout_stats`, one dict of batch means.
+The trainer then moves the KL controller (step 10) and runs the clipped PPO update (step 11).
 Micro-batching (`batch_size`) bounds the memory of every no-grad pass.
 """
 
@@ -15,13 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import time
 from dataclasses import dataclass, fields
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
 
 from .adapters import adapter_active
+from .generation import RolloutEngine, chunks, stop_tensor
 from .ppo_math import (
     compute_gae,
     compute_rewards,
@@ -36,9 +43,6 @@ from .ppo_math import (
     masked_whiten,
 )
 
-RewardFn = Callable[[list[str], list[str]], list[float]]
-
-
 @dataclass
 class RolloutBatch:
     """One PPO iteration's experience. B = prompts, Q = prompt length (left-padded), R = response_length.
@@ -46,7 +50,8 @@ class RolloutBatch:
     queries (B, Q) long; query_mask (B, Q) bool; responses (B, R) long, pad after the stop token;
     response_mask (B, R) bool, True = a real response token (the stop token included); logprobs, ref_logprobs,
     values (B, R) float32 from the rollout-time policy / reference / value head; scores (B,) reward after penalties;
-    rewards, non_score_rewards, advantages, returns (B, R), 0 at masked positions; contains_stop (B,) bool.
+    contains_stop (B,) bool; rewards, non_score_rewards, advantages, returns (B, R), 0 at masked positions.
+    Every field is set at construction (`rollout` builds it once everything is computed).
     """
 
     queries: torch.Tensor
@@ -58,18 +63,17 @@ class RolloutBatch:
     values: torch.Tensor
     scores: torch.Tensor
     contains_stop: torch.Tensor
-    rewards: torch.Tensor | None = None
-    non_score_rewards: torch.Tensor | None = None
-    advantages: torch.Tensor | None = None
-    returns: torch.Tensor | None = None
+    rewards: torch.Tensor
+    non_score_rewards: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
 
     def __len__(self) -> int:
         return self.queries.shape[0]
 
     def select(self, index: torch.Tensor) -> "RolloutBatch":
         """The rows `index` of every tensor (a minibatch or micro-batch)."""
-        return RolloutBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index]
-                               for f in fields(self)})
+        return RolloutBatch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
 def sequence_inputs(queries, query_mask, responses, response_mask) -> dict[str, torch.Tensor]:
@@ -80,76 +84,6 @@ def sequence_inputs(queries, query_mask, responses, response_mask) -> dict[str, 
             "position_ids": position_ids}
 
 
-def _chunks(n: int, size: int):
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
-
-
-def sample_token(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float) -> torch.Tensor:
-    """One token per row from softmax(logits / temperature), restricted to the top-k / top-p (nucleus) set.
-
-    logits: (B, vocab) -> (B,) long. The nucleus keeps the smallest set of tokens whose probability reaches top_p
-    (the most likely token is always kept).
-    """
-    logits = logits.float() / temperature
-    if top_k:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        outside = (probs.cumsum(-1) - probs) >= top_p  # the mass before this token already reached top_p
-        sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
-
-
-@torch.no_grad()
-def generate(
-    model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor, *, response_length: int, temperature: float,
-    top_k: int | None, top_p: float, pad_token_id: int, stop_token_ids, batch_size: int,
-) -> torch.Tensor:
-    """Sample `response_length` tokens per prompt with the model's KV cache: (B, Q) -> responses (B, R).
-
-    A lean decode loop: one prefill of the left-padded prompts, then one cached forward per token, with position
-    ids that count real tokens only. Rows stop after their first stop token (any of `stop_token_ids`: an id, a list,
-    or None for never; the rest is `pad_token_id`), and the loop ends early once every row has stopped. No
-    generation-config machinery runs per token.
-    """
-    stops = _stop_tensor(stop_token_ids, queries.device)
-    outputs = []
-    for rows in _chunks(queries.shape[0], batch_size):
-        attention = query_mask[rows].long()
-        positions = (attention.cumsum(1) - 1).clamp(min=0)
-        out = model(input_ids=queries[rows], attention_mask=attention, position_ids=positions, use_cache=True,
-                    logits_to_keep=1)
-        response = queries.new_full((attention.shape[0], response_length), pad_token_id)
-        done = torch.zeros(attention.shape[0], dtype=torch.bool, device=queries.device)
-        next_position = positions[:, -1:]
-        for t in range(response_length):
-            token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)
-            response[:, t] = token
-            if stops.numel():
-                done |= torch.isin(token, stops)
-            if t == response_length - 1 or bool(done.all()):
-                break
-            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
-            next_position = next_position + 1
-            out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
-                        past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
-        outputs.append(response)
-    return torch.cat(outputs)
-
-
-def _stop_tensor(stop_token_ids, device) -> torch.Tensor:
-    """Stop ids as a 1-D long tensor (empty: never stop); accepts None, an int or a sequence of ints."""
-    if stop_token_ids is None:
-        stop_token_ids = []
-    elif isinstance(stop_token_ids, int):
-        stop_token_ids = [stop_token_ids]
-    return torch.as_tensor(list(stop_token_ids), dtype=torch.long, device=device)
-
-
 def truncate_after_stop(
     responses: torch.Tensor, stop_token_ids, pad_token_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -158,7 +92,7 @@ def truncate_after_stop(
     responses (B, R) -> (responses, response_mask (B, R) bool, contains_stop (B,) bool). `stop_token_ids`: a list of
     ids, one id, or None / [] (never stop: every token is real).
     """
-    stops = _stop_tensor(stop_token_ids, responses.device)
+    stops = stop_tensor(stop_token_ids, responses.device)
     if not stops.numel():
         mask = torch.ones_like(responses, dtype=torch.bool)
         return responses, mask, torch.zeros(responses.shape[0], dtype=torch.bool, device=responses.device)
@@ -181,7 +115,7 @@ def policy_forward(
     """
     R = responses.shape[1]
     logprobs, values, entropies = [], [], []
-    for rows in _chunks(queries.shape[0], batch_size):
+    for rows in chunks(queries.shape[0], batch_size):
         inputs = sequence_inputs(queries[rows], query_mask[rows], responses[rows], response_mask[rows])
         out = model(**inputs, logits_to_keep=R + 1, use_cache=False)
         logits = out.logits[:, :-1]
@@ -247,7 +181,7 @@ def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batc
     """
     scores = []
     own_pooling = pools_itself(reward_model)
-    for rows in _chunks(input_ids.shape[0], batch_size):
+    for rows in chunks(input_ids.shape[0], batch_size):
         ids, mask = input_ids[rows], attention_mask[rows].bool()
         if own_pooling:
             extra = {}
@@ -299,6 +233,18 @@ def check_reward_values(values, expected: int) -> torch.Tensor:
         raise ValueError(f"The reward function returned {scores.numel()} scores for {expected} completions: it must "
                          "return one float per (prompt, completion) pair, in order.")
     return scores
+
+
+def probe_reward_callable(reward, train_dataset, tokenizer) -> None:
+    """Call a reward callable once at construction on two prompts with empty completions: a wrong return type or
+    NaN/inf fails now, naming the fix, not at the first rollout. Models and a missing dataset are skipped."""
+    if not callable(reward) or isinstance(reward, nn.Module) or train_dataset is None:
+        return
+    probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
+    probe = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in probe]
+    if not torch.isfinite(check_reward_values(reward(probe, [""] * len(probe)), len(probe))).all():
+        raise ValueError("The reward function returned NaN/inf for the probe (prompts, empty completions): "
+                         "return finite floats.")
 
 
 def _is_number(value) -> bool:
@@ -396,24 +342,24 @@ def score_responses(
 
 
 @torch.no_grad()
-def add_advantages(
-    batch: RolloutBatch, shaped_scores: torch.Tensor, *, kl_coef: float, kl_estimator: str, gamma: float, lam: float,
-    whiten_rewards: bool, whiten_advantages: bool,
-) -> torch.Tensor:
-    """Fill `batch.rewards`, `non_score_rewards`, `advantages` and `returns`; return the per-token KL (B, R).
+def compute_advantages(
+    logprobs, ref_logprobs, values, response_mask, shaped_scores: torch.Tensor, *, kl_coef: float, kl_estimator: str,
+    gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Step 8: the per-token KL (B, R) and {rewards, non_score_rewards, advantages, returns} (B, R) of a rollout.
 
     rewards = -kl_coef * KL per token + the (shaped) score at the last real token; optional reward whitening without
     mean shift; GAE; advantage whitening over the batch's real tokens (returns use the raw advantages).
     """
-    mask = batch.response_mask
-    kl = kl_estimate(batch.logprobs, batch.ref_logprobs, kl_estimator)
-    rewards, batch.non_score_rewards = compute_rewards(shaped_scores, kl, mask, kl_coef)
+    mask = response_mask
+    kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
+    rewards, non_score_rewards = compute_rewards(shaped_scores, kl, mask, kl_coef)
     if whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
-    advantages, batch.returns = compute_gae(rewards, batch.values, mask, gamma, lam)
-    batch.rewards = rewards
-    batch.advantages = masked_whiten(advantages, mask) if whiten_advantages else advantages
-    return kl
+    advantages, returns = compute_gae(rewards, values, mask, gamma, lam)
+    whitened = masked_whiten(advantages, mask) if whiten_advantages else advantages
+    return kl, {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": whitened,
+                "returns": returns}
 
 
 ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
@@ -422,8 +368,8 @@ ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_rewar
 
 
 @torch.no_grad()
-def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, stop_token_ids) -> torch.Tensor:
-    """The metrics named in `ROLLOUT_STATS`, stacked in one tensor (one all-reduce across processes).
+def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, stop_token_ids) -> dict:
+    """Step 9: the metrics named in `ROLLOUT_STATS` (a dict, in that order; stack it for one all-reduce).
 
     Sequence-level sums as the removed TRL trainer logged them (KL, -logp "entropy", non-score reward per response),
     then means over the batch; `policy/entropy_avg` is the per-token entropy of the temperature-scaled policy
@@ -432,15 +378,92 @@ def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, 
     every id in `stop_token_ids`.
     """
     mask = batch.response_mask
-    num_stop_tokens = (torch.isin(batch.responses, _stop_tensor(stop_token_ids, mask.device)) & mask).sum().float()
+    num_stop_tokens = (torch.isin(batch.responses, stop_tensor(stop_token_ids, mask.device)) & mask).sum().float()
     non_score = masked_sum(batch.non_score_rewards, mask, dim=1)
-    return torch.stack([
+    return dict(zip(ROLLOUT_STATS, [
         masked_sum(kl, mask, dim=1).mean(), masked_sum(-batch.logprobs, mask, dim=1).mean(), non_score.mean(),
         (batch.scores + non_score).mean(), batch.scores.mean(), mask.sum(1).float().mean(),
         batch.contains_stop.float().mean(), num_stop_tokens,
         explained_variance(batch.values, batch.returns, mask), masked_mean(entropy, mask),
         masked_mean(batch.advantages, mask), masked_mean(batch.returns, mask),
-    ])
+    ]))
+
+
+class Samples(NamedTuple):
+    """Steps 1-3 for a batch of prompts: responses (B, R), response_mask (B, R), contains_stop (B,), scores (B,)
+    before any penalty, and the seconds spent sampling (steps 1-2)."""
+
+    responses: torch.Tensor
+    response_mask: torch.Tensor
+    contains_stop: torch.Tensor
+    scores: torch.Tensor
+    generate_seconds: float
+
+
+@torch.no_grad()
+def sample_and_score(engine: RolloutEngine, policy: nn.Module, reward, queries, query_mask, prompts: list, *,
+                     tokenizer, reward_tokenizer, input_format: str, stop_token_ids, batch_size: int) -> Samples:
+    """Steps 1-3, the path training and evaluation share: generate with `engine` from the policy model
+    (`policy.policy_model`, never a DDP wrapper), truncate after the stop token, score with `reward`."""
+    start = time.perf_counter()
+    responses = engine.generate(policy.policy_model, queries, query_mask)  # 1.
+    responses, response_mask, contains_stop = truncate_after_stop(responses, stop_token_ids,
+                                                                  tokenizer.pad_token_id)  # 2.
+    generated = time.perf_counter()
+    scores = score_responses(reward, queries=queries, query_mask=query_mask, responses=responses,  # 3.
+                             response_mask=response_mask, tokenizer=tokenizer, prompts=prompts, batch_size=batch_size,
+                             reward_tokenizer=reward_tokenizer, input_format=input_format)
+    return Samples(responses, response_mask, contains_stop, scores, generated - start)
+
+
+@dataclass
+class Rollout:
+    """What `rollout` returns: the batch, its statistics (`rollout_stats`), and the seconds spent sampling (steps
+    1-2) and scoring (steps 3-6)."""
+
+    batch: RolloutBatch
+    stats: dict[str, torch.Tensor]
+    generate_seconds: float
+    score_seconds: float
+
+
+@torch.no_grad()
+def rollout(
+    policy: nn.Module, queries, query_mask, prompts: list, *, engine: RolloutEngine, ref_model, ref_adapter, reward,
+    tokenizer, reward_tokenizer, input_format: str, stop_token_ids, temperature: float, batch_size: int,
+    missing_eos_penalty: float | None, shape_scores: Callable[[torch.Tensor], torch.Tensor], kl_coef: float,
+    kl_estimator: str, gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool,
+) -> Rollout:
+    """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
+
+    `policy` is the actor-critic (`AutoModelForCausalLMWithValueHead`), unwrapped; `shape_scores` maps the
+    penalised scores (B,) to the ones the rewards use (step 7).
+    """
+    start = time.perf_counter()
+    # 1-3. Generate, truncate after the stop token, score.
+    samples = sample_and_score(engine, policy, reward, queries, query_mask, prompts, tokenizer=tokenizer,
+                               reward_tokenizer=reward_tokenizer, input_format=input_format,
+                               stop_token_ids=stop_token_ids, batch_size=batch_size)
+    responses, response_mask, contains_stop, scores = samples[:4]
+    # 4. The EOS penalty, on responses that never stopped.
+    if missing_eos_penalty is not None:
+        scores = scores - missing_eos_penalty * (~contains_stop).float()
+    # 5. Old log-probs and values, in one pass.
+    logprobs, values, entropy = policy_forward(policy, queries, query_mask, responses, response_mask,
+                                               temperature=temperature, batch_size=batch_size, with_entropy=True)
+    # 6. Reference log-probs.
+    ref_logprobs = reference_logprobs(policy, ref_model, queries, query_mask, responses, response_mask,
+                                      temperature=temperature, batch_size=batch_size, ref_adapter=ref_adapter)
+    scored = time.perf_counter()
+    # 7-8. Shaped scores -> KL-penalised per-token rewards, GAE, whitening.
+    kl, rewards = compute_advantages(logprobs, ref_logprobs, values, response_mask, shape_scores(scores),
+                                     kl_coef=kl_coef, kl_estimator=kl_estimator, gamma=gamma, lam=lam,
+                                     whiten_rewards=whiten_rewards, whiten_advantages=whiten_advantages)
+    batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
+                         contains_stop, **rewards)
+    # 9. Statistics.
+    stats = rollout_stats(batch, kl, entropy, stop_token_ids)
+    return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds)
 
 
 class MinibatchSchedule:
@@ -486,8 +509,7 @@ class MinibatchSchedule:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every tensor of the rollout, the orders and the position (as a 0-d tensor): what a checkpoint stores."""
-        tensors = {f.name: getattr(self.batch, f.name) for f in fields(self.batch)
-                   if getattr(self.batch, f.name) is not None}
+        tensors = {f.name: getattr(self.batch, f.name) for f in fields(self.batch)}
         return {**tensors, "orders": self.orders, "position": torch.tensor(self.position)}
 
     @classmethod

@@ -1,18 +1,19 @@
 """`PPOLMTrainer`: clipped-PPO RLHF as a thin `transformers.Trainer` subclass.
 
 Trainer keeps its loop, optimizer, LR schedule, gradient accumulation, `max_grad_norm` clipping, mixed precision,
-callbacks, logging, checkpoint rotation and hub plumbing. PPO plugs into its seams:
+callbacks, logging, checkpoint rotation and hub plumbing. PPO plugs into its seams (steps numbered as in the README's
+"What one iteration does" and `rollout.py`):
 
-- the sampler repeats each rollout batch of prompts once per micro-batch of the iteration, so Trainer's step
-  counting (`max_steps`, epochs, `save_steps`) is right;
-- `_prepare_inputs`, on the first micro-batch of an iteration: 1. generate, 2. score, 3. KL-penalised rewards,
-  4. GAE, 5. whitening, 6. update the KL controller; then it hands out shuffled micro-batches of that rollout for
-  `num_ppo_epochs` epochs;
-- `compute_loss`: 7. clipped policy loss + vf_coef * clipped value loss (- entropy bonus), normalised by the
+- the sampler (`data.RolloutRepeatSampler`) repeats each rollout batch of prompts once per micro-batch of the
+  iteration, so Trainer's step counting (`max_steps`, epochs, `save_steps`) is right;
+- `_prepare_inputs`, on the first micro-batch of an iteration: steps 1-9 (`rollout.rollout`: generate, truncate,
+  score, EOS penalty, policy forward, reference, shaping, rewards/GAE/whitening, statistics), then 10. the KL
+  controller update; then it hands out shuffled micro-batches of that rollout for `num_ppo_epochs` epochs;
+- `compute_loss`: 11. clipped policy loss + vf_coef * clipped value loss (- entropy bonus), normalised by the
   minibatch's token (or, for the seq-mean loss aggregations, sequence) count so accumulation gives the minibatch
   gradient exactly;
 - `log`: the averaged PPO metrics; `_save` / `_save_checkpoint` / `_load_from_checkpoint` / `push_to_hub`: only the
-  policy is saved and published, checkpoints also hold the value head and the PPO state.
+  policy is saved and published (`hub.py`), checkpoints also hold the critic and the PPO state (`checkpoint.py`).
 """
 
 from __future__ import annotations
@@ -20,17 +21,18 @@ from __future__ import annotations
 import os
 import time
 import warnings
+import weakref
 from collections import defaultdict
 
 import torch
-from torch.utils.data import Sampler
 from transformers import Trainer, set_seed
-from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_callback import ProgressCallback, TrainerCallback
 
-from . import adapters, checkpoint, loading
+from . import adapters, checkpoint, hub, loading
 from .config import PPOConfig
-from .data import PromptCollator, prepare_prompts
-from .guard import NonFiniteGuard, describe_counts, is_finite_number, nonfinite_counts, nonfinite_parameters
+from .data import PromptCollator, RolloutRepeatSampler, check_rollout_batch, prepare_prompts
+from .generation import KVCacheSampler
+from .guard import NonFiniteGuard, describe_counts, score_hint, is_finite_number, nonfinite_counts, nonfinite_parameters
 from .ppo_math import (
     AdaptiveKLController,
     FixedKLController,
@@ -44,47 +46,18 @@ from .ppo_math import (
     policy_loss,
     value_loss,
 )
-from .reporting import PPOProgressCallback, log_samples_table
-from .rollout import (
-    ROLLOUT_STATS,
-    MinibatchSchedule,
-    RolloutBatch,
-    add_advantages,
-    check_reward_values,
-    decode_masked,
-    generate,
-    policy_forward,
-    reference_logprobs,
-    rollout_stats,
-    score_responses,
-    sequence_inputs,
-    truncate_after_stop,
-)
+from .reporting import PPOProgressCallback, maybe_log_samples
+from .rollout import (MinibatchSchedule, RolloutBatch, probe_reward_callable, rollout, sample_and_score,
+                      sequence_inputs)
 
-class RolloutRepeatSampler(Sampler):
-    """Shuffled prompt indices, each global rollout batch repeated `repeat` times in a row.
+class _WeightsChanged(TrainerCallback):
+    """Tells the trainer's rollout engine after every optimizer step that the policy's weights changed."""
 
-    The DataLoader's batch is one device's rollout batch, so accelerate hands each process its slice of the same
-    global batch `repeat` times: once per micro-batch of the PPO iteration. Incomplete batches are dropped.
-    """
+    def __init__(self, trainer: "PPOLMTrainer"):
+        self.trainer = weakref.ref(trainer)  # no reference cycle through Trainer's callback handler
 
-    def __init__(self, num_prompts: int, global_batch_size: int, repeat: int, seed: int):
-        self.num_prompts, self.global_batch_size, self.repeat, self.seed = num_prompts, global_batch_size, repeat, seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.num_prompts, generator=generator).tolist()
-        for start in range(0, len(self) // self.repeat, self.global_batch_size):
-            chunk = order[start:start + self.global_batch_size]
-            for _ in range(self.repeat):
-                yield from chunk
-
-    def __len__(self) -> int:
-        return (self.num_prompts // self.global_batch_size) * self.global_batch_size * self.repeat
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer().rollout_engine.weights_changed()
 
 
 class PPOLMTrainer(Trainer):
@@ -132,9 +105,9 @@ class PPOLMTrainer(Trainer):
         # Seed before any model is built: LoRA and value-head initialisation must follow `seed` too.
         set_seed(args.seed)
         device, dtype = args.device, loading.compute_dtype(args.bf16, args.fp16)
-        self._model_sources = {"model": model if isinstance(model, str) else _name_of(model),
-                               "reward_model": reward_model if isinstance(reward_model, str) else _name_of(reward_model),
-                               "ref_model": ref_model if isinstance(ref_model, str) else _name_of(ref_model)}
+        self._model_sources = {"model": model if isinstance(model, str) else hub.source_name(model),
+                               "reward_model": reward_model if isinstance(reward_model, str) else hub.source_name(reward_model),
+                               "ref_model": ref_model if isinstance(ref_model, str) else hub.source_name(ref_model)}
 
         if processing_class is None:
             if not isinstance(model, str):
@@ -145,8 +118,8 @@ class PPOLMTrainer(Trainer):
         # reads the policy's token ids is checked against the tokenizer here, not by an IndexError mid-rollout.
         policy = loading.load_policy(model, args.model_init_kwargs, args.policy_quantization, peft_config, dtype,
                                      device, args.gradient_checkpointing)
-        body = policy.pretrained_model
-        loading.check_vocab(body, processing_class, "policy", _POLICY_VOCAB_FIX)
+        body = policy.policy_model
+        loading.check_vocab(body, processing_class, "policy", loading.POLICY_VOCAB_FIX)
         # Stop tokens (the tokenizer's EOS and the model's generation_config ones), then a pad token that is none of
         # them: an existing unused special token when the tokenizer has no pad or pads with a stop token.
         self.stop_token_ids = loading.resolve_stop_token_ids(args.stop_token_ids, args.stop_token_id, args.stop_token,
@@ -156,18 +129,18 @@ class PPOLMTrainer(Trainer):
                                              "id" if isinstance(model, str) else "object")
         # The trained adapter and, with ref_model=None, the reference adapter beside it (continuing from an adapter).
         self.trained_adapter, self.ref_adapter = adapters.prepare_adapters(
-            policy.pretrained_model, fresh=peft_config is not None, ref_model_given=ref_model is not None,
+            body, fresh=peft_config is not None, ref_model_given=ref_model is not None,
             model_adapter_name=args.model_adapter_name, ref_adapter_name=args.ref_adapter_name)
         if isinstance(model, str) and self.trained_adapter and peft_config is None:  # an adapter given by id/path:
             # the card and the merged export name its base; the card names the adapter as the reference.
-            self._model_sources["model"] = policy.pretrained_model.peft_config[self.trained_adapter].base_model_name_or_path
+            self._model_sources["model"] = body.peft_config[self.trained_adapter].base_model_name_or_path
             self._model_sources["ref_model"] = self._model_sources["ref_model"] or model
         elif self.ref_adapter is not None:  # a reference adapter of a PeftModel object: never "the adapter disabled"
             self._model_sources["ref_model"] = f"adapter {self.ref_adapter!r} of the policy"
         self.ref_model = loading.load_reference(ref_model, model, args.ref_model_init_kwargs, args.ref_quantization,
                                                 dtype, device, uses_peft=policy.is_peft_model)
         if self.ref_model is not None:
-            loading.check_vocab(self.ref_model, tokenizer, "reference model", _REFERENCE_VOCAB_FIX)
+            loading.check_vocab(self.ref_model, tokenizer, "reference model", loading.REFERENCE_VOCAB_FIX)
         self.reward_model = loading.load_reward_model(reward_model, args.reward_model_init_kwargs,
                                                       args.reward_quantization, dtype, device)
         if isinstance(reward_model, str) and reward_processing_class is None:
@@ -178,23 +151,18 @@ class PPOLMTrainer(Trainer):
                     loading.disable_dropout(m)
 
         # Data: validated and tokenized here, so bad prompts fail before training starts.
-        context = _max_positions(policy.config)
+        context = loading.max_positions(policy.config)
         train_dataset = prepare_prompts(train_dataset, tokenizer, "train_dataset", context=context,
                                         max_prompt_length=args.max_prompt_length, response_length=args.response_length,
                                         num_proc=args.dataset_num_proc)
         eval_dataset = prepare_prompts(eval_dataset, tokenizer, "eval_dataset", context=context,
                                        max_prompt_length=args.max_prompt_length, response_length=args.response_length,
                                        num_proc=args.dataset_num_proc)
-        self._check_batch_sizes(args, train_dataset)
+        check_rollout_batch(args, train_dataset)
         chat = {isinstance(d[0]["prompt"], list) for d in (train_dataset, eval_dataset) if d is not None}
         self.reward_tokenizer = loading.reward_tokenizer(self.reward_model, tokenizer, reward_processing_class,
                                                          args.reward_input_format, chat or {False})
-        if callable(self.reward_model) and not isinstance(self.reward_model, torch.nn.Module) and train_dataset is not None:
-            probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
-            probe = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in probe]
-            if not torch.isfinite(check_reward_values(self.reward_model(probe, [""] * len(probe)), len(probe))).all():
-                raise ValueError("The reward function returned NaN/inf for the probe (prompts, empty completions): "
-                                 "return finite floats.")
+        probe_reward_callable(self.reward_model, train_dataset, tokenizer)
 
         super().__init__(
             model=policy, args=args, data_collator=PromptCollator(tokenizer.pad_token_id),
@@ -204,32 +172,23 @@ class PPOLMTrainer(Trainer):
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(PPOProgressCallback(self.args.optimizer_steps_per_iteration, self.args.print_metrics))
 
+        # The default rollout engine; another one is a `generation.RolloutEngine` assigned here.
+        self.rollout_engine = KVCacheSampler(
+            response_length=args.response_length,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            pad_token_id=tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
+            batch_size=args.local_rollout_forward_batch_size)
+        self.add_callback(_WeightsChanged(self))
         self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
                        else FixedKLController(args.kl_coef))
         self.reward_moments = RunningMoments() if args.normalize_rewards else None
         self.iteration = 0  # rollouts done so far (restored on resume)
         self._micro_step = None  # position in the current iteration; derived from global_step on first use
         self._schedule: MinibatchSchedule | None = None  # the current iteration's rollout and update order
-        self._guard = NonFiniteGuard(args.max_consecutive_nonfinite, _score_hint(args))
+        self._guard = NonFiniteGuard(args.max_consecutive_nonfinite, score_hint(args))
         self._step_loss_finite: torch.Tensor | None = None  # all micro-batch losses of this optimizer step finite
         self._metrics: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._train_phase_start = None
-
-    # ---- validation -------------------------------------------------------------------------------------------
-    def _check_batch_sizes(self, args: PPOConfig, train_dataset) -> None:
-        if train_dataset is None:
-            return
-        global_batch = args.rollout_batch_size * args.world_size
-        if len(train_dataset) < global_batch:
-            raise ValueError(
-                f"One PPO iteration samples {global_batch} prompts (per_device_train_batch_size "
-                f"{args.per_device_train_batch_size} x gradient_accumulation_steps {args.gradient_accumulation_steps} x "
-                f"num_mini_batches {args.num_mini_batches} x {args.world_size} processes), but train_dataset has "
-                f"{len(train_dataset)}. Add prompts or lower one of those factors."
-            )
-        if args.max_steps > 0 and args.max_steps % args.optimizer_steps_per_iteration:
-            warnings.warn(f"max_steps={args.max_steps} is not a multiple of num_ppo_epochs x num_mini_batches = "
-                          f"{args.optimizer_steps_per_iteration}: the last PPO iteration will stop part-way.")
 
     # ---- data: one rollout batch per iteration, repeated for every micro-batch ---------------------------------------
     def _get_train_sampler(self, train_dataset=None):
@@ -276,63 +235,41 @@ class PPOLMTrainer(Trainer):
         optimizer = super().create_optimizer(model)
         if self.args.value_head_learning_rate is None:
             return optimizer
-        head = list(self.accelerator.unwrap_model(self.model).v_head.parameters())
+        head = self.accelerator.unwrap_model(self.model).critic_parameters()
         ids = {id(p) for p in head}
         for group in optimizer.param_groups:
             group["params"] = [p for p in group["params"] if id(p) not in ids]
         optimizer.add_param_group({"params": head, "lr": self.args.value_head_learning_rate, "weight_decay": 0.0})
         return optimizer
 
-    # ---- rollout: steps 1-6 ---------------------------------------------------------------------------------------
+    # ---- rollout: steps 1-10 --------------------------------------------------------------------------------------
     @torch.no_grad()
     def _rollout(self, inputs: dict) -> RolloutBatch | None:
+        """Steps 1-9 (`rollout.rollout`), then the trainer's part: the non-finite guard, metrics, step 10 (the KL
+        controller); None when the rollout held NaN/inf and was dropped."""
         args, tokenizer = self.args, self.processing_class
         model = self.accelerator.unwrap_model(self.model)
-        queries, query_mask, prompts = inputs["queries"], inputs["query_mask"], inputs["prompts"]
-        start = time.perf_counter()
         if self._train_phase_start is not None:
-            self._record({"time/train": start - self._train_phase_start})
+            self._record({"time/train": time.perf_counter() - self._train_phase_start})
         # eval() for sampling only where it changes something: active dropout, or checkpointing (which turns the
         # KV cache off in training mode); each toggle walks every module.
         toggle = model.training and (args.gradient_checkpointing or not args.disable_dropout)
         if toggle:
             model.eval()
-        # 1. Generate (KV cache; the unwrapped model, never the DDP wrapper).
-        responses = generate(
-            model.pretrained_model, queries, query_mask, response_length=args.response_length,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, pad_token_id=tokenizer.pad_token_id,
-            stop_token_ids=self.stop_token_ids, batch_size=args.local_rollout_forward_batch_size,
-        )
-        responses, response_mask, contains_stop = truncate_after_stop(responses, self.stop_token_ids,
-                                                                      tokenizer.pad_token_id)
-        generated = time.perf_counter()
-        # 2. Score: old log-probs and values in one pass, reference log-probs, reward.
-        batch_size = args.local_rollout_forward_batch_size
-        logprobs, values, entropy = policy_forward(model, queries, query_mask, responses, response_mask,
-                                                   temperature=args.temperature, batch_size=batch_size,
-                                                   with_entropy=True)
-        ref_logprobs = reference_logprobs(model, self.ref_model, queries, query_mask, responses, response_mask,
-                                          temperature=args.temperature, batch_size=batch_size,
-                                          ref_adapter=self.ref_adapter)
-        scores = score_responses(self.reward_model, queries=queries, query_mask=query_mask, responses=responses,
-                                 response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
-                                 batch_size=batch_size, reward_tokenizer=self.reward_tokenizer,
-                                 input_format=args.reward_input_format)
-        scored = time.perf_counter()
+        moments = self.reward_moments.state_dict() if self.reward_moments is not None else None
+        result = rollout(model, inputs["queries"], inputs["query_mask"], inputs["prompts"],
+                         engine=self.rollout_engine, ref_model=self.ref_model, ref_adapter=self.ref_adapter,
+                         reward=self.reward_model, tokenizer=tokenizer, reward_tokenizer=self.reward_tokenizer,
+                         input_format=args.reward_input_format, stop_token_ids=self.stop_token_ids,
+                         temperature=args.temperature, batch_size=args.local_rollout_forward_batch_size,
+                         missing_eos_penalty=args.missing_eos_penalty, shape_scores=self._shape_scores,
+                         kl_coef=self.kl_ctl.value, kl_estimator=args.kl_estimator,
+                         gamma=args.gamma, lam=args.lam, whiten_rewards=args.whiten_rewards,
+                         whiten_advantages=args.whiten_advantages)
         if toggle:
             model.train()
-
-        # 3-5. KL-penalised per-token rewards (EOS penalty and optional normalisation on the score first), GAE,
-        # whitening.
-        if args.missing_eos_penalty is not None:
-            scores = scores - args.missing_eos_penalty * (~contains_stop).float()
-        batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
-                             contains_stop)
-        self._guard.check_scale(scores)
-        moments = self.reward_moments.state_dict() if self.reward_moments is not None else None
-        kl = add_advantages(batch, self._shape_scores(scores), kl_coef=self.kl_ctl.value,
-                            kl_estimator=args.kl_estimator, gamma=args.gamma, lam=args.lam,
-                            whiten_rewards=args.whiten_rewards, whiten_advantages=args.whiten_advantages)
+        batch = result.batch
+        self._guard.check_scale(batch.scores)
         # NaN/inf anywhere: drop the rollout before it moves the reward statistics, the KL controller or a weight
         # (decided over all processes, so they all sample again together).
         counts = nonfinite_counts(batch)
@@ -347,16 +284,17 @@ class PPOLMTrainer(Trainer):
             return None
 
         # Metrics, averaged over processes (so every rank's KL controller sees the same KL).
-        stats = self.accelerator.reduce(rollout_stats(batch, kl, entropy, self.stop_token_ids), reduction="mean")
-        self._record(dict(zip(ROLLOUT_STATS, stats)))
-        generated_tokens = response_mask.sum().item() * args.world_size
-        self._record({"objective/kl_coef": self.kl_ctl.value, "time/generate": generated - start,
-                      "time/score": scored - generated,
-                      "rollout/tokens_per_second": generated_tokens / max(generated - start, 1e-9)})
-        # 6. The KL controller moves after each rollout, by the number of episodes it saw.
+        stats = self.accelerator.reduce(torch.stack(list(result.stats.values())), reduction="mean")
+        self._record(dict(zip(result.stats, stats)))
+        generated_tokens = batch.response_mask.sum().item() * args.world_size
+        self._record({"objective/kl_coef": self.kl_ctl.value, "time/generate": result.generate_seconds,
+                      "time/score": result.score_seconds,
+                      "rollout/tokens_per_second": generated_tokens / max(result.generate_seconds, 1e-9)})
+        # 10. The KL controller moves after each rollout, by the number of episodes it saw.
         self.kl_ctl.update(stats[0].item(), len(batch) * args.world_size)
         self.iteration += 1
-        self._maybe_log_samples(tokenizer, queries, query_mask, responses, response_mask, scores)
+        if self.is_world_process_zero():
+            maybe_log_samples(tokenizer, batch, self.iteration, self.state.global_step, self.state.max_steps, args)
         self._train_phase_start = time.perf_counter()
         return batch
 
@@ -369,19 +307,7 @@ class PPOLMTrainer(Trainer):
             return scores.clamp(-self.args.reward_clip, self.args.reward_clip)
         return scores
 
-    def _maybe_log_samples(self, tokenizer, queries, query_mask, responses, response_mask, scores) -> None:
-        n = self.args.num_sample_generations
-        if n <= 0 or not self.is_world_process_zero():
-            return
-        total = max(1, self.state.max_steps // self.args.optimizer_steps_per_iteration)
-        every = max(1, total // n)
-        if (self.iteration - 1) % every:
-            return
-        rows = list(zip(decode_masked(tokenizer, queries, query_mask), decode_masked(tokenizer, responses, response_mask),
-                        scores.tolist()))[:8]
-        log_samples_table(rows, self.iteration, self.state.global_step, self.args.report_to)
-
-    # ---- loss: step 7 ---------------------------------------------------------------------------------------------
+    # ---- loss: step 11 --------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         args, batch, normalizer = self.args, inputs["batch"], inputs["normalizer"]
         mask = batch.response_mask
@@ -462,18 +388,12 @@ class PPOLMTrainer(Trainer):
 
     @torch.no_grad()
     def _eval_scores(self, inputs) -> torch.Tensor:
-        """Scores of freshly sampled responses to eval prompts (eval_loss = -mean score)."""
-        args, tokenizer = self.args, self.processing_class
-        model = self.accelerator.unwrap_model(self.model)
-        responses = generate(model.pretrained_model, inputs["queries"], inputs["query_mask"],
-                             response_length=args.response_length, temperature=args.temperature, top_k=args.top_k,
-                             top_p=args.top_p, pad_token_id=tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
-                             batch_size=args.local_rollout_forward_batch_size)
-        responses, mask, _ = truncate_after_stop(responses, self.stop_token_ids, tokenizer.pad_token_id)
-        return score_responses(self.reward_model, queries=inputs["queries"], query_mask=inputs["query_mask"],
-                               responses=responses, response_mask=mask, tokenizer=tokenizer, prompts=inputs["prompts"],
-                               batch_size=args.local_rollout_forward_batch_size, reward_tokenizer=self.reward_tokenizer,
-                               input_format=args.reward_input_format)
+        """Scores of freshly sampled responses to eval prompts (steps 1-3; eval_loss = -mean score)."""
+        return sample_and_score(self.rollout_engine, self.accelerator.unwrap_model(self.model), self.reward_model,
+                                inputs["queries"], inputs["query_mask"], inputs["prompts"],
+                                tokenizer=self.processing_class, reward_tokenizer=self.reward_tokenizer,
+                                input_format=self.args.reward_input_format, stop_token_ids=self.stop_token_ids,
+                                batch_size=self.args.local_rollout_forward_batch_size).scores
 
     # ---- saving: the policy alone; checkpoints add the value head and PPO state ------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
@@ -481,15 +401,13 @@ class PPOLMTrainer(Trainer):
         if not self.args.should_save:
             return
         self._check_finite_weights(output_dir)
-        from .hub import make_base_path_absolute
-
         os.makedirs(output_dir, exist_ok=True)
         card = os.path.join(output_dir, "README.md")
         had_card = os.path.isfile(card)
-        policy = self.accelerator.unwrap_model(self.model).pretrained_model
+        policy = self.accelerator.unwrap_model(self.model).policy_model
         adapters.save_policy(policy, output_dir, self.trained_adapter)
         self.processing_class.save_pretrained(output_dir)
-        make_base_path_absolute(output_dir)  # the adapter loads from any directory, not only where training ran
+        hub.make_base_path_absolute(output_dir)  # the adapter loads from any directory, not only where training ran
         if not had_card and os.path.isfile(card):
             os.remove(card)  # PEFT's placeholder card: save_model() and push_to_hub() write the real one
 
@@ -502,13 +420,11 @@ class PPOLMTrainer(Trainer):
         super().save_model(output_dir, _internal_call)
         if _internal_call or not self.args.should_save:
             return
-        from .hub import saved_policy_message
-
         folder = output_dir if output_dir is not None else self.args.output_dir
         is_adapter = self._write_card(folder, os.path.basename(os.path.abspath(folder)), merged=False, dataset_names=[],
                                       saved_locally=True)
         if self.is_world_process_zero():
-            print(saved_policy_message(folder, is_adapter))
+            print(hub.saved_policy_message(folder, is_adapter))
 
     def _check_finite_weights(self, output_dir: str) -> None:
         bad = nonfinite_parameters(self.accelerator.unwrap_model(self.model))
@@ -524,13 +440,11 @@ class PPOLMTrainer(Trainer):
         if self.args.should_save:
             wrapper = self.accelerator.unwrap_model(self.model)
             schedule = self._schedule if self._schedule is not None and not self._schedule.done else None
-            state = {"iteration": self.iteration, "kl_controller": self.kl_ctl.state_dict(),
-                     "reward_moments": self.reward_moments.state_dict() if self.reward_moments else None,
-                     "nonfinite": self._guard.state_dict(), "peft": wrapper.is_peft_model,
-                     "optimizer_saved": not self.args.save_only_model, "settings": checkpoint.settings(self.args),
-                     "pending_metrics": {k: [v.item() for v in vs] for k, vs in self._metrics.items()}}
-            checkpoint.save_ppo_state(folder, state=state, value_head=wrapper.value_head_state_dict(),
-                                      rollout_buffer=schedule.state_dict() if schedule is not None else None)
+            checkpoint.save_trainer_state(
+                folder, args=self.args, iteration=self.iteration, kl_controller=self.kl_ctl,
+                reward_moments=self.reward_moments, guard=self._guard, peft=wrapper.is_peft_model, metrics=self._metrics,
+                critic_state=wrapper.value_head_state_dict(),
+                rollout_buffer=schedule.state_dict() if schedule is not None else None)
         super()._save_checkpoint(model, trial)
 
     def _hp_search_setup(self, trial) -> None:
@@ -545,21 +459,15 @@ class PPOLMTrainer(Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         wrapper = self.accelerator.unwrap_model(model if model is not None else self.model)
-        device = wrapper.v_head.weight.device
+        device = wrapper.critic_device
         saved = checkpoint.load_ppo_state(resume_from_checkpoint, self.args, device)
-        checkpoint.load_policy_weights(wrapper.pretrained_model, resume_from_checkpoint, wrapper.is_peft_model, device,
+        checkpoint.load_policy_weights(wrapper.policy_model, resume_from_checkpoint, wrapper.is_peft_model, device,
                                       adapter_name=self.trained_adapter)
         wrapper.load_value_head_state_dict(saved.value_head)
-        state = saved.state
-        self.iteration = state["iteration"]
-        if "kl_coef" not in saved.changed:  # a changed kl_coef (allowed on resume) restarts the controller from it
-            self.kl_ctl.load_state_dict(state["kl_controller"])
-        if self.reward_moments is not None and state["reward_moments"]:
-            self.reward_moments.load_state_dict(state["reward_moments"])
-        self._guard.load_state_dict(state["nonfinite"])
-        self._metrics.clear()
-        for key, values in state["pending_metrics"].items():
-            self._metrics[key] = [torch.tensor(v) for v in values]
+        self.rollout_engine.weights_changed()
+        self.iteration = checkpoint.restore_trainer_state(saved, kl_controller=self.kl_ctl,
+                                                          reward_moments=self.reward_moments, guard=self._guard,
+                                                          metrics=self._metrics)
         self._micro_step, self._schedule = None, None
         if saved.changed:
             warnings.warn(f"Resuming from {resume_from_checkpoint} with changed settings (allow_config_change_on_resume"
@@ -575,9 +483,7 @@ class PPOLMTrainer(Trainer):
     # ---- publishing: the policy alone, with its model card ----------------------------------------------------------
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Resolve the repo id at construction (a clear error now, not after training); the push creates it."""
-        from .hub import resolve_repo_id
-
-        self.hub_model_id = resolve_repo_id(self.args.hub_model_id, self.args.output_dir,
+        self.hub_model_id = hub.resolve_repo_id(self.args.hub_model_id, self.args.output_dir,
                                             token if token is not None else self.args.hub_token)
         self.push_in_progress = None
 
@@ -594,18 +500,16 @@ class PPOLMTrainer(Trainer):
         reference, the reward model, optimizer state or training_args.bin. A failed push raises `HubPushError`,
         leaves the local output intact, and can be retried by calling `push_to_hub()` again.
         """
-        from .hub import push_policy_folder, resolve_repo_id
-
         args = self.args
         token = token if token is not None else args.hub_token
-        repo_id = self.hub_model_id or resolve_repo_id(args.hub_model_id, args.output_dir, token)
+        repo_id = self.hub_model_id or hub.resolve_repo_id(args.hub_model_id, args.output_dir, token)
         self.save_model(args.output_dir, _internal_call=True)
         folder = self._save_merged_policy() if args.push_merged_model else args.output_dir
         if not self.is_world_process_zero():
             return None
         names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
         self._write_card(folder, repo_id, merged=args.push_merged_model, dataset_names=names)
-        return push_policy_folder(folder, repo_id, token=token,
+        return hub.push_policy_folder(folder, repo_id, token=token,
                                   private=private if private is not None else args.hub_private_repo,
                                   revision=revision if revision is not None else args.hub_revision,
                                   create_pr=create_pr, commit_message=commit_message or "Upload PPO policy")
@@ -613,70 +517,18 @@ class PPOLMTrainer(Trainer):
     def _write_card(self, folder: str, repo_id: str, merged: bool, dataset_names: list[str],
                     saved_locally: bool = False) -> bool:
         """Render the policy's model card (and its plot) into `folder`; return whether the policy is an adapter."""
-        from .hub import write_model_card
-
-        policy = self.accelerator.unwrap_model(self.model).pretrained_model
-        peft_config = policy.peft_config[self.trained_adapter].to_dict() if self.trained_adapter else None
-        write_model_card(folder, repo_id=repo_id, base_model=self._model_sources["model"],
-                         reward_model=self._model_sources["reward_model"], ref_model=self._model_sources["ref_model"],
-                         dataset_names=dataset_names, peft_config=peft_config,
-                         hyperparameters=self._card_hyperparameters(), log_history=self.state.log_history,
-                         merged=merged or (saved_locally and peft_config is None), saved_locally=saved_locally)
-        return peft_config is not None
-
-    def _card_hyperparameters(self) -> dict:
-        args = self.args
-        names = ["learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
-                 "gradient_accumulation_steps", "num_mini_batches", "num_ppo_epochs", "response_length",
-                 "temperature", "top_k", "top_p", "kl_coef", "kl_estimator", "adaptive_kl", "gamma", "lam",
-                 "cliprange", "cliprange_value", "vf_coef", "entropy_coef", "whiten_rewards", "missing_eos_penalty",
-                 "normalize_rewards", "policy_quantization", "ref_quantization", "reward_quantization", "seed",
-                 "loss_aggregation", "cliprange_low", "cliprange_high", "dual_clip"]
-        values = {name: getattr(args, name) for name in names}
-        values["rollout_batch_size (per device)"] = args.rollout_batch_size
-        values["world_size"] = args.world_size
-        return values
+        return hub.write_policy_card(folder, self.accelerator.unwrap_model(self.model).policy_model,
+                                     self.trained_adapter, self._model_sources, self.args, self.state.log_history,
+                                     repo_id=repo_id, merged=merged, dataset_names=dataset_names,
+                                     saved_locally=saved_locally)
 
     def _save_merged_policy(self) -> str:
         """Save the adapter merged into a full-precision base to `output_dir/merged`; return that folder."""
-        from .hub import save_merged_policy
-
         folder = os.path.join(self.args.output_dir, "merged")
-        policy = self.accelerator.unwrap_model(self.model).pretrained_model
-        if not hasattr(policy, "peft_config"):
+        if not self.accelerator.unwrap_model(self.model).is_peft_model:
             self.save_model(folder, _internal_call=True)
         elif self.args.should_save:
-            save_merged_policy(self.args.output_dir, self._model_sources["model"], folder, self.processing_class,
+            hub.save_merged_policy(self.args.output_dir, self._model_sources["model"], folder, self.processing_class,
                                self.args.model_init_kwargs)
         return folder
 
-
-# ---- construction helpers ------------------------------------------------------------------------------------------
-def _name_of(obj) -> str | None:
-    if obj is None:
-        return None
-    model = getattr(obj, "pretrained_model", obj)
-    config = getattr(model, "config", None)
-    return getattr(config, "_name_or_path", None) or type(obj).__name__
-
-
-def _max_positions(config) -> int | None:
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return getattr(text_config, "max_position_embeddings", None)
-
-
-_POLICY_VOCAB_FIX = ("If you added tokens to the tokenizer (a [PAD], chat tokens), the policy needs rows for them: "
-                     "`model.resize_token_embeddings(len(tokenizer))` and pass the model object; a pad token needs "
-                     "none (the trainer picks an existing unused special token when the tokenizer has no pad). "
-                     "Otherwise pass the tokenizer that belongs to the policy.")
-_REFERENCE_VOCAB_FIX = ("The reference scores the policy's token ids, so it must have the policy's vocabulary: pass "
-                        "the policy's starting checkpoint as ref_model (or ref_model=None), resized like the policy "
-                        "if you added tokens.")
-
-
-
-def _score_hint(args: PPOConfig) -> str:
-    """How to tame huge reward scores, or "" when the run already normalises or clips them."""
-    if args.normalize_rewards or args.reward_clip is not None:
-        return ""
-    return "Set normalize_rewards=True (running mean/std) or reward_clip, or rescale the reward."

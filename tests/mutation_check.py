@@ -4,7 +4,8 @@
     python tests/mutation_check.py -k shuffle   # only mutations whose name contains "shuffle"
     python tests/mutation_check.py --list       # the mutations, without running anything
 
-Each mutation replaces an exact snippet of today's code (rollout.py, trainer.py, modeling.py, loading.py) with a
+Each mutation replaces an exact snippet of today's code (rollout.py, generation.py, trainer.py, modeling.py,
+loading.py) with a
 bug of a kind a refactor introduces. It is applied to a temporary COPY of the repository (the working tree is never
 touched), and a fast subset of the suite (`SUBSET`) runs against the copy with `-x`. The score is caught / total;
 it must stay at 100%. A snippet that no longer appears exactly once in the code is reported STALE: when code moves,
@@ -42,7 +43,7 @@ class Mutation:
     edits: list[tuple[str, str, str]]  # (file under hf_ppo/, exact original snippet, replacement)
 
 
-R, T, M, L = "rollout.py", "trainer.py", "modeling.py", "loading.py"
+R, T, M, L, G = "rollout.py", "trainer.py", "modeling.py", "loading.py", "generation.py"
 ARANGE = "torch.arange({0}.shape[1], device={0}.device).expand_as({0})"
 MUTATIONS = [
     # -- the reference ------------------------------------------------------------------------------------------------
@@ -52,7 +53,7 @@ MUTATIONS = [
              [(R, 'return peft_model.disable_adapter() if hasattr(peft_model, "disable_adapter") else contextlib.nullcontext()',
                "return contextlib.nullcontext()")]),
     Mutation("ref_is_policy", "frozen reference ignored: the policy scores itself (KL always 0)",
-             [(T, "reference_logprobs(model, self.ref_model,", "reference_logprobs(model, None,")]),
+             [(R, "reference_logprobs(policy, ref_model,", "reference_logprobs(policy, None,")]),
     Mutation("ref_untempered", "reference log-probs without the sampling temperature",
              [(R, "policy_forward(ref_model, queries, query_mask, responses, response_mask, temperature=temperature,",
                "policy_forward(ref_model, queries, query_mask, responses, response_mask, temperature=1.0,")]),
@@ -72,15 +73,15 @@ MUTATIONS = [
              [(R, "encoded = reward_tokenizer([p + c for p, c in zip(prompt_texts, completions)], padding=True,",
                "encoded = reward_tokenizer(list(completions), padding=True,")]),
     Mutation("eos_penalty_to_stopped", "missing-EOS penalty given to responses that did stop",
-             [(T, "args.missing_eos_penalty * (~contains_stop).float()", "args.missing_eos_penalty * contains_stop.float()")]),
+             [(R, "missing_eos_penalty * (~contains_stop).float()", "missing_eos_penalty * contains_stop.float()")]),
     Mutation("eos_penalty_to_all", "missing-EOS penalty given to responses that did stop",
-             [(T, "scores = scores - args.missing_eos_penalty * (~contains_stop).float()",
-               "scores = scores - args.missing_eos_penalty")]),
+             [(R, "scores = scores - missing_eos_penalty * (~contains_stop).float()",
+               "scores = scores - missing_eos_penalty")]),
     Mutation("stop_token_not_real", "the stop token left out of the response mask",
              [(R, "stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()",
                "stops_before = torch.cumsum(is_stop.long(), dim=1)")]),
     Mutation("tokens_after_stop_kept", "tokens after the stop token not replaced by padding (sampler and truncation)",
-             [(R, "token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)",
+             [(G, "token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)",
                "token = sample_token(out.logits[:, -1], temperature, top_k, top_p)"),
               (R, "return responses.masked_fill(~mask, pad_token_id), mask, is_stop.any(dim=1)",
                "return responses, mask, is_stop.any(dim=1)")]),
@@ -103,12 +104,12 @@ MUTATIONS = [
              [(R, "position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)",
                "position_ids = " + ARANGE.format("attention_mask"))]),
     Mutation("positions_generation", "position ids not derived from the attention mask (sampling)",
-             [(R, "positions = (attention.cumsum(1) - 1).clamp(min=0)", "positions = " + ARANGE.format("attention"))]),
+             [(G, "positions = (attention.cumsum(1) - 1).clamp(min=0)", "positions = " + ARANGE.format("attention"))]),
     Mutation("positions_reward", "position ids not derived from the attention mask (reward model)",
              [(R, "position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)", "position_ids = " + ARANGE.format("mask"))]),
     # -- temperature --------------------------------------------------------------------------------------------------
     Mutation("sampler_ignores_temperature", "the sampler ignoring temperature",
-             [(R, "logits = logits.float() / temperature\n    if top_k:", "logits = logits.float()\n    if top_k:")]),
+             [(G, "logits = logits.float() / temperature\n    if top_k:", "logits = logits.float()\n    if top_k:")]),
     Mutation("rollout_samples_at_t1", "the sampler ignoring temperature (not passed by the trainer)",
              [(T, "            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,",
                "            temperature=1.0, top_k=args.top_k, top_p=args.top_p,")]),
@@ -120,15 +121,14 @@ MUTATIONS = [
                "logprobs = logprobs_from_logits(logits, batch.responses)")]),
     # -- rewards, advantages, returns ---------------------------------------------------------------------------------
     Mutation("kl_estimator_ignored", "the configured KL estimator ignored",
-             [(R, "kl = kl_estimate(batch.logprobs, batch.ref_logprobs, kl_estimator)",
-               'kl = kl_estimate(batch.logprobs, batch.ref_logprobs, "k1")')]),
+             [(R, "kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)",
+               'kl = kl_estimate(logprobs, ref_logprobs, "k1")')]),
     Mutation("advantages_not_whitened", "advantages never whitened although whiten_advantages=True",
-             [(R, "batch.advantages = masked_whiten(advantages, mask) if whiten_advantages else advantages",
-               "batch.advantages = advantages")]),
+             [(R, "whitened = masked_whiten(advantages, mask) if whiten_advantages else advantages",
+               "whitened = advantages")]),
     Mutation("returns_from_whitened", "returns built from whitened advantages",
-             [(R, "    batch.rewards = rewards\n",
-               "    batch.rewards = rewards\n    batch.returns = torch.where(mask, masked_whiten(advantages, mask) + "
-               "batch.values, torch.zeros_like(advantages))\n")]),
+             [(R, '"returns": returns}',
+               '"returns": torch.where(mask, masked_whiten(advantages, mask) + values, torch.zeros_like(advantages))}')]),
     Mutation("gamma_lam_swapped", "GAE hyperparameters swapped",
              [(T, "gamma=args.gamma, lam=args.lam", "gamma=args.lam, lam=args.gamma")]),
     # -- KL controller ------------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from hf_ppo.rollout import generate, sample_token, truncate_after_stop
+from hf_ppo.generation import generate, sample_token
+from hf_ppo.rollout import truncate_after_stop
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,107 @@
+"""The rollout engine: what samples responses to left-padded prompts, behind a small interface.
+
+`RolloutEngine` is the interface: `generate(model, queries, query_mask) -> responses` and `weights_changed()`, the
+hook an engine that keeps its own copy of the weights (a vLLM server, say) needs after each optimizer step.
+`KVCacheSampler`, the default, samples with the policy's own KV cache in a lean decode loop (`generate`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RolloutEngine:
+    """Samples token ids for left-padded prompts. Subclass it and pass an instance to the trainer's rollout."""
+
+    def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+        """Responses (B, R) long for `queries` (B, Q) long / `query_mask` (B, Q) bool, left-padded; after a row's
+        first stop token, padding."""
+        raise NotImplementedError
+
+    def weights_changed(self) -> None:
+        """Called after the policy's weights changed (an optimizer step or a checkpoint load). The default engine
+        samples from the live model and needs nothing."""
+
+
+class KVCacheSampler(RolloutEngine):
+    """The default engine: `generate` below, with the sampling settings fixed at construction."""
+
+    def __init__(self, *, response_length: int, temperature: float, top_k: int | None, top_p: float,
+                 pad_token_id: int, stop_token_ids, batch_size: int):
+        self.settings = dict(response_length=response_length, temperature=temperature, top_k=top_k, top_p=top_p,
+                             pad_token_id=pad_token_id, stop_token_ids=stop_token_ids, batch_size=batch_size)
+
+    def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+        return generate(model, queries, query_mask, **self.settings)
+
+
+def chunks(n: int, size: int):
+    """Slices of `range(n)` of at most `size` rows: the micro-batches of every no-grad pass."""
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
+
+
+def stop_tensor(stop_token_ids, device) -> torch.Tensor:
+    """Stop ids as a 1-D long tensor (empty: never stop); accepts None, an int or a sequence of ints."""
+    if stop_token_ids is None:
+        stop_token_ids = []
+    elif isinstance(stop_token_ids, int):
+        stop_token_ids = [stop_token_ids]
+    return torch.as_tensor(list(stop_token_ids), dtype=torch.long, device=device)
+
+
+def sample_token(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float) -> torch.Tensor:
+    """One token per row from softmax(logits / temperature), restricted to the top-k / top-p (nucleus) set.
+
+    logits: (B, vocab) -> (B,) long. The nucleus keeps the smallest set of tokens whose probability reaches top_p
+    (the most likely token is always kept).
+    """
+    logits = logits.float() / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        outside = (probs.cumsum(-1) - probs) >= top_p  # the mass before this token already reached top_p
+        sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor, *, response_length: int, temperature: float,
+    top_k: int | None, top_p: float, pad_token_id: int, stop_token_ids, batch_size: int,
+) -> torch.Tensor:
+    """Sample `response_length` tokens per prompt with the model's KV cache: (B, Q) -> responses (B, R).
+
+    A lean decode loop: one prefill of the left-padded prompts, then one cached forward per token, with position
+    ids that count real tokens only. Rows stop after their first stop token (any of `stop_token_ids`: an id, a list,
+    or None for never; the rest is `pad_token_id`), and the loop ends early once every row has stopped. No
+    generation-config machinery runs per token.
+    """
+    stops = stop_tensor(stop_token_ids, queries.device)
+    outputs = []
+    for rows in chunks(queries.shape[0], batch_size):
+        attention = query_mask[rows].long()
+        positions = (attention.cumsum(1) - 1).clamp(min=0)
+        out = model(input_ids=queries[rows], attention_mask=attention, position_ids=positions, use_cache=True,
+                    logits_to_keep=1)
+        response = queries.new_full((attention.shape[0], response_length), pad_token_id)
+        done = torch.zeros(attention.shape[0], dtype=torch.bool, device=queries.device)
+        next_position = positions[:, -1:]
+        for t in range(response_length):
+            token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)
+            response[:, t] = token
+            if stops.numel():
+                done |= torch.isin(token, stops)
+            if t == response_length - 1 or bool(done.all()):
+                break
+            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
+            next_position = next_position + 1
+            out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
+                        past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+        outputs.append(response)
+    return torch.cat(outputs)
