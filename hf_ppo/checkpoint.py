@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 import zipfile
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from transformers import TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .modeling import VALUE_HEAD_FILE
+from .rollout import MinibatchSchedule
 
 PPO_STATE_FILE = "ppo_state.json"
 ROLLOUT_BUFFER_FILE = "rollout_buffer.safetensors"
@@ -319,3 +321,29 @@ def load_policy_weights(policy, folder: str, peft: bool, device, adapter_name: s
         return
     for name in policy_files(folder, False, []):
         policy.load_state_dict(load_file(os.path.join(folder, name)), strict=False)
+
+
+def skip_incomplete(run_dir: str) -> None:
+    """`hide_incomplete`, with a warning naming each checkpoint moved aside."""
+    for folder, moved_to, issues in hide_incomplete(run_dir):
+        warnings.warn(f"Skipping incomplete checkpoint {folder} ({'; '.join(issues)}): the run stopped while writing "
+                      f"it. Moved to {moved_to}.")
+
+
+def resumed_schedule(saved: SavedPPOState, folder: str, args) -> MinibatchSchedule | None:
+    """The interrupted iteration's schedule (rollout, shuffles, position) to finish after a resume, or None.
+
+    With settings changed on resume (`allow_config_change_on_resume`) the rollout no longer matches them: a warning
+    lists the changes, and a fresh rollout serves the iteration's remaining steps.
+    """
+    if saved.changed:
+        warnings.warn(f"Resuming from {folder} with changed settings (allow_config_change_on_resume): "
+                      + describe_changes(saved.changed, "; ") + ". The new values apply from now on"
+                      + ("; the interrupted iteration's rollout is discarded (a fresh one serves its remaining steps)."
+                         if saved.rollout_buffer is not None else "."))
+        return None
+    if saved.rollout_buffer is None:
+        return None
+    return MinibatchSchedule.from_state_dict(saved.rollout_buffer, num_mini_batches=args.num_mini_batches,
+                                             gradient_accumulation_steps=args.gradient_accumulation_steps,
+                                             loss_aggregation=args.loss_aggregation)

@@ -188,3 +188,15 @@ def check_rollout_batch(args, train_dataset) -> None:
     if args.max_steps > 0 and args.max_steps % args.optimizer_steps_per_iteration:
         warnings.warn(f"max_steps={args.max_steps} is not a multiple of num_ppo_epochs x num_mini_batches = "
                       f"{args.optimizer_steps_per_iteration}: the last PPO iteration will stop part-way.")
+
+
+def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, context: int | None):
+    """Both prompt datasets checked and tokenized (`prepare_prompts`), and the rollout batch checked against the
+    training set; returns (train, eval, chat) where chat is the set of "is a chat dataset" values seen."""
+    kwargs = dict(context=context, max_prompt_length=args.max_prompt_length, response_length=args.response_length,
+                  num_proc=args.dataset_num_proc)
+    train_dataset = prepare_prompts(train_dataset, tokenizer, "train_dataset", **kwargs)
+    eval_dataset = prepare_prompts(eval_dataset, tokenizer, "eval_dataset", **kwargs)
+    check_rollout_batch(args, train_dataset)
+    chat = {isinstance(d[0]["prompt"], list) for d in (train_dataset, eval_dataset) if d is not None}
+    return train_dataset, eval_dataset, chat or {False}

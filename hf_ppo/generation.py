@@ -7,8 +7,11 @@ hook an engine that keeps its own copy of the weights (a vLLM server, say) needs
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
+from transformers import TrainerCallback
 
 
 class RolloutEngine:
@@ -105,3 +108,14 @@ def generate(
                         past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
         outputs.append(response)
     return torch.cat(outputs)
+
+
+class WeightsChangedCallback(TrainerCallback):
+    """Tells a trainer's `rollout_engine` after every optimizer step that the policy's weights changed (looked up
+    on each call, so an engine assigned after construction is told too)."""
+
+    def __init__(self, trainer):
+        self.trainer = weakref.ref(trainer)  # no reference cycle through Trainer's callback handler
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer().rollout_engine.weights_changed()

@@ -81,6 +81,19 @@ class NonFiniteGuard:
     def good_step(self) -> None:
         self.consecutive = 0
 
+    def check_step(self, loss_finite, grad_norm, under_grad_scaler: bool, step: int, last_checkpoint) -> bool:
+        """After the backward passes of optimizer step `step`: True when it may go ahead; False (counted, and an
+        error after too many in a row) for a non-finite loss or gradient norm. Under fp16's GradScaler, which skips
+        overflowed steps itself, only a non-finite loss counts."""
+        cause = ("the loss is NaN/inf" if loss_finite is not None and not loss_finite.item()
+                 else None if under_grad_scaler or is_finite_number(grad_norm)
+                 else f"the gradient norm is {float(grad_norm)}")
+        if cause is None:
+            self.good_step()
+            return True
+        self.skipped_step(f"{cause} at step {step}", last_checkpoint)
+        return False
+
     def _record(self, what: str, last_checkpoint) -> None:
         self.consecutive += 1
         if self.consecutive < self.max_consecutive:
@@ -120,3 +133,20 @@ def score_hint(args) -> str:
     if args.normalize_rewards or args.reward_clip is not None:
         return ""
     return "Set normalize_rewards=True (running mean/std) or reward_clip, or rescale the reward."
+
+
+def check_finite_weights(model: torch.nn.Module, output_dir: str, last_checkpoint: str | None) -> None:
+    """Refuse to save NaN/inf weights: the error names the parameters and the last complete checkpoint."""
+    bad = nonfinite_parameters(model)
+    if bad:
+        raise RuntimeError(f"Not saving to {output_dir}: parameters {bad[:5]} hold NaN/inf. The last complete "
+                           f"checkpoint is {last_checkpoint or 'none'}.")
+
+
+def nonfinite_problem(batch, accelerator, world_size: int) -> str | None:
+    """What is NaN/inf in a rollout batch, counted over all processes (so they all drop it together); None if
+    nothing is."""
+    counts = nonfinite_counts(batch)
+    if world_size > 1:
+        counts = accelerator.reduce(counts, reduction="sum")
+    return describe_counts(counts.tolist(), len(batch) * world_size)

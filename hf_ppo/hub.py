@@ -15,6 +15,7 @@ import re
 from importlib import metadata, resources
 from pathlib import Path
 
+from hf_ppo.adapters import save_policy
 from hf_ppo.plots import metric_series, plot_training_curves
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,24 @@ def card_hyperparameters(args) -> dict:
     values["rollout_batch_size (per device)"] = args.rollout_batch_size
     values["world_size"] = args.world_size
     return values
+
+
+def model_sources(model, reward_model, ref_model, policy_model, trained_adapter: str | None,
+                  ref_adapter: str | None, fresh_adapter: bool) -> dict[str, str | None]:
+    """How the card names the base, reward and reference models (ids as given; objects by `source_name`).
+
+    An adapter given by id/path is named by its base, and is itself the reference; a reference adapter of a
+    `PeftModel` object is named as such (never "the adapter disabled").
+    """
+    sources = {"model": model if isinstance(model, str) else source_name(model),
+               "reward_model": reward_model if isinstance(reward_model, str) else source_name(reward_model),
+               "ref_model": ref_model if isinstance(ref_model, str) else source_name(ref_model)}
+    if isinstance(model, str) and trained_adapter and not fresh_adapter:
+        sources["model"] = policy_model.peft_config[trained_adapter].base_model_name_or_path
+        sources["ref_model"] = sources["ref_model"] or model
+    elif ref_adapter is not None:
+        sources["ref_model"] = f"adapter {ref_adapter!r} of the policy"
+    return sources
 
 
 def source_name(obj) -> str | None:
@@ -531,3 +550,19 @@ def _describe_failure(err: Exception, endpoint: str) -> str:
         return f"the Hub rejected the upload ({first_line})"
     return (f"the Hub at {endpoint} could not be reached ({type(err).__name__}: {first_line}); "
             "check the network connection and HF_ENDPOINT")
+
+
+def save_policy_folder(policy, output_dir: str, trained_adapter: str | None, tokenizer) -> None:
+    """The policy alone (full weights, or only the trained adapter) + tokenizer, loadable from any directory.
+
+    The adapter names its base as a Hub id or an absolute path, and PEFT's placeholder README.md is not left behind:
+    `save_model()` and `push_to_hub()` write the real card.
+    """
+    os.makedirs(output_dir, exist_ok=True)
+    card = os.path.join(output_dir, "README.md")
+    had_card = os.path.isfile(card)
+    save_policy(policy, output_dir, trained_adapter)
+    tokenizer.save_pretrained(output_dir)
+    make_base_path_absolute(output_dir)
+    if not had_card and os.path.isfile(card):
+        os.remove(card)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import dataclass
 import re
 import warnings
 
@@ -24,7 +25,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from .adapters import adapter_config
+from .adapters import adapter_config, prepare_adapters
 from .modeling import AutoModelForCausalLMWithValueHead
 from .rollout import reward_input_format
 
@@ -561,3 +562,56 @@ def max_positions(config) -> int | None:
     """The model's context length (`max_position_embeddings` of its text config), or None when it has none."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     return getattr(text_config, "max_position_embeddings", None)
+
+
+@dataclass
+class LoadedModels:
+    """Everything `load_models` builds: the policy + value head, the frozen models and the tokenizers."""
+
+    policy: AutoModelForCausalLMWithValueHead
+    tokenizer: PreTrainedTokenizerBase  # the policy's, with a pad token that is no stop token
+    ref_model: nn.Module | None  # None: the policy's reference adapter, or its adapter disabled
+    reward_model: nn.Module  # or a reward callable
+    reward_processing_class: PreTrainedTokenizerBase | None
+    stop_token_ids: list[int]
+    trained_adapter: str | None
+    ref_adapter: str | None
+
+
+def load_models(model, processing_class, reward_model, ref_model, reward_processing_class, peft_config,
+                args, device) -> LoadedModels:
+    """Load and check the policy, the reference and the reward model as `PPOLMTrainer` is given them.
+
+    Each model that reads the policy's token ids is checked against the tokenizer here, not by an IndexError
+    mid-rollout; the stop tokens are resolved, then a pad token that is none of them is chosen; dropout is turned off.
+    """
+    dtype = compute_dtype(args.bf16, args.fp16)
+    if processing_class is None:
+        if not isinstance(model, str):
+            raise ValueError("Pass processing_class=tokenizer when model is not a Hub id or path.")
+        processing_class = load_policy_tokenizer(model, args.model_init_kwargs)
+    policy = load_policy(model, args.model_init_kwargs, args.policy_quantization, peft_config, dtype, device,
+                         args.gradient_checkpointing)
+    body = policy.policy_model
+    check_vocab(body, processing_class, "policy", POLICY_VOCAB_FIX)
+    stop_token_ids = resolve_stop_token_ids(args.stop_token_ids, args.stop_token_id, args.stop_token,
+                                            processing_class, body)
+    check_stop_token_ids(stop_token_ids, body, needs_stop=args.missing_eos_penalty is not None)
+    tokenizer = choose_pad_token(processing_class, body, stop_token_ids, "id" if isinstance(model, str) else "object")
+    # The trained adapter and, with ref_model=None, the reference adapter beside it (continuing from an adapter).
+    trained_adapter, ref_adapter = prepare_adapters(
+        body, fresh=peft_config is not None, ref_model_given=ref_model is not None,
+        model_adapter_name=args.model_adapter_name, ref_adapter_name=args.ref_adapter_name)
+    ref = load_reference(ref_model, model, args.ref_model_init_kwargs, args.ref_quantization, dtype, device,
+                         uses_peft=policy.is_peft_model)
+    if ref is not None:
+        check_vocab(ref, tokenizer, "reference model", REFERENCE_VOCAB_FIX)
+    reward = load_reward_model(reward_model, args.reward_model_init_kwargs, args.reward_quantization, dtype, device)
+    if isinstance(reward_model, str) and reward_processing_class is None:
+        reward_processing_class = load_tokenizer(reward_model, "reward model", args.reward_model_init_kwargs)
+    if args.disable_dropout:
+        for m in (policy, ref, reward):
+            if isinstance(m, nn.Module):
+                disable_dropout(m)
+    return LoadedModels(policy, tokenizer, ref, reward, reward_processing_class, stop_token_ids, trained_adapter,
+                        ref_adapter)

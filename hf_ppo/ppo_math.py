@@ -429,3 +429,35 @@ class RunningMoments:
 
     def load_state_dict(self, state: dict) -> None:
         self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+
+
+def ppo_loss(
+    logits: torch.Tensor, values: torch.Tensor, responses: torch.Tensor, old_logprobs: torch.Tensor,
+    old_values: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+    normalizer: torch.Tensor, *, temperature: float, cliprange: float, cliprange_value: float, vf_coef: float,
+    entropy_coef: float, loss_aggregation: str = "token_mean", max_length: int | None = None,
+    cliprange_low: float | None = None, cliprange_high: float | None = None, dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective of one micro-batch: clipped policy loss + vf_coef * clipped value loss - entropy_coef * H.
+
+    logits (B, R, vocab) and values (B, R) from the current model at the response positions; the rest (B, R) from
+    the rollout. `normalizer` is the whole minibatch's (`loss_normalizer`), so accumulated micro-batches sum to the
+    minibatch's loss. Returns the loss and its statistics (losses as this micro-batch's own aggregates).
+    """
+    aggregation = {"loss_aggregation": loss_aggregation, "max_length": max_length}
+    logprobs = logprobs_from_logits(logits, responses, temperature)
+    pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, old_logprobs, advantages, mask, cliprange, normalizer,
+                                                 cliprange_low=cliprange_low, cliprange_high=cliprange_high,
+                                                 dual_clip=dual_clip, **aggregation)
+    vf_loss, vf_clipfrac = value_loss(values, old_values, returns, mask, cliprange_value, normalizer, **aggregation)
+    loss = pg_loss + vf_coef * vf_loss
+    if entropy_coef:  # a vocabulary-wide softmax: only paid when the bonus is on
+        entropy = entropy_from_logits(logits, temperature)
+        loss = loss - entropy_coef * aggregate_loss(entropy, mask, normalizer=normalizer, **aggregation)
+    with torch.no_grad():
+        scale = normalizer / loss_normalizer(mask, loss_aggregation)
+        ratio = torch.exp(logprobs - old_logprobs)
+        stats = {"loss/policy_avg": pg_loss * scale, "loss/value_avg": vf_loss * scale,
+                 "policy/approxkl_avg": approxkl, "policy/clipfrac_avg": pg_clipfrac, "val/clipfrac_avg": vf_clipfrac,
+                 "val/ratio": masked_mean(ratio, mask), "val/ratio_var": masked_var(ratio, mask)}
+    return loss, stats

@@ -520,3 +520,14 @@ class MinibatchSchedule:
         return cls(RolloutBatch(**state), orders, num_mini_batches=num_mini_batches,
                    gradient_accumulation_steps=gradient_accumulation_steps, position=position,
                    loss_aggregation=loss_aggregation)
+
+
+def shape_scores(scores: torch.Tensor, *, reward_moments, reward_clip: float | None, gather) -> torch.Tensor:
+    """Step 7: running normalisation of the scores (`reward_moments`, statistics over all processes through
+    `gather`) and clipping to [-reward_clip, reward_clip], when configured."""
+    if reward_moments is not None:
+        reward_moments.update(gather(scores))
+        return reward_moments.normalize(scores, reward_clip)
+    if reward_clip is not None:
+        return scores.clamp(-reward_clip, reward_clip)
+    return scores

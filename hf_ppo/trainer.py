@@ -1,63 +1,34 @@
 """`PPOLMTrainer`: clipped-PPO RLHF as a thin `transformers.Trainer` subclass.
 
-Trainer keeps its loop, optimizer, LR schedule, gradient accumulation, `max_grad_norm` clipping, mixed precision,
-callbacks, logging, checkpoint rotation and hub plumbing. PPO plugs into its seams (steps numbered as in the README's
-"What one iteration does" and `rollout.py`):
-
-- the sampler (`data.RolloutRepeatSampler`) repeats each rollout batch of prompts once per micro-batch of the
-  iteration, so Trainer's step counting (`max_steps`, epochs, `save_steps`) is right;
-- `_prepare_inputs`, on the first micro-batch of an iteration: steps 1-9 (`rollout.rollout`: generate, truncate,
-  score, EOS penalty, policy forward, reference, shaping, rewards/GAE/whitening, statistics), then 10. the KL
-  controller update; then it hands out shuffled micro-batches of that rollout for `num_ppo_epochs` epochs;
-- `compute_loss`: 11. clipped policy loss + vf_coef * clipped value loss (- entropy bonus), normalised by the
-  minibatch's token (or, for the seq-mean loss aggregations, sequence) count so accumulation gives the minibatch
-  gradient exactly;
-- `log`: the averaged PPO metrics; `_save` / `_save_checkpoint` / `_load_from_checkpoint` / `push_to_hub`: only the
-  policy is saved and published (`hub.py`), checkpoints also hold the critic and the PPO state (`checkpoint.py`).
+Trainer keeps its loop, optimizer, LR schedule, accumulation, clipping, mixed precision, callbacks, logging,
+checkpoint rotation and hub plumbing. PPO plugs into its seams (steps numbered as in the README and `rollout.py`):
+the sampler repeats each rollout batch once per micro-batch of the iteration, so Trainer's step counting is right;
+`_prepare_inputs` runs steps 1-9 (`rollout.rollout`) and 10 (the KL controller) on an iteration's first micro-batch,
+then hands out shuffled micro-batches for `num_ppo_epochs` epochs; `compute_loss` is step 11 (`ppo_math.ppo_loss`,
+normalised by the whole minibatch so accumulation is exact); `log` adds the PPO metrics; saving and publishing write
+the policy alone (`hub.py`), checkpoints add the critic and the PPO state (`checkpoint.py`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-import warnings
-import weakref
 from collections import defaultdict
 
 import torch
 from transformers import Trainer, set_seed
-from transformers.trainer_callback import ProgressCallback, TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 
-from . import adapters, checkpoint, hub, loading
+from . import checkpoint, hub, loading
 from .config import PPOConfig
-from .data import PromptCollator, RolloutRepeatSampler, check_rollout_batch, prepare_prompts
-from .generation import KVCacheSampler
-from .guard import NonFiniteGuard, describe_counts, score_hint, is_finite_number, nonfinite_counts, nonfinite_parameters
-from .ppo_math import (
-    AdaptiveKLController,
-    FixedKLController,
-    RunningMoments,
-    aggregate_loss,
-    entropy_from_logits,
-    logprobs_from_logits,
-    loss_normalizer,
-    masked_mean,
-    masked_var,
-    policy_loss,
-    value_loss,
-)
+from .data import PromptCollator, RolloutRepeatSampler, prepare_datasets
+from .generation import KVCacheSampler, WeightsChangedCallback
+from .guard import NonFiniteGuard, check_finite_weights, nonfinite_problem, score_hint
+from .ppo_math import AdaptiveKLController, FixedKLController, RunningMoments, ppo_loss
 from .reporting import PPOProgressCallback, maybe_log_samples
 from .rollout import (MinibatchSchedule, RolloutBatch, probe_reward_callable, rollout, sample_and_score,
-                      sequence_inputs)
-
-class _WeightsChanged(TrainerCallback):
-    """Tells the trainer's rollout engine after every optimizer step that the policy's weights changed."""
-
-    def __init__(self, trainer: "PPOLMTrainer"):
-        self.trainer = weakref.ref(trainer)  # no reference cycle through Trainer's callback handler
-
-    def on_optimizer_step(self, args, state, control, **kwargs):
-        self.trainer().rollout_engine.weights_changed()
+                      sequence_inputs, shape_scores)
 
 
 class PPOLMTrainer(Trainer):
@@ -78,7 +49,6 @@ class PPOLMTrainer(Trainer):
             tokenizer differs from the policy's (loaded automatically when `reward_model` is an id/path).
     """
 
-    _tag_names = ["hf_ppo", "ppo", "rlhf"]
     # compute_loss already divides by the minibatch's token (or sequence) count, so Trainer must not divide again.
     loss_is_scaled_for_ga = True
 
@@ -104,64 +74,20 @@ class PPOLMTrainer(Trainer):
                              "AutoModelForSequenceClassification (num_labels=1), or a callable (prompts, completions) -> list[float].")
         # Seed before any model is built: LoRA and value-head initialisation must follow `seed` too.
         set_seed(args.seed)
-        device, dtype = args.device, loading.compute_dtype(args.bf16, args.fp16)
-        self._model_sources = {"model": model if isinstance(model, str) else hub.source_name(model),
-                               "reward_model": reward_model if isinstance(reward_model, str) else hub.source_name(reward_model),
-                               "ref_model": ref_model if isinstance(ref_model, str) else hub.source_name(ref_model)}
-
-        if processing_class is None:
-            if not isinstance(model, str):
-                raise ValueError("Pass processing_class=tokenizer when model is not a Hub id or path.")
-            processing_class = loading.load_policy_tokenizer(model, args.model_init_kwargs)
-
-        # Models: the policy + value head (trainable), the reference and the reward model (frozen). Each model that
-        # reads the policy's token ids is checked against the tokenizer here, not by an IndexError mid-rollout.
-        policy = loading.load_policy(model, args.model_init_kwargs, args.policy_quantization, peft_config, dtype,
-                                     device, args.gradient_checkpointing)
-        body = policy.policy_model
-        loading.check_vocab(body, processing_class, "policy", loading.POLICY_VOCAB_FIX)
-        # Stop tokens (the tokenizer's EOS and the model's generation_config ones), then a pad token that is none of
-        # them: an existing unused special token when the tokenizer has no pad or pads with a stop token.
-        self.stop_token_ids = loading.resolve_stop_token_ids(args.stop_token_ids, args.stop_token_id, args.stop_token,
-                                                             processing_class, body)
-        loading.check_stop_token_ids(self.stop_token_ids, body, needs_stop=args.missing_eos_penalty is not None)
-        tokenizer = loading.choose_pad_token(processing_class, body, self.stop_token_ids,
-                                             "id" if isinstance(model, str) else "object")
-        # The trained adapter and, with ref_model=None, the reference adapter beside it (continuing from an adapter).
-        self.trained_adapter, self.ref_adapter = adapters.prepare_adapters(
-            body, fresh=peft_config is not None, ref_model_given=ref_model is not None,
-            model_adapter_name=args.model_adapter_name, ref_adapter_name=args.ref_adapter_name)
-        if isinstance(model, str) and self.trained_adapter and peft_config is None:  # an adapter given by id/path:
-            # the card and the merged export name its base; the card names the adapter as the reference.
-            self._model_sources["model"] = body.peft_config[self.trained_adapter].base_model_name_or_path
-            self._model_sources["ref_model"] = self._model_sources["ref_model"] or model
-        elif self.ref_adapter is not None:  # a reference adapter of a PeftModel object: never "the adapter disabled"
-            self._model_sources["ref_model"] = f"adapter {self.ref_adapter!r} of the policy"
-        self.ref_model = loading.load_reference(ref_model, model, args.ref_model_init_kwargs, args.ref_quantization,
-                                                dtype, device, uses_peft=policy.is_peft_model)
-        if self.ref_model is not None:
-            loading.check_vocab(self.ref_model, tokenizer, "reference model", loading.REFERENCE_VOCAB_FIX)
-        self.reward_model = loading.load_reward_model(reward_model, args.reward_model_init_kwargs,
-                                                      args.reward_quantization, dtype, device)
-        if isinstance(reward_model, str) and reward_processing_class is None:
-            reward_processing_class = loading.load_tokenizer(reward_model, "reward model", args.reward_model_init_kwargs)
-        if args.disable_dropout:
-            for m in (policy, self.ref_model, self.reward_model):
-                if isinstance(m, torch.nn.Module):
-                    loading.disable_dropout(m)
+        loaded = loading.load_models(model, processing_class, reward_model, ref_model, reward_processing_class,
+                                     peft_config, args, args.device)
+        policy, tokenizer, self.ref_model, self.reward_model = (loaded.policy, loaded.tokenizer, loaded.ref_model,
+                                                                loaded.reward_model)
+        self.stop_token_ids, self.trained_adapter, self.ref_adapter = (loaded.stop_token_ids, loaded.trained_adapter,
+                                                                       loaded.ref_adapter)
+        self._model_sources = hub.model_sources(model, reward_model, ref_model, policy.policy_model,
+                                                self.trained_adapter, self.ref_adapter, peft_config is not None)
 
         # Data: validated and tokenized here, so bad prompts fail before training starts.
-        context = loading.max_positions(policy.config)
-        train_dataset = prepare_prompts(train_dataset, tokenizer, "train_dataset", context=context,
-                                        max_prompt_length=args.max_prompt_length, response_length=args.response_length,
-                                        num_proc=args.dataset_num_proc)
-        eval_dataset = prepare_prompts(eval_dataset, tokenizer, "eval_dataset", context=context,
-                                       max_prompt_length=args.max_prompt_length, response_length=args.response_length,
-                                       num_proc=args.dataset_num_proc)
-        check_rollout_batch(args, train_dataset)
-        chat = {isinstance(d[0]["prompt"], list) for d in (train_dataset, eval_dataset) if d is not None}
-        self.reward_tokenizer = loading.reward_tokenizer(self.reward_model, tokenizer, reward_processing_class,
-                                                         args.reward_input_format, chat or {False})
+        train_dataset, eval_dataset, chat = prepare_datasets(train_dataset, eval_dataset, tokenizer, args,
+                                                             loading.max_positions(policy.config))
+        self.reward_tokenizer = loading.reward_tokenizer(self.reward_model, tokenizer, loaded.reward_processing_class,
+                                                         args.reward_input_format, chat)
         probe_reward_callable(self.reward_model, train_dataset, tokenizer)
 
         super().__init__(
@@ -178,7 +104,7 @@ class PPOLMTrainer(Trainer):
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             pad_token_id=tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
             batch_size=args.local_rollout_forward_batch_size)
-        self.add_callback(_WeightsChanged(self))
+        self.add_callback(WeightsChangedCallback(self))
         self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
                        else FixedKLController(args.kl_coef))
         self.reward_moments = RunningMoments() if args.normalize_rewards else None
@@ -262,7 +188,9 @@ class PPOLMTrainer(Trainer):
                          reward=self.reward_model, tokenizer=tokenizer, reward_tokenizer=self.reward_tokenizer,
                          input_format=args.reward_input_format, stop_token_ids=self.stop_token_ids,
                          temperature=args.temperature, batch_size=args.local_rollout_forward_batch_size,
-                         missing_eos_penalty=args.missing_eos_penalty, shape_scores=self._shape_scores,
+                         missing_eos_penalty=args.missing_eos_penalty, shape_scores=functools.partial(
+                             shape_scores, reward_moments=self.reward_moments, reward_clip=args.reward_clip,
+                             gather=self.accelerator.gather),
                          kl_coef=self.kl_ctl.value, kl_estimator=args.kl_estimator,
                          gamma=args.gamma, lam=args.lam, whiten_rewards=args.whiten_rewards,
                          whiten_advantages=args.whiten_advantages)
@@ -272,10 +200,7 @@ class PPOLMTrainer(Trainer):
         self._guard.check_scale(batch.scores)
         # NaN/inf anywhere: drop the rollout before it moves the reward statistics, the KL controller or a weight
         # (decided over all processes, so they all sample again together).
-        counts = nonfinite_counts(batch)
-        if args.world_size > 1:
-            counts = self.accelerator.reduce(counts, reduction="sum")
-        problem = describe_counts(counts.tolist(), len(batch) * args.world_size)
+        problem = nonfinite_problem(batch, self.accelerator, args.world_size)
         if problem:
             if moments is not None:
                 self.reward_moments.load_state_dict(moments)
@@ -298,45 +223,20 @@ class PPOLMTrainer(Trainer):
         self._train_phase_start = time.perf_counter()
         return batch
 
-    def _shape_scores(self, scores: torch.Tensor) -> torch.Tensor:
-        """Running normalisation (statistics over all processes) and clipping of the scores, when configured."""
-        if self.reward_moments is not None:
-            self.reward_moments.update(self.accelerator.gather(scores))
-            return self.reward_moments.normalize(scores, self.args.reward_clip)
-        if self.args.reward_clip is not None:
-            return scores.clamp(-self.args.reward_clip, self.args.reward_clip)
-        return scores
-
     # ---- loss: step 11 --------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        args, batch, normalizer = self.args, inputs["batch"], inputs["normalizer"]
-        mask = batch.response_mask
-        out = model(**sequence_inputs(batch.queries, batch.query_mask, batch.responses, mask),
+        args, batch = self.args, inputs["batch"]
+        out = model(**sequence_inputs(batch.queries, batch.query_mask, batch.responses, batch.response_mask),
                     logits_to_keep=batch.responses.shape[1] + 1)
-        logits, values = out.logits[:, :-1], out.value[:, :-1]
-        logprobs = logprobs_from_logits(logits, batch.responses, args.temperature)
-        aggregation = {"loss_aggregation": args.loss_aggregation, "max_length": args.response_length}
-        pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, batch.logprobs, batch.advantages, mask, args.cliprange,
-                                                     normalizer, cliprange_low=args.cliprange_low,
-                                                     cliprange_high=args.cliprange_high, dual_clip=args.dual_clip,
-                                                     **aggregation)
-        vf_loss, vf_clipfrac = value_loss(values, batch.values, batch.returns, mask, args.cliprange_value, normalizer,
-                                          **aggregation)
-        loss = pg_loss + args.vf_coef * vf_loss
-        if args.entropy_coef:  # a vocabulary-wide softmax: only paid when the bonus is on
-            entropy = entropy_from_logits(logits, args.temperature)
-            loss = loss - args.entropy_coef * aggregate_loss(entropy, mask, normalizer=normalizer, **aggregation)
-        with torch.no_grad():
-            finite = torch.isfinite(loss)
-            self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
-            # Losses are reported as this micro-batch's own aggregate (the returned loss is scaled for accumulation).
-            scale = normalizer / loss_normalizer(mask, args.loss_aggregation)
-            ratio = torch.exp(logprobs - batch.logprobs)
-            self._record({
-                "loss/policy_avg": pg_loss * scale, "loss/value_avg": vf_loss * scale,
-                "policy/approxkl_avg": approxkl, "policy/clipfrac_avg": pg_clipfrac, "val/clipfrac_avg": vf_clipfrac,
-                "val/ratio": masked_mean(ratio, mask), "val/ratio_var": masked_var(ratio, mask),
-            })
+        loss, stats = ppo_loss(
+            out.logits[:, :-1], out.value[:, :-1], batch.responses, batch.logprobs, batch.values, batch.advantages,
+            batch.returns, batch.response_mask, inputs["normalizer"], temperature=args.temperature,
+            cliprange=args.cliprange, cliprange_value=args.cliprange_value, vf_coef=args.vf_coef,
+            entropy_coef=args.entropy_coef, loss_aggregation=args.loss_aggregation, max_length=args.response_length,
+            cliprange_low=args.cliprange_low, cliprange_high=args.cliprange_high, dual_clip=args.dual_clip)
+        finite = torch.isfinite(loss.detach())
+        self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
+        self._record(stats)
         return (loss, out) if return_outputs else loss
 
     def _get_grad_norm(self, model, grad_norm=None):
@@ -351,14 +251,9 @@ class PPOLMTrainer(Trainer):
         if loss_finite is not None and self.args.world_size > 1:
             loss_finite = self.accelerator.reduce(loss_finite.float(), reduction="sum") == self.args.world_size
         scaler = self.accelerator.scaler is not None
-        cause = ("the loss is NaN/inf" if loss_finite is not None and not loss_finite.item()
-                 else None if scaler or is_finite_number(grad_norm) else f"the gradient norm is {float(grad_norm)}")
-        if cause is None:
-            self._guard.good_step()
-            return grad_norm
-        if not scaler:
+        if not self._guard.check_step(loss_finite, grad_norm, scaler, self.state.global_step + 1,
+                                      self._last_complete_checkpoint) and not scaler:
             model.zero_grad(set_to_none=True)
-        self._guard.skipped_step(f"{cause} at step {self.state.global_step + 1}", self._last_complete_checkpoint)
         return grad_norm
 
     def _last_complete_checkpoint(self) -> str | None:
@@ -400,16 +295,9 @@ class PPOLMTrainer(Trainer):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.args.should_save:
             return
-        self._check_finite_weights(output_dir)
-        os.makedirs(output_dir, exist_ok=True)
-        card = os.path.join(output_dir, "README.md")
-        had_card = os.path.isfile(card)
-        policy = self.accelerator.unwrap_model(self.model).policy_model
-        adapters.save_policy(policy, output_dir, self.trained_adapter)
-        self.processing_class.save_pretrained(output_dir)
-        hub.make_base_path_absolute(output_dir)  # the adapter loads from any directory, not only where training ran
-        if not had_card and os.path.isfile(card):
-            os.remove(card)  # PEFT's placeholder card: save_model() and push_to_hub() write the real one
+        check_finite_weights(self.accelerator.unwrap_model(self.model), output_dir, self._last_complete_checkpoint())
+        hub.save_policy_folder(self.accelerator.unwrap_model(self.model).policy_model, output_dir, self.trained_adapter,
+                               self.processing_class)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the policy (see `_save`); called by the user, also write its model card and say how to use it.
@@ -426,17 +314,12 @@ class PPOLMTrainer(Trainer):
         if self.is_world_process_zero():
             print(hub.saved_policy_message(folder, is_adapter))
 
-    def _check_finite_weights(self, output_dir: str) -> None:
-        bad = nonfinite_parameters(self.accelerator.unwrap_model(self.model))
-        if bad:
-            raise RuntimeError(f"Not saving to {output_dir}: parameters {bad[:5]} hold NaN/inf. The last complete "
-                               f"checkpoint is {self._last_complete_checkpoint() or 'none'}.")
-
     def _save_checkpoint(self, model, trial) -> None:
         """The PPO state first, then Trainer's files: Trainer writes trainer_state.json last and rotates only after
         it, so a folder with a readable trainer_state.json is complete (see checkpoint.py)."""
         folder = checkpoint.checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
-        self._check_finite_weights(folder)  # on every process, so all of them stop together
+        # On every process, so all of them stop together.
+        check_finite_weights(self.accelerator.unwrap_model(self.model), folder, self._last_complete_checkpoint())
         if self.args.should_save:
             wrapper = self.accelerator.unwrap_model(self.model)
             schedule = self._schedule if self._schedule is not None and not self._schedule.done else None
@@ -452,9 +335,7 @@ class PPOLMTrainer(Trainer):
         incomplete checkpoints above the last complete one are moved aside (with a warning), so it resolves to that."""
         super()._hp_search_setup(trial)
         if self.args.should_save:
-            for folder, moved_to, issues in checkpoint.hide_incomplete(self.args.output_dir):
-                warnings.warn(f"Skipping incomplete checkpoint {folder} ({'; '.join(issues)}): the run stopped while "
-                              f"writing it. Moved to {moved_to}.")
+            checkpoint.skip_incomplete(self.args.output_dir)
         self.accelerator.wait_for_everyone()
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
@@ -468,23 +349,14 @@ class PPOLMTrainer(Trainer):
         self.iteration = checkpoint.restore_trainer_state(saved, kl_controller=self.kl_ctl,
                                                           reward_moments=self.reward_moments, guard=self._guard,
                                                           metrics=self._metrics)
-        self._micro_step, self._schedule = None, None
-        if saved.changed:
-            warnings.warn(f"Resuming from {resume_from_checkpoint} with changed settings (allow_config_change_on_resume"
-                          "): " + checkpoint.describe_changes(saved.changed, "; ") + ". The new values apply from now on"
-                          + ("; the interrupted iteration's rollout is discarded (a fresh one serves its remaining "
-                             "steps)." if saved.rollout_buffer is not None else "."))
-        elif saved.rollout_buffer is not None:
-            self._schedule = MinibatchSchedule.from_state_dict(
-                saved.rollout_buffer, num_mini_batches=self.args.num_mini_batches,
-                gradient_accumulation_steps=self.args.gradient_accumulation_steps,
-                loss_aggregation=self.args.loss_aggregation)
+        self._micro_step = None
+        self._schedule = checkpoint.resumed_schedule(saved, resume_from_checkpoint, self.args)
 
     # ---- publishing: the policy alone, with its model card ----------------------------------------------------------
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Resolve the repo id at construction (a clear error now, not after training); the push creates it."""
-        self.hub_model_id = hub.resolve_repo_id(self.args.hub_model_id, self.args.output_dir,
-                                            token if token is not None else self.args.hub_token)
+        token = token if token is not None else self.args.hub_token
+        self.hub_model_id = hub.resolve_repo_id(self.args.hub_model_id, self.args.output_dir, token)
         self.push_in_progress = None
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
@@ -504,15 +376,20 @@ class PPOLMTrainer(Trainer):
         token = token if token is not None else args.hub_token
         repo_id = self.hub_model_id or hub.resolve_repo_id(args.hub_model_id, args.output_dir, token)
         self.save_model(args.output_dir, _internal_call=True)
-        folder = self._save_merged_policy() if args.push_merged_model else args.output_dir
+        folder = os.path.join(args.output_dir, "merged") if args.push_merged_model else args.output_dir
+        if args.push_merged_model and not self.accelerator.unwrap_model(self.model).is_peft_model:
+            self.save_model(folder, _internal_call=True)
+        elif args.push_merged_model and args.should_save:  # the adapter merged into a full-precision base
+            hub.save_merged_policy(args.output_dir, self._model_sources["model"], folder, self.processing_class,
+                                   args.model_init_kwargs)
         if not self.is_world_process_zero():
             return None
         names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
         self._write_card(folder, repo_id, merged=args.push_merged_model, dataset_names=names)
         return hub.push_policy_folder(folder, repo_id, token=token,
-                                  private=private if private is not None else args.hub_private_repo,
-                                  revision=revision if revision is not None else args.hub_revision,
-                                  create_pr=create_pr, commit_message=commit_message or "Upload PPO policy")
+                                      private=private if private is not None else args.hub_private_repo,
+                                      revision=revision if revision is not None else args.hub_revision,
+                                      create_pr=create_pr, commit_message=commit_message or "Upload PPO policy")
 
     def _write_card(self, folder: str, repo_id: str, merged: bool, dataset_names: list[str],
                     saved_locally: bool = False) -> bool:
@@ -521,14 +398,3 @@ class PPOLMTrainer(Trainer):
                                      self.trained_adapter, self._model_sources, self.args, self.state.log_history,
                                      repo_id=repo_id, merged=merged, dataset_names=dataset_names,
                                      saved_locally=saved_locally)
-
-    def _save_merged_policy(self) -> str:
-        """Save the adapter merged into a full-precision base to `output_dir/merged`; return that folder."""
-        folder = os.path.join(self.args.output_dir, "merged")
-        if not self.accelerator.unwrap_model(self.model).is_peft_model:
-            self.save_model(folder, _internal_call=True)
-        elif self.args.should_save:
-            hub.save_merged_policy(self.args.output_dir, self._model_sources["model"], folder, self.processing_class,
-                               self.args.model_init_kwargs)
-        return folder
-

@@ -43,7 +43,7 @@ class Mutation:
     edits: list[tuple[str, str, str]]  # (file under hf_ppo/, exact original snippet, replacement)
 
 
-R, T, M, L, G = "rollout.py", "trainer.py", "modeling.py", "loading.py", "generation.py"
+R, T, M, L, G, P = "rollout.py", "trainer.py", "modeling.py", "loading.py", "generation.py", "ppo_math.py"
 ARANGE = "torch.arange({0}.shape[1], device={0}.device).expand_as({0})"
 MUTATIONS = [
     # -- the reference ------------------------------------------------------------------------------------------------
@@ -88,12 +88,12 @@ MUTATIONS = [
     # -- positions and shifts -----------------------------------------------------------------------------------------
     Mutation("logprobs_shifted", "log-probs shifted by one position, consistently in rollout and loss",
              [(R, "logits = out.logits[:, :-1]\n", "logits = out.logits[:, 1:]\n"),
-              (T, "logits, values = out.logits[:, :-1], out.value[:, :-1]",
-               "logits, values = out.logits[:, 1:], out.value[:, :-1]")]),
+              (T, "out.logits[:, :-1], out.value[:, :-1], batch.responses,",
+               "out.logits[:, 1:], out.value[:, :-1], batch.responses,")]),
     Mutation("values_shifted", "values shifted by one position, consistently in rollout and loss",
              [(R, "values.append(out.value[:, :-1].float())", "values.append(out.value[:, 1:].float())"),
-              (T, "logits, values = out.logits[:, :-1], out.value[:, :-1]",
-               "logits, values = out.logits[:, :-1], out.value[:, 1:]")]),
+              (T, "out.logits[:, :-1], out.value[:, :-1], batch.responses,",
+               "out.logits[:, :-1], out.value[:, 1:], batch.responses,")]),
     Mutation("value_from_wrong_layer", "value head reads a hidden state other than the LM head's",
              [(M, "lambda module, args: head_input.append(args[0]))",
                "lambda module, args: head_input.append(torch.nn.functional.layer_norm(args[0], args[0].shape[-1:])))")]),
@@ -117,8 +117,8 @@ MUTATIONS = [
              [(R, "logprobs.append(logprobs_from_logits(logits, responses[rows], temperature))",
                "logprobs.append(logprobs_from_logits(logits, responses[rows]))")]),
     Mutation("loss_logprobs_untempered", "loss log-probs without the sampling temperature",
-             [(T, "logprobs = logprobs_from_logits(logits, batch.responses, args.temperature)",
-               "logprobs = logprobs_from_logits(logits, batch.responses)")]),
+             [(P, "logprobs = logprobs_from_logits(logits, responses, temperature)",
+               "logprobs = logprobs_from_logits(logits, responses)")]),
     # -- rewards, advantages, returns ---------------------------------------------------------------------------------
     Mutation("kl_estimator_ignored", "the configured KL estimator ignored",
              [(R, "kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)",
@@ -146,13 +146,13 @@ MUTATIONS = [
              [(R, "torch.stack([torch.randperm(len(batch), device=batch.queries.device) for _ in range(num_ppo_epochs)])",
                "torch.randperm(len(batch), device=batch.queries.device).expand(num_ppo_epochs, -1).clone()")]),
     Mutation("vf_coef_ignored", "vf_coef ignored",
-             [(T, "loss = pg_loss + args.vf_coef * vf_loss", "loss = pg_loss + vf_loss")]),
+             [(P, "loss = pg_loss + vf_coef * vf_loss", "loss = pg_loss + vf_loss")]),
     Mutation("entropy_sign", "the entropy bonus sign flipped",
-             [(T, "loss = loss - args.entropy_coef *", "loss = loss + args.entropy_coef *")]),
+             [(P, "loss = loss - entropy_coef *", "loss = loss + entropy_coef *")]),
     Mutation("old_logprobs_recomputed", "old log-probs recomputed every step (the ratio is always 1)",
-             [(T, "policy_loss(logprobs, batch.logprobs,", "policy_loss(logprobs, logprobs.detach(),")]),
+             [(P, "policy_loss(logprobs, old_logprobs, advantages,", "policy_loss(logprobs, logprobs.detach(), advantages,")]),
     Mutation("old_values_recomputed", "old values recomputed every step (value clipping never acts)",
-             [(T, "value_loss(values, batch.values,", "value_loss(values, values.detach(),")]),
+             [(P, "value_loss(values, old_values, returns,", "value_loss(values, values.detach(), returns,")]),
     Mutation("rollout_every_step", "old log-probs recomputed every step (a fresh rollout per micro-batch)",
              [(T, "if position == 0 or self._schedule is None or self._schedule.done:", "if True:")]),
     Mutation("micro_batch_normalizer", "loss normalised by the micro-batch's tokens, not the minibatch's",
@@ -165,7 +165,7 @@ MUTATIONS = [
     Mutation("attention_dropout_kept", "dropout left on (Llama-family float attention dropout)",
              [(L, "            setattr(obj, name, 0.0)\n", "            pass\n")]),
     Mutation("disable_dropout_skipped", "dropout left on (never called)",
-             [(T, "        if args.disable_dropout:\n", "        if False:\n")]),
+             [(L, "    if args.disable_dropout:\n", "    if False:\n")]),
     Mutation("frozen_trainable", "the reference (and reward) model left trainable",
              [(L, "    model.requires_grad_(False)\n", "")]),
     Mutation("frozen_train_mode", "a frozen model left in training mode",
