@@ -130,14 +130,58 @@ class PPOConfig(TrainingArguments):
     cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value update around V_old."})
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss."})
     value_head_learning_rate: float | None = field(
-        default=None,
-        metadata={"help": "Learning rate of the value head (None: learning_rate). The head starts at zero and Adam "
-                  "moves each weight by about lr per step, so at LoRA-sized learning rates a larger one lets the "
-                  "critic reach the scale of the returns."},
+        default=None, metadata={"help": "The earlier name of `critic_learning_rate` (sets it)."},
     )
     entropy_coef: float = field(default=0.0, metadata={"help": "Weight of an entropy bonus (0: off)."})
     whiten_advantages: bool = field(default=True, metadata={"help": "Whiten advantages over the rollout batch."})
     whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE."})
+
+    # ---- Critic: what predicts the values GAE needs (see README "Choosing a critic") -----------------------------
+    critic: Literal["shared", "separate", "reward_lora"] = field(
+        default="shared",
+        metadata={"help": "'shared': a value head on the policy's body (one model, no extra memory). 'separate': a "
+                  "critic with its own body + value head, initialised from the reward model (N+ paper, OpenRLHF) or "
+                  "from the trainer's `critic_model`; LoRA when the policy uses LoRA, else full fine-tuning; loaded "
+                  "with `critic_quantization`. 'reward_lora': a LoRA adapter + value head on the reward model's "
+                  "frozen (4-bit) base, the head starting from the reward model's score head: no extra base model in "
+                  "memory; the reward is scored with the adapter disabled. Only with advantage_estimator='gae'."},
+    )
+    critic_quantization: Quantization = field(
+        default="none",
+        metadata={"help": "Quantization of a 'separate' critic's base loaded by id/path ('4bit' needs LoRA)."},
+    )
+    critic_model_init_kwargs: dict | None = field(
+        default=None, metadata={"help": "Like `model_init_kwargs`, for a 'separate' critic loaded by id/path."}
+    )
+    critic_warmup_steps: int = field(
+        default=0,
+        metadata={"help": "Optimizer steps at the start of training that update only the critic (the policy does not "
+                  "move; with the shared critic only the value head trains). 0: off."},
+    )
+    critic_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Learning rate of the critic's own parameters (the shared value head, or a critic's "
+                  "adapter/body and head). None: learning_rate. A zero-initialised head moves about lr per Adam "
+                  "step, so at LoRA-sized learning rates a larger one lets the critic reach the scale of the returns."},
+    )
+
+    # ---- Advantage estimator and samples per prompt ------------------------------------------------------------------
+    advantage_estimator: Literal["gae", "rloo", "grpo", "reinforce_pp"] = field(
+        default="gae",
+        metadata={"help": "'gae': PPO with a critic (GAE, `gamma`, `lam`). Critic-free, with no value head or value "
+                  "loss: 'rloo' (leave-one-out baseline over the `num_generations` responses to a prompt), 'grpo' "
+                  "(group mean, divided by the group std when `scale_rewards`), 'reinforce_pp' (REINFORCE++: "
+                  "KL-penalised returns, a group-mean baseline when num_generations > 1, whitened over the batch)."},
+    )
+    scale_rewards: bool = field(
+        default=True,
+        metadata={"help": "grpo: divide by the group's reward std (False: Dr. GRPO, mean-centred only)."},
+    )
+    num_generations: int = field(
+        default=1,
+        metadata={"help": "Responses sampled per prompt (k). Batch sizes count responses: a rollout batch holds "
+                  "rollout_batch_size / k prompts, each sampled k times. rloo and grpo need k >= 2."},
+    )
 
     # ---- Loss variants (defaults: the clipped PPO loss as above, a token mean) --------------------------------------
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = field(
@@ -291,8 +335,39 @@ class PPOConfig(TrainingArguments):
         if self.ref_adapter_name is not None and self.ref_adapter_name == self.model_adapter_name:
             errors.append(f"model_adapter_name and ref_adapter_name are both {self.ref_adapter_name!r}: the reference "
                           "adapter must be another adapter than the trained one.")
+        errors += self._critic_and_estimator_errors()
         if errors:
             raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(errors))
+
+    def _critic_and_estimator_errors(self) -> list[str]:
+        """Check the critic and estimator choices; map `value_head_learning_rate` onto `critic_learning_rate`."""
+        errors = []
+        if self.value_head_learning_rate is not None:
+            if self.critic_learning_rate not in (None, self.value_head_learning_rate):
+                errors.append("value_head_learning_rate and critic_learning_rate are both set: set critic_learning_rate "
+                              "only (value_head_learning_rate is its earlier name).")
+            self.critic_learning_rate = self.value_head_learning_rate
+        if self.critic not in ("shared", "separate", "reward_lora"):
+            errors.append(f"critic={self.critic!r}: choose 'shared', 'separate' or 'reward_lora'.")
+        if self.critic_quantization not in ("4bit", "8bit", "none"):
+            errors.append(f"critic_quantization={self.critic_quantization!r}: choose '4bit', '8bit' or 'none'.")
+        if self.advantage_estimator not in ("gae", "rloo", "grpo", "reinforce_pp"):
+            errors.append(f"advantage_estimator={self.advantage_estimator!r}: choose 'gae', 'rloo', 'grpo' or "
+                          "'reinforce_pp'.")
+        elif self.advantage_estimator != "gae" and self.critic != "shared":
+            errors.append(f"critic={self.critic!r} with advantage_estimator={self.advantage_estimator!r}: the "
+                          "critic-free estimators use no critic. Set advantage_estimator='gae' or leave critic unset.")
+        if self.advantage_estimator in ("rloo", "grpo") and isinstance(self.num_generations, int) \
+                and self.num_generations < 2:
+            errors.append(f"advantage_estimator={self.advantage_estimator!r} compares the responses to one prompt: "
+                          f"set num_generations >= 2 (it is {self.num_generations}).")
+        if isinstance(self.num_generations, int) and self.num_generations >= 1 \
+                and self.per_device_train_batch_size * self.gradient_accumulation_steps * self.num_mini_batches \
+                % self.num_generations:
+            errors.append(f"The rollout batch (per_device_train_batch_size x gradient_accumulation_steps x "
+                          f"num_mini_batches = {self.rollout_batch_size} responses per device) must be a multiple of "
+                          f"num_generations={self.num_generations}: each prompt's responses stay on one device.")
+        return errors
 
     def _map_trl_names(self) -> list[str]:
         """Turn TRL 1.12's names into hf_ppo's fields; return the errors for names that cannot apply."""
@@ -376,6 +451,9 @@ _RANGES = [
     ("cliprange_value", False, lambda v: 0 < v < math.inf, "> 0 (e.g. 0.2)"),
     ("vf_coef", False, lambda v: 0 <= v < math.inf, ">= 0 (e.g. 0.1)"),
     ("value_head_learning_rate", True, lambda v: 0 < v < math.inf, "None (learning_rate) or > 0"),
+    ("critic_learning_rate", True, lambda v: 0 < v < math.inf, "None (learning_rate) or > 0"),
+    ("critic_warmup_steps", False, lambda v: v >= 0, "an integer >= 0 (optimizer steps; 0: off)"),
+    ("num_generations", False, lambda v: v >= 1, "an integer >= 1 (responses per prompt)"),
     ("entropy_coef", False, math.isfinite, "a finite number (0: off)"),
     ("kl_coef", False, lambda v: 0 <= v < math.inf, ">= 0 (a negative beta rewards drifting from the reference)"),
     ("kl_target", False, lambda v: 0 < v < math.inf, "> 0"),

@@ -205,6 +205,15 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         """Where the critic's own parameters live (checkpoint state is loaded onto it)."""
         return self.v_head.weight.device
 
+    has_critic = True  # the shared value head; `PolicyAndCritic` may have none (the critic-free estimators)
+
+    def critic_state_dict(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint stores of the critic (CPU tensors): here the value head."""
+        return self.value_head_state_dict()
+
+    def load_critic_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.load_value_head_state_dict(state)
+
     # ---- forward ----------------------------------------------------------------------------------------------
     def forward(
         self,
@@ -436,3 +445,94 @@ def _find_value_head(name_or_path: str, revision=None, token=None, cache_dir=Non
             return head
     return None
 
+
+
+class PolicyAndCritic(nn.Module):
+    """The actor-critic when the critic is not the shared value head: the policy (a causal LM or its `PeftModel`) and
+    a critic with a body of its own, or no critic at all (the critic-free advantage estimators).
+
+    It has the interface of `AutoModelForCausalLMWithValueHead`, which is what the trainer uses: `forward` gives the
+    policy's logits and the critic's `value` (None without a critic), and `policy_model`, `critic_parameters()`,
+    `critic_device`, `critic_state_dict()` / `load_critic_state_dict()`. A critic is any module with
+    `forward(input_ids, attention_mask, position_ids, logits_to_keep) -> values (batch, kept) fp32` and
+    `trainable_state_dict()` / `load_trainable_state_dict()` (what checkpoints store of it).
+    """
+
+    def __init__(self, policy: nn.Module, critic: nn.Module | None = None):
+        super().__init__()
+        self.pretrained_model = policy
+        self.critic = critic
+
+    @property
+    def config(self):
+        return self.pretrained_model.config
+
+    @property
+    def quantization_method(self):
+        return getattr(self.pretrained_model, "quantization_method", None)
+
+    @property
+    def is_peft_model(self) -> bool:
+        return hasattr(self.pretrained_model, "peft_config")
+
+    @property
+    def policy_model(self) -> nn.Module:
+        return self.pretrained_model
+
+    @property
+    def has_critic(self) -> bool:
+        return self.critic is not None
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """The critic's trainable parameters (none without a critic)."""
+        if self.critic is None:
+            return []
+        return [p for p in self.critic.parameters() if p.requires_grad]
+
+    @property
+    def critic_device(self) -> torch.device:
+        module = self.critic if self.critic is not None else self.pretrained_model
+        return next(module.parameters()).device
+
+    def critic_state_dict(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint stores of the critic (CPU tensors); empty without a critic."""
+        if self.critic is None:
+            return {}
+        return {k: v.detach().cpu().contiguous() for k, v in self.critic.trainable_state_dict().items()}
+
+    def load_critic_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if self.critic is None:
+            if state:
+                raise ValueError(f"The checkpoint holds a critic ({len(state)} tensors) but this run has none.")
+            return
+        self.critic.load_trainable_state_dict(state)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithValue:
+        """The policy's logits and the critic's values (None without a critic) for the last `logits_to_keep`
+        positions (0 = all). input_ids, attention_mask, position_ids: (batch, seq)."""
+        kwargs.setdefault("use_cache", False)
+        out = self.pretrained_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    logits_to_keep=logits_to_keep, **kwargs)
+        values = None
+        if self.critic is not None:
+            values = self.critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 logits_to_keep=logits_to_keep)
+        return CausalLMOutputWithValue(loss=getattr(out, "loss", None), logits=out.logits, value=values)
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None, **kwargs):
+        for module in (self.pretrained_model, self.critic):
+            if module is not None and hasattr(module, "activation_checkpointing_enable"):
+                module.activation_checkpointing_enable(activation_checkpointing_kwargs=activation_checkpointing_kwargs,
+                                                       **kwargs)
+
+    def activation_checkpointing_disable(self):
+        for module in (self.pretrained_model, self.critic):
+            if module is not None and hasattr(module, "activation_checkpointing_disable"):
+                module.activation_checkpointing_disable()
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None):
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs)
+
+    def gradient_checkpointing_disable(self):
+        self.activation_checkpointing_disable()

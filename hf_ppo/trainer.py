@@ -157,15 +157,15 @@ class PPOLMTrainer(Trainer):
         return self._schedule.next()
 
     def create_optimizer(self, model=None):
-        """Trainer's optimizer, with the value head in a group of its own when `value_head_learning_rate` is set."""
+        """Trainer's optimizer, with the critic in a group of its own when `critic_learning_rate` is set."""
         optimizer = super().create_optimizer(model)
-        if self.args.value_head_learning_rate is None:
+        if self.args.critic_learning_rate is None:
             return optimizer
         head = self.accelerator.unwrap_model(self.model).critic_parameters()
         ids = {id(p) for p in head}
         for group in optimizer.param_groups:
             group["params"] = [p for p in group["params"] if id(p) not in ids]
-        optimizer.add_param_group({"params": head, "lr": self.args.value_head_learning_rate, "weight_decay": 0.0})
+        optimizer.add_param_group({"params": head, "lr": self.args.critic_learning_rate, "weight_decay": 0.0})
         return optimizer
 
     # ---- rollout: steps 1-10 --------------------------------------------------------------------------------------
@@ -326,7 +326,7 @@ class PPOLMTrainer(Trainer):
             checkpoint.save_trainer_state(
                 folder, args=self.args, iteration=self.iteration, kl_controller=self.kl_ctl,
                 reward_moments=self.reward_moments, guard=self._guard, peft=wrapper.is_peft_model, metrics=self._metrics,
-                critic_state=wrapper.value_head_state_dict(),
+                critic_state=wrapper.critic_state_dict(),
                 rollout_buffer=schedule.state_dict() if schedule is not None else None)
         super()._save_checkpoint(model, trial)
 
@@ -344,7 +344,7 @@ class PPOLMTrainer(Trainer):
         saved = checkpoint.load_ppo_state(resume_from_checkpoint, self.args, device)
         checkpoint.load_policy_weights(wrapper.policy_model, resume_from_checkpoint, wrapper.is_peft_model, device,
                                       adapter_name=self.trained_adapter)
-        wrapper.load_value_head_state_dict(saved.value_head)
+        wrapper.load_critic_state_dict(saved.value_head)
         self.rollout_engine.weights_changed()
         self.iteration = checkpoint.restore_trainer_state(saved, kl_controller=self.kl_ctl,
                                                           reward_moments=self.reward_moments, guard=self._guard,
