@@ -102,11 +102,13 @@ def save_ppo_state(folder: str, *, state: dict, value_head: dict[str, torch.Tens
 
 def save_trainer_state(folder: str, *, args, iteration: int, kl_controller, reward_moments, guard, peft: bool,
                        metrics: dict[str, list[torch.Tensor]], critic_state: dict[str, torch.Tensor],
-                       rollout_buffer: dict[str, torch.Tensor] | None) -> None:
-    """Assemble the PPO trainer's state (iteration, KL controller, reward statistics, non-finite guard, metrics not
-    yet logged, the settings) and write it with the critic and an unfinished iteration's rollout (`save_ppo_state`)."""
+                       rollout_buffer: dict[str, torch.Tensor] | None, rewards=None) -> None:
+    """Assemble the PPO trainer's state (iteration, KL controller, reward statistics, each reward's statistics of a
+    `rollout.RewardSet` `rewards`, non-finite guard, metrics not yet logged, the settings) and write it with the
+    critic and an unfinished iteration's rollout (`save_ppo_state`)."""
     state = {"iteration": iteration, "kl_controller": kl_controller.state_dict(),
              "reward_moments": reward_moments.state_dict() if reward_moments else None,
+             "each_reward_moments": rewards.state_dict() if rewards is not None else None,
              "nonfinite": guard.state_dict(), "peft": peft,
              "optimizer_saved": not args.save_only_model, "settings": settings(args),
              "pending_metrics": {k: [v.item() for v in vs] for k, vs in metrics.items()}}
@@ -290,7 +292,7 @@ def load_ppo_state(folder: str, args, device) -> SavedPPOState:
 
 
 def restore_trainer_state(saved: SavedPPOState, *, kl_controller, reward_moments, guard,
-                          metrics: dict[str, list[torch.Tensor]]) -> int:
+                          metrics: dict[str, list[torch.Tensor]], rewards=None) -> int:
     """Put the state written by `save_trainer_state` back into the trainer's objects; return the iteration.
 
     A changed kl_coef (allowed on resume) restarts the controller from the new value instead.
@@ -300,6 +302,11 @@ def restore_trainer_state(saved: SavedPPOState, *, kl_controller, reward_moments
         kl_controller.load_state_dict(state["kl_controller"])
     if reward_moments is not None and state["reward_moments"]:
         reward_moments.load_state_dict(state["reward_moments"])
+    if rewards is not None:
+        try:
+            rewards.load_state_dict(state.get("each_reward_moments"))
+        except ValueError as err:
+            raise CheckpointError(str(err)) from err
     guard.load_state_dict(state["nonfinite"])
     metrics.clear()
     for key, values in state["pending_metrics"].items():

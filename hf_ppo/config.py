@@ -226,6 +226,27 @@ class PPOConfig(TrainingArguments):
         default=None, metadata={"help": "Clip (normalised) scores to [-reward_clip, reward_clip]. None: off."}
     )
 
+    # ---- Mixed rewards: several reward models / functions and a length penalty (README "Mixed rewards") --------------
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={"help": "One weight per reward when the trainer's `reward_model` is a list (TRL GRPOConfig's name), "
+                  "in the same order: the score is sum_i w_i * r_i. None: every weight 1.0."},
+    )
+    normalize_each_reward: bool = field(
+        default=False,
+        metadata={"help": "Normalise each reward by its own running mean/std (over all processes) before weighting, "
+                  "so rewards on different scales weigh as `reward_weights` say. Saved in checkpoints."},
+    )
+    overlong_buffer_length: int | None = field(
+        default=None,
+        metadata={"help": "DAPO's soft overlong punishment: over the last `overlong_buffer_length` tokens of "
+                  "`response_length` a penalty growing linearly to `overlong_penalty_factor` is subtracted from the "
+                  "score (step 4, like `missing_eos_penalty`). None: off."},
+    )
+    overlong_penalty_factor: float = field(
+        default=1.0, metadata={"help": "The overlong penalty of a response of the full `response_length`."}
+    )
+
     # ---- Reporting and publishing -----------------------------------------------------------------------------------
     num_sample_generations: int = field(
         default=10,
@@ -336,8 +357,25 @@ class PPOConfig(TrainingArguments):
             errors.append(f"model_adapter_name and ref_adapter_name are both {self.ref_adapter_name!r}: the reference "
                           "adapter must be another adapter than the trained one.")
         errors += self._critic_and_estimator_errors()
+        errors += self._mixed_reward_errors()
         if errors:
             raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(errors))
+
+    def _mixed_reward_errors(self) -> list[str]:
+        """Check the mixed-reward fields (their count against the rewards is checked by the trainer)."""
+        errors = []
+        weights = self.reward_weights
+        if weights is not None and (isinstance(weights, (str, bytes)) or not isinstance(weights, (list, tuple))
+                                    or not weights or not all(isinstance(w, (int, float)) and not isinstance(w, bool)
+                                                              and math.isfinite(w) for w in weights)):
+            errors.append(f"reward_weights={weights!r}: must be None or a non-empty list of finite numbers, one per "
+                          "reward.")
+        buffer = self.overlong_buffer_length
+        if buffer is not None and (isinstance(buffer, bool) or not isinstance(buffer, int)
+                                   or not 1 <= buffer <= self.response_length):
+            errors.append(f"overlong_buffer_length={buffer!r}: must be None (off) or an integer in [1, "
+                          f"response_length={self.response_length}].")
+        return errors
 
     def _critic_and_estimator_errors(self) -> list[str]:
         """Check the critic and estimator choices; map `value_head_learning_rate` onto `critic_learning_rate`."""
@@ -459,6 +497,7 @@ _RANGES = [
     ("kl_target", False, lambda v: 0 < v < math.inf, "> 0"),
     ("kl_horizon", False, lambda v: v >= 1, "an integer >= 1 (episodes)"),
     ("reward_clip", True, lambda v: 0 < v < math.inf, "None (off) or > 0 (scores are clipped to [-clip, clip])"),
+    ("overlong_penalty_factor", False, lambda v: 0 <= v < math.inf, ">= 0 (the penalty at full response_length)"),
     ("num_sample_generations", False, lambda v: v >= 0, "an integer >= 0 (0: never)"),
     ("max_consecutive_nonfinite", False, lambda v: v >= 1, "an integer >= 1"),
 ]

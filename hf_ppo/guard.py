@@ -59,16 +59,22 @@ class NonFiniteGuard:
         self.skipped_steps = 0
         self.max_abs_score = 0.0
         self._warned_scale = False
+        self._warned_rewards: set[str] = set()  # the rewards of a list already warned about (see `check_scale`)
 
-    def check_scale(self, scores: torch.Tensor) -> None:
-        """Warn once when finite scores exceed `SCORE_WARN_MAGNITUDE` and nothing normalises or clips them."""
-        finite = scores[torch.isfinite(scores)]
-        if finite.numel():
-            self.max_abs_score = max(self.max_abs_score, finite.abs().max().item())
+    def check_scale(self, scores: torch.Tensor, reward_scores: dict[str, torch.Tensor] | None = None) -> None:
+        """Warn once when finite scores exceed `SCORE_WARN_MAGNITUDE` and nothing normalises or clips them; with a
+        list of rewards (`reward_scores`: {name: raw scores (B,)}), once for each reward whose own scores do."""
+        self.max_abs_score = max(self.max_abs_score, _max_abs(scores))
         if self.score_hint and not self._warned_scale and self.max_abs_score > SCORE_WARN_MAGNITUDE:
             self._warned_scale = True
             warnings.warn(f"Reward scores reach {self.max_abs_score:.3g}: at this scale the value loss overflows "
                           f"and advantages lose precision. {self.score_hint}")
+        for name, raw in (reward_scores or {}).items():
+            top = _max_abs(raw)
+            if self.score_hint and name not in self._warned_rewards and top > SCORE_WARN_MAGNITUDE:
+                self._warned_rewards.add(name)
+                warnings.warn(f"Reward {name!r} scores reach {top:.3g}: at this scale the value loss overflows and "
+                              f"advantages lose precision. {self.score_hint}")
 
     def dropped_rollout(self, cause: str, last_checkpoint) -> None:
         self.dropped_rollouts += 1
@@ -123,6 +129,12 @@ class NonFiniteGuard:
         self._warned_scale = state["warned_scale"]
 
 
+def _max_abs(scores: torch.Tensor) -> float:
+    """The largest finite |score|, 0.0 when none is finite."""
+    finite = scores[torch.isfinite(scores)]
+    return finite.abs().max().item() if finite.numel() else 0.0
+
+
 def is_finite_number(value) -> bool:
     """True for a finite float / 0-d tensor; None counts as finite (nothing was computed)."""
     return value is None or math.isfinite(float(value))
@@ -130,9 +142,10 @@ def is_finite_number(value) -> bool:
 
 def score_hint(args) -> str:
     """How to tame huge reward scores, or "" when the run already normalises or clips them."""
-    if args.normalize_rewards or args.reward_clip is not None:
+    if args.normalize_rewards or args.reward_clip is not None or args.normalize_each_reward:
         return ""
-    return "Set normalize_rewards=True (running mean/std) or reward_clip, or rescale the reward."
+    return ("Set normalize_rewards=True (running mean/std) or reward_clip (with several rewards: "
+            "normalize_each_reward=True), or rescale the reward.")
 
 
 def check_finite_weights(model: torch.nn.Module, output_dir: str, last_checkpoint: str | None) -> None:
@@ -143,10 +156,19 @@ def check_finite_weights(model: torch.nn.Module, output_dir: str, last_checkpoin
                            f"checkpoint is {last_checkpoint or 'none'}.")
 
 
-def nonfinite_problem(batch, accelerator, world_size: int) -> str | None:
+def nonfinite_problem(batch, accelerator, world_size: int,
+                      reward_scores: dict[str, torch.Tensor] | None = None) -> str | None:
     """What is NaN/inf in a rollout batch, counted over all processes (so they all drop it together); None if
-    nothing is."""
+    nothing is. With a list of rewards (`reward_scores`: {name: raw scores (B,)}), it names the rewards that gave
+    NaN/inf."""
+    names = list(reward_scores or {})
     counts = nonfinite_counts(batch)
+    if names:
+        each = torch.stack([(~torch.isfinite(reward_scores[n])).sum() for n in names]).float().to(counts.device)
+        counts = torch.cat([counts, each])
     if world_size > 1:
         counts = accelerator.reduce(counts, reduction="sum")
-    return describe_counts(counts.tolist(), len(batch) * world_size)
+    counts = counts.tolist()
+    problem = describe_counts(counts[:len(ROLLOUT_FIELDS)], len(batch) * world_size)
+    culprits = [f"reward {n!r}: {int(c)} NaN/inf" for n, c in zip(names, counts[len(ROLLOUT_FIELDS):]) if c]
+    return f"{problem}; from {', '.join(culprits)}" if problem and culprits else problem

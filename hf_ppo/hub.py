@@ -137,14 +137,16 @@ def card_hyperparameters(args) -> dict:
 
 def model_sources(model, reward_model, ref_model, policy_model, trained_adapter: str | None,
                   ref_adapter: str | None, fresh_adapter: bool) -> dict[str, str | None]:
-    """How the card names the base, reward and reference models (ids as given; objects by `source_name`).
+    """How the card names the base, reward and reference models (ids as given; objects by `source_name`; a list of
+    rewards as a list of names).
 
     An adapter given by id/path is named by its base, and is itself the reference; a reference adapter of a
     `PeftModel` object is named as such (never "the adapter disabled").
     """
-    sources = {"model": model if isinstance(model, str) else source_name(model),
-               "reward_model": reward_model if isinstance(reward_model, str) else source_name(reward_model),
-               "ref_model": ref_model if isinstance(ref_model, str) else source_name(ref_model)}
+    sources = {"model": _given_name(model),
+               "reward_model": ([_given_name(r) for r in reward_model] if isinstance(reward_model, (list, tuple))
+                                else _given_name(reward_model)),
+               "ref_model": _given_name(ref_model)}
     if isinstance(model, str) and trained_adapter and not fresh_adapter:
         sources["model"] = policy_model.peft_config[trained_adapter].base_model_name_or_path
         sources["ref_model"] = sources["ref_model"] or model
@@ -153,10 +155,23 @@ def model_sources(model, reward_model, ref_model, policy_model, trained_adapter:
     return sources
 
 
+REWARD_FUNCTION = "reward function "  # how `source_name` names a callable reward (the space keeps it from a Hub id)
+
+
+def _given_name(model) -> str | None:
+    """A model's name as given: the id/path itself, else `source_name`."""
+    return model if isinstance(model, str) else source_name(model)
+
+
 def source_name(obj) -> str | None:
-    """How the card names a model given as an object: its config's `_name_or_path`, else its class name."""
+    """How the card names a model given as an object: its config's `_name_or_path`, else its class name; a reward
+    function as `REWARD_FUNCTION` + its name (never mistaken for a Hub id)."""
+    from torch import nn
+
     if obj is None:
         return None
+    if callable(obj) and not isinstance(obj, nn.Module):
+        return REWARD_FUNCTION + str(getattr(obj, "__name__", type(obj).__name__))
     model = getattr(obj, "pretrained_model", obj)  # a value-head wrapper names its body
     config = getattr(model, "config", None)
     return getattr(config, "_name_or_path", None) or type(obj).__name__
@@ -219,7 +234,7 @@ def write_model_card(
     *,
     repo_id: str,
     base_model: str | None,
-    reward_model: str | None,
+    reward_model: str | list[str] | None,
     ref_model: str | None,
     dataset_names: list[str],
     peft_config: dict | None,
@@ -250,7 +265,8 @@ def write_model_card(
         panels={key: label for key, label in CARD_METRICS[:2]},
         title=f"PPO training of {repo_id.split('/')[-1]}",
     )
-    base_id, reward_id, ref_id = _hub_id(base_model), _hub_id(reward_model), _hub_id(ref_model)
+    base_id, ref_id = _hub_id(base_model), _hub_id(ref_model)
+    rewards = reward_model if isinstance(reward_model, (list, tuple)) else [reward_model]
     hub_datasets = [d for d in (_hub_id(name) for name in dataset_names) if d]
     card_data = ModelCardData(
         base_model=base_id,
@@ -277,7 +293,7 @@ def write_model_card(
         saved_locally=saved_locally,
         base_model_text=_model_text(base_id, base_model),
         base_model_id=base_id or "<base model id>",
-        reward_model_text=_model_text(reward_id, reward_model),
+        reward_model_text=", ".join(dict.fromkeys(_model_text(_hub_id(r), r) for r in rewards)),
         reference_text=reference_text,
         datasets_text=_datasets_text(dataset_names),
         metrics=metrics,
@@ -371,6 +387,8 @@ def _hub_id(value: str | None) -> str | None:
 
 
 def _model_text(hub_id: str | None, given: str | None) -> str:
+    if given and given.startswith(REWARD_FUNCTION):
+        return f"a reward function (`{given[len(REWARD_FUNCTION):]}`)"
     if hub_id:
         return f"[{hub_id}](https://huggingface.co/{hub_id})"
     return "a local model" if given else "not recorded"

@@ -27,7 +27,7 @@ from transformers import (
 
 from .adapters import adapter_config, prepare_adapters
 from .modeling import AutoModelForCausalLMWithValueHead
-from .rollout import reward_input_format
+from .rollout import RewardSet, naming_reward, probe_reward_callable, reward_input_format, reward_name, unique_names
 
 
 def compute_dtype(bf16: bool, fp16: bool) -> torch.dtype:
@@ -444,6 +444,58 @@ def load_reward_model(
     return freeze(reward_model)
 
 
+def load_rewards(reward_model, reward_processing_class, args, dtype: torch.dtype, device):
+    """(reward(s), reward tokenizer(s)): `load_reward_model` on one reward or on each of a list, with the tokenizer
+    of each one given by id/path loaded beside it. For a list, `reward_processing_class` is None or a list with one
+    entry (a tokenizer or None) per reward, and an error names the reward it concerns."""
+    if not isinstance(reward_model, (list, tuple)):
+        reward = load_reward_model(reward_model, args.reward_model_init_kwargs, args.reward_quantization, dtype, device)
+        if isinstance(reward_model, str) and reward_processing_class is None:
+            reward_processing_class = load_tokenizer(reward_model, "reward model", args.reward_model_init_kwargs)
+        return reward, reward_processing_class
+    if not reward_model:
+        raise ValueError("reward_model is an empty list: give at least one reward model, id or callable.")
+    classes = reward_processing_class if reward_processing_class is not None else [None] * len(reward_model)
+    if not isinstance(classes, (list, tuple)) or len(classes) != len(reward_model):
+        raise ValueError(f"reward_model is a list of {len(reward_model)} rewards: reward_processing_class must be None "
+                         "or a list with one entry per reward (its tokenizer, or None), in the same order.")
+    rewards, tokenizers = [], []
+    for i, (given, tokenizer) in enumerate(zip(reward_model, classes)):
+        with naming_reward(reward_name(given), i):
+            if isinstance(given, (list, tuple)):
+                raise TypeError("a list inside the reward_model list: give one flat list of rewards.")
+            reward, tokenizer = load_rewards(given, tokenizer, args, dtype, device)
+        rewards.append(reward)
+        tokenizers.append(tokenizer)
+    return rewards, tokenizers
+
+
+def reward_set(loaded: "LoadedModels", given, tokenizer, args, chat: set[bool], train_dataset) -> RewardSet:
+    """The run's `RewardSet`: each reward's tokenizer and input format resolved and checked as for a single reward
+    (`reward_tokenizer`), each callable probed (`probe_reward_callable`), names for the logs, and `reward_weights`
+    checked against the number of rewards. `given`: the trainer's `reward_model` argument (a list or one reward)."""
+    is_list = isinstance(given, (list, tuple))
+    rewards = loaded.reward_model if is_list else [loaded.reward_model]
+    classes = loaded.reward_processing_class if is_list else [loaded.reward_processing_class]
+    names = unique_names([reward_name(r) for r in (given if is_list else [given])])
+    weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(rewards)
+    if len(weights) != len(rewards):
+        raise ValueError(f"reward_weights has {len(weights)} weights but there {'are' if len(rewards) > 1 else 'is'} "
+                         f"{len(rewards)} reward{'s' if len(rewards) > 1 else ''} ({', '.join(names)}): give one weight "
+                         "per reward, in the order of reward_model, or reward_weights=None for all 1.0.")
+    # A forced format is meant for the list's models: its callables always read text.
+    any_model = any(isinstance(r, PreTrainedModel) for r in rewards)
+    tokenizers = []
+    for i, (reward, processing_class, name) in enumerate(zip(rewards, classes, names)):
+        callable_in_list = is_list and any_model and not isinstance(reward, PreTrainedModel)
+        input_format = "auto" if callable_in_list else args.reward_input_format
+        with naming_reward(name if is_list else None, i):
+            tokenizers.append(reward_tokenizer(reward, tokenizer, processing_class, input_format, chat))
+            probe_reward_callable(reward, train_dataset, tokenizer)
+    return RewardSet(rewards, tokenizers, names, [float(w) for w in weights], input_format=args.reward_input_format,
+                     normalize_each=args.normalize_each_reward, is_list=is_list)
+
+
 def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
     """True when token ids mean the same thing in both tokenizers (then no decode/re-encode is needed)."""
     if a is b:
@@ -571,8 +623,8 @@ class LoadedModels:
     policy: AutoModelForCausalLMWithValueHead
     tokenizer: PreTrainedTokenizerBase  # the policy's, with a pad token that is no stop token
     ref_model: nn.Module | None  # None: the policy's reference adapter, or its adapter disabled
-    reward_model: nn.Module  # or a reward callable
-    reward_processing_class: PreTrainedTokenizerBase | None
+    reward_model: nn.Module  # or a reward callable; a list of them for mixed rewards
+    reward_processing_class: PreTrainedTokenizerBase | None  # a list (one per reward) for mixed rewards
     stop_token_ids: list[int]
     trained_adapter: str | None
     ref_adapter: str | None
@@ -606,11 +658,9 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
                          uses_peft=policy.is_peft_model)
     if ref is not None:
         check_vocab(ref, tokenizer, "reference model", REFERENCE_VOCAB_FIX)
-    reward = load_reward_model(reward_model, args.reward_model_init_kwargs, args.reward_quantization, dtype, device)
-    if isinstance(reward_model, str) and reward_processing_class is None:
-        reward_processing_class = load_tokenizer(reward_model, "reward model", args.reward_model_init_kwargs)
+    reward, reward_processing_class = load_rewards(reward_model, reward_processing_class, args, dtype, device)
     if args.disable_dropout:
-        for m in (policy, ref, reward):
+        for m in (policy, ref, *(reward if isinstance(reward, list) else [reward])):
             if isinstance(m, nn.Module):
                 disable_dropout(m)
     return LoadedModels(policy, tokenizer, ref, reward, reward_processing_class, stop_token_ids, trained_adapter,

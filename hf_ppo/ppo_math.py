@@ -130,6 +130,17 @@ def compute_rewards(
     return rewards, non_score
 
 
+def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer_length: int, penalty_factor: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), scaled by `penalty_factor`: (batch,) -> (batch,) <= 0.
+
+    With L_max = `max_length` and L_cache = `buffer_length`: 0 for a length |y| <= L_max - L_cache, then linear,
+    ((L_max - L_cache) - |y|) / L_cache, reaching -1 at |y| = L_max (and staying there beyond). Example: L_max 8,
+    L_cache 4, factor 0.5, lengths [3, 4, 6, 8] -> [0, 0, -0.25, -0.5].
+    """
+    over = (lengths.float() - (max_length - buffer_length)) / buffer_length  # > 0 inside the buffer
+    return -penalty_factor * over.clamp(min=0.0, max=1.0)
+
+
 def compute_gae(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,9 +3,11 @@
 `rollout` runs them in order and returns a `RolloutBatch`, complete when constructed, and its statistics:
 1. generate: the rollout engine (`generation.py`) samples `response_length` tokens for the left-padded prompts;
 2. truncate: everything after the first stop token becomes padding (`truncate_after_stop`, the "EOS trick");
-3. score: the reward model's score (`score_responses`) or a reward callable on text;
+3. score: the reward model's score (`score_responses`) or a reward callable on text; several rewards (a
+   `RewardSet`) are each scored and combined as a weighted sum, optionally each normalised first;
    (steps 1-3 are `sample_and_score`, shared with evaluation)
-4. EOS penalty: `missing_eos_penalty` off the score of responses without a stop token;
+4. penalties (`penalize`): `missing_eos_penalty` off the score of responses without a stop token; the optional
+   overlong penalty;
 5. policy forward: old log-probs and values in one no-grad pass of policy + value head (`policy_forward`);
 6. reference: the reference's log-probs (`reference_logprobs`: a frozen model, or the policy with its reference
    adapter active or its adapter disabled);
@@ -21,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Callable, NamedTuple
 
 import torch
@@ -41,6 +43,8 @@ from .ppo_math import (
     masked_mean,
     masked_sum,
     masked_whiten,
+    overlong_penalty,
+    RunningMoments,
 )
 
 @dataclass
@@ -389,65 +393,192 @@ def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, 
     ]))
 
 
+def reward_name(reward) -> str:
+    """How the logs name a reward: an id/path's last part, a callable's `__name__`, a model's `name_or_path`'s last
+    part, else the class name."""
+    source = reward if isinstance(reward, str) else getattr(reward, "name_or_path", None)
+    if isinstance(source, str) and source.strip("/\\"):
+        return source.replace("\\", "/").rstrip("/").split("/")[-1]
+    name = getattr(reward, "__name__", None)
+    return name.strip("<>") if isinstance(name, str) else type(reward).__name__  # "<lambda>" -> "lambda"
+
+
+def unique_names(names: list[str]) -> list[str]:
+    """`names` with repeats numbered (`a`, `a_2`, `a_3`), so each reward has a metric of its own."""
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return unique
+
+
+@contextlib.contextmanager
+def naming_reward(name: str | None, index: int):
+    """Errors raised inside name the reward of a list they come from (`name` None: a single reward, as it is)."""
+    try:
+        yield
+    except (TypeError, ValueError) as err:
+        if name is None:
+            raise
+        raise type(err)(f"Reward {name!r} (reward_model[{index}]): {err}") from err
+
+
+class RewardSet:
+    """The run's rewards, scored at step 3 and combined: one reward model / callable, or a list with weights.
+
+    Each reward keeps its own tokenizer (None: it reads the policy's token ids; see `score_responses`) and reads
+    (prompt, response) in `input_format`, resolved per model. The score is sum_i w_i * r_i, each r_i first normalised
+    by its own running mean/std (`normalize_each`, statistics over all processes) when asked. A single reward given
+    alone (`is_list=False`) with weight 1.0 and no normalisation scores exactly as `score_responses`.
+    """
+
+    def __init__(self, rewards: list, tokenizers: list, names: list[str], weights: list[float], *,
+                 input_format: str = "auto", normalize_each: bool = False, is_list: bool = True):
+        self.rewards, self.tokenizers, self.names, self.weights = list(rewards), list(tokenizers), names, weights
+        self.input_format, self.is_list = input_format, is_list
+        self.moments = [RunningMoments() for _ in rewards] if normalize_each else None
+
+    @classmethod
+    def single(cls, reward, reward_tokenizer=None, input_format: str = "auto") -> "RewardSet":
+        """One reward model / callable, scored as it is."""
+        return cls([reward], [reward_tokenizer], [reward_name(reward)], [1.0], input_format=input_format,
+                   is_list=False)
+
+    @property
+    def tokenizer(self):
+        """The reward tokenizer of a single reward (None: the policy's ids), or the list of them."""
+        return self.tokenizers if self.is_list else self.tokenizers[0]
+
+    @torch.no_grad()
+    def score(self, *, queries, query_mask, responses, response_mask, tokenizer, prompts: list, batch_size: int,
+              gather: Callable | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(the combined score (B,), {name: the reward's raw score (B,)} for a list, else {}).
+
+        `gather` (training): the per-reward statistics take in this batch, gathered over processes, before
+        normalising; None (evaluation): they normalise with what they hold, unchanged.
+        """
+        combined, raw = None, {}
+        for i, (reward, reward_tokenizer, name) in enumerate(zip(self.rewards, self.tokenizers, self.names)):
+            with naming_reward(name if self.is_list else None, i):
+                scores = score_responses(reward, queries=queries, query_mask=query_mask, responses=responses,
+                                         response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
+                                         batch_size=batch_size, reward_tokenizer=reward_tokenizer,
+                                         input_format=self.input_format)
+            raw[name] = scores
+            if self.moments is not None:
+                if gather is not None:
+                    self.moments[i].update(gather(scores))
+                scores = self.moments[i].normalize(scores)
+            term = self.weights[i] * scores
+            combined = term if combined is None else combined + term
+        return combined, (raw if self.is_list else {})
+
+    def state_dict(self) -> dict | None:
+        """The per-reward running statistics by name (None without `normalize_each`): JSON-able, for checkpoints."""
+        if self.moments is None:
+            return None
+        return {name: m.state_dict() for name, m in zip(self.names, self.moments)}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Restore `state_dict()`; the checkpoint's rewards must be this run's (same names)."""
+        if self.moments is None or state is None:
+            return
+        if list(state) != self.names:
+            raise ValueError(f"The checkpoint normalised the rewards {list(state)}, this run has {self.names}: resume "
+                             "with the same rewards, in the same order.")
+        for name, m in zip(self.names, self.moments):
+            m.load_state_dict(state[name])
+
+
 class Samples(NamedTuple):
     """Steps 1-3 for a batch of prompts: responses (B, R), response_mask (B, R), contains_stop (B,), scores (B,)
-    before any penalty, and the seconds spent sampling (steps 1-2)."""
+    before any penalty, the seconds spent sampling (steps 1-2), and with a list of rewards each one's raw score
+    {name: (B,)} ({} for a single reward)."""
 
     responses: torch.Tensor
     response_mask: torch.Tensor
     contains_stop: torch.Tensor
     scores: torch.Tensor
     generate_seconds: float
+    reward_scores: dict | None = None
 
 
 @torch.no_grad()
 def sample_and_score(engine: RolloutEngine, policy: nn.Module, reward, queries, query_mask, prompts: list, *,
-                     tokenizer, reward_tokenizer, input_format: str, stop_token_ids, batch_size: int) -> Samples:
+                     tokenizer, reward_tokenizer=None, input_format: str = "auto", stop_token_ids, batch_size: int,
+                     gather: Callable | None = None) -> Samples:
     """Steps 1-3, the path training and evaluation share: generate with `engine` from the policy model
-    (`policy.policy_model`, never a DDP wrapper), truncate after the stop token, score with `reward`."""
+    (`policy.policy_model`, never a DDP wrapper), truncate after the stop token, score with `reward`.
+
+    `reward`: a `RewardSet` (it holds its tokenizers and format; `gather` updates its per-reward statistics), or one
+    reward model / callable read with `reward_tokenizer` and `input_format`.
+    """
+    if isinstance(reward, RewardSet):
+        if reward_tokenizer is not None:
+            raise ValueError("A RewardSet holds its own reward tokenizers: pass reward_tokenizer=None.")
+    else:
+        reward = RewardSet.single(reward, reward_tokenizer, input_format)
     start = time.perf_counter()
     responses = engine.generate(policy.policy_model, queries, query_mask)  # 1.
     responses, response_mask, contains_stop = truncate_after_stop(responses, stop_token_ids,
                                                                   tokenizer.pad_token_id)  # 2.
     generated = time.perf_counter()
-    scores = score_responses(reward, queries=queries, query_mask=query_mask, responses=responses,  # 3.
-                             response_mask=response_mask, tokenizer=tokenizer, prompts=prompts, batch_size=batch_size,
-                             reward_tokenizer=reward_tokenizer, input_format=input_format)
-    return Samples(responses, response_mask, contains_stop, scores, generated - start)
+    scores, each = reward.score(queries=queries, query_mask=query_mask, responses=responses,  # 3.
+                                response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
+                                batch_size=batch_size, gather=gather)
+    return Samples(responses, response_mask, contains_stop, scores, generated - start, each)
+
+
+def penalize(scores: torch.Tensor, contains_stop: torch.Tensor, response_mask: torch.Tensor, *,
+             missing_eos_penalty: float | None, overlong_buffer_length: int | None = None,
+             overlong_penalty_factor: float = 1.0) -> torch.Tensor:
+    """Step 4: `missing_eos_penalty` off the score of responses without a stop token, then DAPO's soft overlong
+    penalty (`ppo_math.overlong_penalty`) over the last `overlong_buffer_length` of the response_length (R) tokens."""
+    if missing_eos_penalty is not None:
+        scores = scores - missing_eos_penalty * (~contains_stop).float()
+    if overlong_buffer_length is not None:
+        scores = scores + overlong_penalty(response_mask.sum(1), response_mask.shape[1], overlong_buffer_length,
+                                           overlong_penalty_factor)
+    return scores
 
 
 @dataclass
 class Rollout:
-    """What `rollout` returns: the batch, its statistics (`rollout_stats`), and the seconds spent sampling (steps
-    1-2) and scoring (steps 3-6)."""
+    """What `rollout` returns: the batch, its statistics (`rollout_stats`, then with a list of rewards each one's
+    mean raw score as `objective/scores/<name>`), the seconds spent sampling (steps 1-2) and scoring (steps 3-6), and
+    each reward's raw scores {name: (B,)} ({} for a single reward)."""
 
     batch: RolloutBatch
     stats: dict[str, torch.Tensor]
     generate_seconds: float
     score_seconds: float
+    reward_scores: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @torch.no_grad()
 def rollout(
     policy: nn.Module, queries, query_mask, prompts: list, *, engine: RolloutEngine, ref_model, ref_adapter, reward,
-    tokenizer, reward_tokenizer, input_format: str, stop_token_ids, temperature: float, batch_size: int,
+    tokenizer, reward_tokenizer=None, input_format: str = "auto", stop_token_ids, temperature: float, batch_size: int,
     missing_eos_penalty: float | None, shape_scores: Callable[[torch.Tensor], torch.Tensor], kl_coef: float,
     kl_estimator: str, gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool,
+    gather: Callable | None = None, overlong_buffer_length: int | None = None, overlong_penalty_factor: float = 1.0,
 ) -> Rollout:
     """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
 
-    `policy` is the actor-critic (`AutoModelForCausalLMWithValueHead`), unwrapped; `shape_scores` maps the
+    `policy` is the actor-critic (`AutoModelForCausalLMWithValueHead`), unwrapped; `reward` a `RewardSet` or one
+    reward (see `sample_and_score`; `gather` updates a RewardSet's per-reward statistics); `shape_scores` maps the
     penalised scores (B,) to the ones the rewards use (step 7).
     """
     start = time.perf_counter()
-    # 1-3. Generate, truncate after the stop token, score.
+    # 1-3. Generate, truncate after the stop token, score (and combine a list of rewards).
     samples = sample_and_score(engine, policy, reward, queries, query_mask, prompts, tokenizer=tokenizer,
                                reward_tokenizer=reward_tokenizer, input_format=input_format,
-                               stop_token_ids=stop_token_ids, batch_size=batch_size)
-    responses, response_mask, contains_stop, scores = samples[:4]
-    # 4. The EOS penalty, on responses that never stopped.
-    if missing_eos_penalty is not None:
-        scores = scores - missing_eos_penalty * (~contains_stop).float()
+                               stop_token_ids=stop_token_ids, batch_size=batch_size, gather=gather)
+    responses, response_mask, contains_stop = samples[:3]
+    # 4. The EOS penalty, on responses that never stopped; the overlong penalty.
+    scores = penalize(samples.scores, contains_stop, response_mask, missing_eos_penalty=missing_eos_penalty,
+                      overlong_buffer_length=overlong_buffer_length, overlong_penalty_factor=overlong_penalty_factor)
     # 5. Old log-probs and values, in one pass.
     logprobs, values, entropy = policy_forward(policy, queries, query_mask, responses, response_mask,
                                                temperature=temperature, batch_size=batch_size, with_entropy=True)
@@ -463,7 +594,9 @@ def rollout(
                          contains_stop, **rewards)
     # 9. Statistics.
     stats = rollout_stats(batch, kl, entropy, stop_token_ids)
-    return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds)
+    stats.update({f"objective/scores/{name}": raw.mean() for name, raw in samples.reward_scores.items()})
+    return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds,
+                   samples.reward_scores)
 
 
 class MinibatchSchedule:

@@ -27,8 +27,7 @@ from .generation import KVCacheSampler, WeightsChangedCallback
 from .guard import NonFiniteGuard, check_finite_weights, nonfinite_problem, score_hint
 from .ppo_math import AdaptiveKLController, FixedKLController, RunningMoments, ppo_loss
 from .reporting import PPOProgressCallback, maybe_log_samples
-from .rollout import (MinibatchSchedule, RolloutBatch, probe_reward_callable, rollout, sample_and_score,
-                      sequence_inputs, shape_scores)
+from .rollout import MinibatchSchedule, RolloutBatch, rollout, sample_and_score, sequence_inputs, shape_scores
 
 
 class PPOLMTrainer(Trainer):
@@ -39,7 +38,8 @@ class PPOLMTrainer(Trainer):
         args: a `PPOConfig`.
         processing_class: the policy's tokenizer (loaded with the model when `model` is an id/path and this is None).
         reward_model: Hub id / path / `AutoModelForSequenceClassification` with num_labels=1 / callable
-            `(prompts: list[str], completions: list[str]) -> list[float]`.
+            `(prompts: list[str], completions: list[str]) -> list[float]`, or a list of them (mixed rewards,
+            weighted by `reward_weights`).
         ref_model: None (the policy with its LoRA adapter disabled; without LoRA, a frozen copy of the starting
             policy), or an id / path / model.
         train_dataset / eval_dataset: `datasets.Dataset` with a "prompt" (text) or "messages" (chat) column, or
@@ -86,9 +86,8 @@ class PPOLMTrainer(Trainer):
         # Data: validated and tokenized here, so bad prompts fail before training starts.
         train_dataset, eval_dataset, chat = prepare_datasets(train_dataset, eval_dataset, tokenizer, args,
                                                              loading.max_positions(policy.config))
-        self.reward_tokenizer = loading.reward_tokenizer(self.reward_model, tokenizer, loaded.reward_processing_class,
-                                                         args.reward_input_format, chat)
-        probe_reward_callable(self.reward_model, train_dataset, tokenizer)
+        self.rewards = loading.reward_set(loaded, reward_model, tokenizer, args, chat, train_dataset)  # step 3
+        self.reward_tokenizer = self.rewards.tokenizer
 
         super().__init__(
             model=policy, args=args, data_collator=PromptCollator(tokenizer.pad_token_id),
@@ -183,11 +182,13 @@ class PPOLMTrainer(Trainer):
         if toggle:
             model.eval()
         moments = self.reward_moments.state_dict() if self.reward_moments is not None else None
+        each_moments = self.rewards.state_dict()
         result = rollout(model, inputs["queries"], inputs["query_mask"], inputs["prompts"],
                          engine=self.rollout_engine, ref_model=self.ref_model, ref_adapter=self.ref_adapter,
-                         reward=self.reward_model, tokenizer=tokenizer, reward_tokenizer=self.reward_tokenizer,
-                         input_format=args.reward_input_format, stop_token_ids=self.stop_token_ids,
+                         reward=self.rewards, tokenizer=tokenizer, stop_token_ids=self.stop_token_ids,
                          temperature=args.temperature, batch_size=args.local_rollout_forward_batch_size,
+                         gather=self.accelerator.gather, overlong_buffer_length=args.overlong_buffer_length,
+                         overlong_penalty_factor=args.overlong_penalty_factor,
                          missing_eos_penalty=args.missing_eos_penalty, shape_scores=functools.partial(
                              shape_scores, reward_moments=self.reward_moments, reward_clip=args.reward_clip,
                              gather=self.accelerator.gather),
@@ -197,11 +198,12 @@ class PPOLMTrainer(Trainer):
         if toggle:
             model.train()
         batch = result.batch
-        self._guard.check_scale(batch.scores)
+        self._guard.check_scale(batch.scores, result.reward_scores)
         # NaN/inf anywhere: drop the rollout before it moves the reward statistics, the KL controller or a weight
         # (decided over all processes, so they all sample again together).
-        problem = nonfinite_problem(batch, self.accelerator, args.world_size)
+        problem = nonfinite_problem(batch, self.accelerator, args.world_size, result.reward_scores)
         if problem:
+            self.rewards.load_state_dict(each_moments)
             if moments is not None:
                 self.reward_moments.load_state_dict(moments)
             self._train_phase_start = None
@@ -284,10 +286,9 @@ class PPOLMTrainer(Trainer):
     @torch.no_grad()
     def _eval_scores(self, inputs) -> torch.Tensor:
         """Scores of freshly sampled responses to eval prompts (steps 1-3; eval_loss = -mean score)."""
-        return sample_and_score(self.rollout_engine, self.accelerator.unwrap_model(self.model), self.reward_model,
+        return sample_and_score(self.rollout_engine, self.accelerator.unwrap_model(self.model), self.rewards,
                                 inputs["queries"], inputs["query_mask"], inputs["prompts"],
-                                tokenizer=self.processing_class, reward_tokenizer=self.reward_tokenizer,
-                                input_format=self.args.reward_input_format, stop_token_ids=self.stop_token_ids,
+                                tokenizer=self.processing_class, stop_token_ids=self.stop_token_ids,
                                 batch_size=self.args.local_rollout_forward_batch_size).scores
 
     # ---- saving: the policy alone; checkpoints add the value head and PPO state ------------------------------------
@@ -326,7 +327,7 @@ class PPOLMTrainer(Trainer):
             checkpoint.save_trainer_state(
                 folder, args=self.args, iteration=self.iteration, kl_controller=self.kl_ctl,
                 reward_moments=self.reward_moments, guard=self._guard, peft=wrapper.is_peft_model, metrics=self._metrics,
-                critic_state=wrapper.critic_state_dict(),
+                critic_state=wrapper.critic_state_dict(), rewards=self.rewards,
                 rollout_buffer=schedule.state_dict() if schedule is not None else None)
         super()._save_checkpoint(model, trial)
 
@@ -348,7 +349,7 @@ class PPOLMTrainer(Trainer):
         self.rollout_engine.weights_changed()
         self.iteration = checkpoint.restore_trainer_state(saved, kl_controller=self.kl_ctl,
                                                           reward_moments=self.reward_moments, guard=self._guard,
-                                                          metrics=self._metrics)
+                                                          metrics=self._metrics, rewards=self.rewards)
         self._micro_step = None
         self._schedule = checkpoint.resumed_schedule(saved, resume_from_checkpoint, self.args)
 
