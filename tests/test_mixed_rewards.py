@@ -103,7 +103,7 @@ def test_weighted_sum_of_a_reward_model_and_a_callable(mixed_run, tiny_models, t
 
 def test_each_reward_is_logged_and_the_combined_score_is_their_weighted_sum(mixed_run):
     logs = [e for e in mixed_run.state.log_history if "objective/scores" in e]
-    assert len(logs) == 8
+    assert len(logs) == 2  # one rollout per iteration
     for entry in logs:
         # Means are linear: with no normalisation or penalty, mean(combined) = sum_i w_i * mean(r_i).
         expected = 0.5 * entry["objective/scores/reward"] + 2.0 * entry["objective/scores/count_e"]
@@ -174,7 +174,7 @@ class NaNOnCalls:
 
 def test_nan_from_one_reward_drops_the_rollout_naming_it(tiny_models, tokenizer, tmp_path):
     trainer = make_trainer(tiny_models, tokenizer, tmp_path, [count_e, NaNOnCalls({3})], normalize_each_reward=True)
-    with pytest.warns(UserWarning, match=r"rollout dropped and sampled again \(scores: 8 NaN/inf of 8 responses; "
+    with pytest.warns(UserWarning, match=r"rollout dropped and sampled again \(scores: 8 NaN/inf of 8 responses;.* "
                                          r"from reward 'NaNOnCalls': 8 NaN/inf\)"):
         trainer.train()
     assert trainer.state.global_step == 8 and trainer.iteration == 2
