@@ -594,9 +594,9 @@ def rollout(
                          contains_stop, **rewards)
     # 9. Statistics.
     stats = rollout_stats(batch, kl, entropy, stop_token_ids)
-    stats.update({f"objective/scores/{name}": raw.mean() for name, raw in samples.reward_scores.items()})
-    return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds,
-                   samples.reward_scores)
+    each = samples.reward_scores or {}
+    stats.update({f"objective/scores/{name}": raw.mean() for name, raw in each.items()})
+    return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds, each)
 
 
 class MinibatchSchedule:

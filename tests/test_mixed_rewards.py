@@ -11,7 +11,7 @@ from datasets import Dataset
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.hub import model_sources, write_model_card
 from hf_ppo.ppo_math import overlong_penalty
-from hf_ppo.rollout import RewardSet, penalize
+from hf_ppo.rollout import RewardSet, penalize, score_responses
 
 PROMPTS = ["the movie was", "the food was", "the book was", "the show was"]
 
@@ -137,6 +137,15 @@ def test_each_reward_normalised_by_its_own_running_statistics(tokenizer):
     assert torch.allclose(again, combined) and json.dumps(rewards.state_dict()) == state
 
 
+def test_a_single_reward_scores_as_before_and_logs_nothing_of_its_own(tokenizer):
+    batch = batch_of(tokenizer, PROMPTS, [" eee", " e", " ", " ee e"])
+    alone = score_responses(count_e, **batch, tokenizer=tokenizer, prompts=PROMPTS, batch_size=4)
+    scores, each = RewardSet.single(count_e).score(**batch, tokenizer=tokenizer, prompts=PROMPTS, batch_size=4,
+                                                   gather=lambda t: t)
+    assert torch.equal(scores, alone) and each == {}
+    assert RewardSet.single(count_e).tokenizer is None  # `trainer.reward_tokenizer` of a single reward, as before
+
+
 # ---- errors ------------------------------------------------------------------------------------------------------
 def bad_reward(prompts, completions):
     return {"score": 1.0}
@@ -159,6 +168,10 @@ def test_a_bad_callable_in_the_list_is_named(tiny_models, tokenizer, tmp_path):
         make_trainer(tiny_models, tokenizer, tmp_path, [count_e, bad_reward])
     with pytest.raises(TypeError, match=r"Reward 'list' \(reward_model\[0\]\).*one flat list"):
         make_trainer(tiny_models, tokenizer, tmp_path, [[count_e], count_e])
+    with pytest.raises(ValueError, match=r"reward_processing_class must be None or a list with one entry per reward"):
+        PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path), processing_class=tokenizer,
+                     reward_model=[count_e, length_reward], reward_processing_class=tokenizer,
+                     train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}), peft_config=lora())
 
 
 class NaNOnCalls:
