@@ -32,6 +32,7 @@ from torch import nn
 from .adapters import adapter_active
 from .generation import RolloutEngine, chunks, stop_tensor
 from .ppo_math import (
+    RunningMoments,
     compute_gae,
     compute_rewards,
     entropy_from_logits,
@@ -44,7 +45,6 @@ from .ppo_math import (
     masked_sum,
     masked_whiten,
     overlong_penalty,
-    RunningMoments,
 )
 
 @dataclass
