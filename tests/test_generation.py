@@ -187,17 +187,32 @@ def test_seeded_sampling_equals_the_plain_loop(policy, tokenizer):
     assert torch.equal(sampler(tokenizer, temperature=temperature).generate(policy, ids, mask), expected)
 
 
-def test_left_padding_does_not_change_the_sampled_tokens(policy, tokenizer):
+@pytest.fixture(scope="module")
+def gpt2(tokenizer):
+    """A tiny GPT-2: absolute position embeddings, so position ids that count the padding change its tokens (under
+    RoPE a constant offset would not show)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                        pad_token_id=tokenizer.pad_token_id)
+    return GPT2LMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_left_padding_does_not_change_the_sampled_tokens(name, policy, gpt2, tokenizer):
+    model = {"llama": policy, "gpt2": gpt2}[name]
     ids, mask = encode(tokenizer, [PROMPTS[1]])
-    alone = sampler(tokenizer, top_k=1).generate(policy, ids, mask)
+    alone = sampler(tokenizer, top_k=1).generate(model, ids, mask)
+    assert torch.equal(alone, plain_decode(model, ids, 8, lambda logits: logits.argmax(-1)))
     pad = torch.full((1, 5), tokenizer.pad_token_id)
     padded_ids, padded_mask = torch.cat([pad, ids], 1), torch.cat([torch.zeros(1, 5, dtype=torch.bool), mask], 1)
-    assert torch.equal(sampler(tokenizer, top_k=1).generate(policy, padded_ids, padded_mask), alone)
+    assert torch.equal(sampler(tokenizer, top_k=1).generate(model, padded_ids, padded_mask), alone)
     # In a batch, beside a longer prompt (which pads this one), and in micro-batches of one row.
     batch_ids, batch_mask = encode(tokenizer, ["the food was great and the plot was fun and the music", PROMPTS[1]])
     assert not batch_mask[1].all()
     for batch_size in (1, 8):
-        out = sampler(tokenizer, top_k=1, batch_size=batch_size).generate(policy, batch_ids, batch_mask)
+        out = sampler(tokenizer, top_k=1, batch_size=batch_size).generate(model, batch_ids, batch_mask)
         assert torch.equal(out[1:], alone)
 
 

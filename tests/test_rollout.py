@@ -168,6 +168,10 @@ def test_rollout_scores_get_the_missing_eos_penalty_only_without_a_stop_token(sc
 
 def test_rollout_stats_are_exactly_rollout_stats_and_finite(scripted_rollout):
     result, _ = scripted_rollout
+    assert ROLLOUT_STATS == [
+        "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward", "objective/scores",
+        "rollout/response_length", "rollout/eos_rate", "val/num_eos_tokens", "val/explained_variance",
+        "policy/entropy_avg", "rollout/advantages_mean", "rollout/returns_mean"]
     assert list(result.stats) == ROLLOUT_STATS
     for name, value in result.stats.items():
         assert torch.is_tensor(value) and value.dim() == 0 and math.isfinite(value.item()), name
@@ -186,6 +190,33 @@ def test_rollout_step_0_reference_is_the_policy_and_the_engine_samples_the_polic
     assert torch.equal(batch.ref_logprobs, batch.logprobs)
     assert result.stats["objective/kl"].item() == 0 and (batch.non_score_rewards == 0).all()
     assert (batch.logprobs[batch.response_mask] < 0).all()
+
+
+def test_rollout_logprobs_and_values_are_the_policys_on_each_sequence_alone(scripted_rollout, lora_policy):
+    """Step 5 against a plain computation: each row unpadded, log softmax(logits / temperature) at the response
+    tokens, and the value head's output at the position before each response token."""
+    batch = scripted_rollout[0].batch
+    for row in range(len(batch)):
+        query = batch.queries[row][batch.query_mask[row]]
+        response = batch.responses[row][batch.response_mask[row]]
+        ids = torch.cat([query, response])[None]
+        with torch.no_grad():
+            out = lora_policy(input_ids=ids)
+        start, n = len(query) - 1, len(response)
+        logprobs = torch.log_softmax(out.logits[0, start:start + n].float() / 0.7, -1)[torch.arange(n), response]
+        torch.testing.assert_close(batch.logprobs[row, :n], logprobs, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batch.values[row, :n], out.value[0, start:start + n], rtol=1e-5, atol=1e-5)
+
+
+def test_rollout_returns_use_the_raw_advantages(lora_policy, tokenizer, scripted_rollout):
+    """Whitening changes the advantages only: returns = raw GAE advantages + values, with or without it."""
+    whitened = scripted_rollout[0].batch
+    raw = run_rollout(lora_policy, tokenizer, ScriptedEngine(script(tokenizer)), whiten_advantages=False).batch
+    mask = raw.response_mask
+    torch.testing.assert_close(whitened.returns, raw.returns, rtol=0, atol=1e-6)
+    torch.testing.assert_close(raw.returns[mask], (raw.advantages + raw.values)[mask], rtol=0, atol=1e-6)
+    assert not torch.allclose(whitened.advantages[mask], raw.advantages[mask])
+    assert whitened.advantages[mask].mean().abs() < 1e-5  # whitened over the batch's real tokens
 
 
 def test_rollout_reference_sees_the_adapter_disabled(lora_policy, tokenizer):
