@@ -61,10 +61,12 @@ def make_trainer(tiny_models, tokenizer, out, reward, **overrides):
 
 @pytest.fixture(scope="module")
 def scripted_run(tiny_models, tokenizer, tmp_path_factory):
-    """4 optimizer steps (2 iterations of 2 PPO epochs) sampling from a scripted engine, a checkpoint after step 2."""
+    """4 optimizer steps (2 iterations of 2 PPO epochs, each step 2 accumulated micro-batches) sampling from a
+    scripted engine, a checkpoint after step 2."""
     out = tmp_path_factory.mktemp("scripted")
     reward = RecordingReward()
-    trainer = make_trainer(tiny_models, tokenizer, out, reward, save_strategy="steps", save_steps=2)
+    trainer = make_trainer(tiny_models, tokenizer, out, reward, save_strategy="steps", save_steps=2,
+                           per_device_train_batch_size=2, gradient_accumulation_steps=2)
     engine = ScriptedEngine(script_for(tokenizer), watch=trainer.model.policy_model)
     trainer.rollout_engine = engine
     trainer.train()
@@ -94,6 +96,7 @@ def test_training_samples_from_the_assigned_engine_truncated_after_the_stop_toke
 
 def test_weights_changed_after_every_optimizer_step(scripted_run):
     trainer, engine, _, _ = scripted_run
+    # Per optimizer step, not per micro-batch (2 of them per step here).
     assert engine.kinds() == ["generate", "weights_changed", "weights_changed"] * 2
     assert trainer.state.global_step == 4
     # Each call comes after the step moved the weights: every fingerprint is new, the last is the final weights.
@@ -105,7 +108,8 @@ def test_weights_changed_after_every_optimizer_step(scripted_run):
 def test_weights_changed_after_a_checkpoint_load(scripted_run, tiny_models, tokenizer):
     trainer, engine, _, out = scripted_run
     after_step_2 = [fp for kind, fp in engine.events if kind == "weights_changed"][1]
-    resumed = make_trainer(tiny_models, tokenizer, out / "resumed", RecordingReward())
+    resumed = make_trainer(tiny_models, tokenizer, out / "resumed", RecordingReward(), per_device_train_batch_size=2,
+                           gradient_accumulation_steps=2)
     fresh = fingerprint(resumed.model.policy_model)
     engine2 = ScriptedEngine(script_for(tokenizer), watch=resumed.model.policy_model)
     resumed.rollout_engine = engine2
