@@ -15,16 +15,21 @@ from transformers import TrainerCallback
 
 
 class RolloutEngine:
-    """Samples token ids for left-padded prompts. Subclass it and pass an instance to the trainer's rollout."""
+    """Samples token ids for left-padded prompts. Subclass it and assign an instance as `trainer.rollout_engine`
+    (after construction): training and evaluation both sample through it. Pinned by tests/test_generation.py
+    (tests/scripted_engine.py is a complete example); see the README, "Extending hf_ppo"."""
 
     def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
-        """Responses (B, R) long for `queries` (B, Q) long / `query_mask` (B, Q) bool, left-padded; after a row's
-        first stop token, padding."""
+        """Responses (B, R) long, R = `response_length`, for `queries` (B, Q) long / `query_mask` (B, Q) bool,
+        left-padded. `model` is the policy itself (the causal LM or its `PeftModel`, never the value-head wrapper),
+        called under no_grad. After a row's first stop token, padding (the rollout pads whatever follows it anyway,
+        step 2)."""
         raise NotImplementedError
 
     def weights_changed(self) -> None:
-        """Called after the policy's weights changed (an optimizer step or a checkpoint load). The default engine
-        samples from the live model and needs nothing."""
+        """Called after every optimizer step and after a checkpoint load (resume), once the policy's new weights are
+        in place: an engine with its own copy of the weights (a vLLM server, say) refreshes it here. The default
+        engine samples from the live model and needs nothing."""
 
 
 class KVCacheSampler(RolloutEngine):

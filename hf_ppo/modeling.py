@@ -454,8 +454,11 @@ class PolicyAndCritic(nn.Module):
     It has the interface of `AutoModelForCausalLMWithValueHead`, which is what the trainer uses: `forward` gives the
     policy's logits and the critic's `value` (None without a critic), and `policy_model`, `critic_parameters()`,
     `critic_device`, `critic_state_dict()` / `load_critic_state_dict()`. A critic is any module with
-    `forward(input_ids, attention_mask, position_ids, logits_to_keep) -> values (batch, kept) fp32` and
-    `trainable_state_dict()` / `load_trainable_state_dict()` (what checkpoints store of it).
+    `forward(input_ids, attention_mask, position_ids, logits_to_keep) -> values (batch, kept) fp32` (one value per
+    position, aligned with the logits; the last `logits_to_keep` positions, 0 = all) and `trainable_state_dict()` /
+    `load_trainable_state_dict()` (what checkpoints store of it, restored exactly on resume); its parameters with
+    `requires_grad` are `critic_parameters()`. Pinned by tests/test_critic_interface.py (its `TinyCritic` is a
+    complete example); see the README, "Extending hf_ppo".
     """
 
     def __init__(self, policy: nn.Module, critic: nn.Module | None = None):

@@ -1,0 +1,71 @@
+"""data.py's batching: the rollout sampler (each global rollout batch repeated once per micro-batch of an iteration,
+a fresh shuffle per epoch and seed) and the left-padding collator."""
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hf_ppo.data import PromptCollator, RolloutRepeatSampler
+
+
+def global_batches(sampler: RolloutRepeatSampler) -> list[list[int]]:
+    """The sampler's indices cut into its runs of `repeat` copies of one global batch; each run checked and
+    returned once."""
+    indices = list(sampler)
+    size = sampler.global_batch_size * sampler.repeat
+    assert len(indices) == len(sampler) and len(indices) % size == 0
+    batches = []
+    for start in range(0, len(indices), size):
+        run = indices[start:start + size]
+        first = run[:sampler.global_batch_size]
+        # The same global batch `repeat` times in a row, in the same order.
+        assert run == first * sampler.repeat, run
+        batches.append(first)
+    return batches
+
+
+@pytest.mark.parametrize("num_prompts, global_batch, repeat", [(12, 4, 3), (10, 3, 4), (5, 5, 1)])
+def test_each_global_batch_repeats_in_a_row_and_each_prompt_comes_once_per_epoch(num_prompts, global_batch, repeat):
+    sampler = RolloutRepeatSampler(num_prompts, global_batch, repeat, seed=0)
+    batches = global_batches(sampler)
+    assert len(batches) == num_prompts // global_batch
+    assert len(sampler) == len(batches) * global_batch * repeat
+    seen = sum(batches, [])
+    assert len(set(seen)) == len(seen)  # no prompt twice in one epoch
+    assert set(seen) <= set(range(num_prompts))
+    assert len(seen) == num_prompts - num_prompts % global_batch  # only the incomplete last batch is dropped
+
+
+def test_order_changes_with_the_epoch_and_the_seed_and_is_reproducible():
+    def order(seed, epoch):
+        sampler = RolloutRepeatSampler(16, 4, 2, seed=seed)
+        sampler.set_epoch(epoch)
+        return global_batches(sampler)
+
+    assert order(0, 0) == order(0, 0)  # reproducible
+    assert order(0, 0) != order(0, 1)  # set_epoch reshuffles
+    assert order(0, 0) != order(1, 0)  # so does the seed
+    assert sorted(sum(order(0, 1), [])) == list(range(16))
+    # An epoch is not just a rotation of the same batches: the prompts are regrouped.
+    assert {frozenset(b) for b in order(0, 0)} != {frozenset(b) for b in order(0, 1)}
+
+
+def test_dataloader_gives_each_rollout_batch_once_per_micro_batch():
+    """As Trainer builds it (one process): batch_size = the rollout batch; repeat = micro-batches per iteration."""
+    prompts = [{"prompt": f"p{i}", "input_ids": list(range(1, i % 3 + 2))} for i in range(8)]
+    sampler = RolloutRepeatSampler(len(prompts), global_batch_size=4, repeat=3, seed=5)
+    loader = DataLoader(prompts, batch_size=4, sampler=sampler, collate_fn=PromptCollator(pad_token_id=0))
+    batches = [b["prompts"] for b in loader]
+    assert len(batches) == 6
+    assert batches[0] == batches[1] == batches[2] and batches[3] == batches[4] == batches[5]
+    assert sorted(batches[0] + batches[3]) == sorted(p["prompt"] for p in prompts)
+
+
+def test_collator_left_pads_and_masks():
+    features = [{"prompt": "a", "input_ids": [5, 6, 7]}, {"prompt": [{"role": "user", "content": "b"}],
+                                                           "input_ids": [8]}]
+    out = PromptCollator(pad_token_id=0)(features)
+    assert out["queries"].tolist() == [[5, 6, 7], [0, 0, 8]] and out["queries"].dtype == torch.long
+    assert out["query_mask"].tolist() == [[True, True, True], [False, False, True]]
+    assert out["query_mask"].dtype == torch.bool
+    assert out["prompts"] == ["a", [{"role": "user", "content": "b"}]]  # raw prompts (text or chat), in order
