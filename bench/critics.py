@@ -44,6 +44,11 @@ sys.path.insert(0, str(ROOT / "recipes"))
 from common import current_rss_mb, peak_rss_mb, rule_score  # noqa: E402
 
 CRITICS = ["shared", "separate", "reward_lora"]
+# The learning runs: (label, critic, critic_quantization). 'separate' 4-bit from the 4-bit reward checkpoint computes
+# what 'reward_lora' computes (same base weights, same LoRA initialisation) from a second copy; the full-precision
+# one differs.
+VARIANTS = [("shared", "shared", "none"), ("separate", "separate", "4bit"),
+            ("separate-fp32", "separate", "none"), ("reward_lora", "reward_lora", "none")]
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
 
 
@@ -184,7 +189,7 @@ def learn_worker(spec: dict) -> dict:
         max_steps=spec["iterations"] * steps_per_iteration, logging_steps=steps_per_iteration, response_length=12,
         temperature=0.7, missing_eos_penalty=1.0, learning_rate=5e-4, lr_scheduler_type="constant", kl_coef=0.2,
         vf_coef=0.1, policy_quantization="4bit", reward_quantization="4bit", critic=spec["critic"],
-        critic_quantization="4bit" if spec["critic"] == "separate" else "none", report_to=[], save_strategy="no",
+        critic_quantization=spec.get("critic_quantization", "none"), report_to=[], save_strategy="no",
         disable_tqdm=True, num_sample_generations=0, seed=spec["seed"])
     prompts = [json.loads(line)["prompt"] for line in
                demo.write_prompts(Path(tempfile.mkdtemp()) / "p.jsonl", n=512, seed=1000).read_text().splitlines()]
@@ -217,6 +222,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=12, help="PPO iterations per learning run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--tasks", nargs="+", default=["demo", "rule"], choices=["demo", "rule"])
+    parser.add_argument("--variants", nargs="+", default=[v[0] for v in VARIANTS], choices=[v[0] for v in VARIANTS],
+                        help="the learning runs to (re)do; the others are kept from --out")
     parser.add_argument("--out", default=str(HERE / "out" / "critics.json"))
     args = parser.parse_args()
     out = Path(args.out)
@@ -240,26 +247,27 @@ def main() -> None:
                     print(f"| {option} | {count} | {c['extra_gb']:.3g} |")
     if "learning" in args.parts:
         sft, reward = demo_models()
-        runs = []
+        runs = [r for r in results.get("learning", [])
+                if r["task"] not in args.tasks or r.get("label", r["critic"]) not in args.variants]
         for task in args.tasks:
-            for critic in CRITICS:
-                if task == "rule" and critic == "reward_lora":
+            for label, critic, quantization in VARIANTS:
+                if label not in args.variants or (task == "rule" and critic == "reward_lora"):
                     continue  # a rule reward has no reward model to put the critic on
                 for seed in args.seeds:
-                    spec = {"task": task, "critic": critic, "seed": seed, "iterations": args.iterations,
-                            "sft": sft, "reward": reward}
+                    spec = {"task": task, "label": label, "critic": critic, "critic_quantization": quantization,
+                            "seed": seed, "iterations": args.iterations, "sft": sft, "reward": reward}
                     runs.append(run_worker("--learn-worker", json.dumps(spec)))
-                    print(f"[critics] {task} {critic} seed {seed}: final reward {runs[-1]['final_reward']:+.3f}, "
+                    print(f"[critics] {task} {label} seed {seed}: final reward {runs[-1]['final_reward']:+.3f}, "
                           f"explained variance {runs[-1]['explained_variance']:+.3f} ({runs[-1]['seconds']} s)",
                           flush=True)
         results["learning"] = runs
         print(f"\n{args.iterations} iterations x 32 prompts, seeds {args.seeds}: mean (min..max)")
         print("| task | critic | final reward | explained variance | s per run |\n|---|---|---|---|---|")
         for task in args.tasks:
-            for critic in CRITICS:
-                rows = [r for r in runs if r["task"] == task and r["critic"] == critic]
+            for label, _, _ in VARIANTS:
+                rows = [r for r in runs if r["task"] == task and r.get("label", r["critic"]) == label]
                 if rows:
-                    print(f"| {task} | {critic} | {spread([r['final_reward'] for r in rows])} | "
+                    print(f"| {task} | {label} | {spread([r['final_reward'] for r in rows])} | "
                           f"{spread([r['explained_variance'] for r in rows])} | "
                           f"{statistics.mean(r['seconds'] for r in rows):.0f} |")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -691,6 +691,8 @@ def load_critic(kind: str, critic_model, reward_source, reward, reward_processin
     if isinstance(source, str):
         model = from_pretrained(AutoModelForSequenceClassification, source, "critic model",
                                 **_init_kwargs(init_kwargs, args.critic_quantization, dtype, device))
+        if not _is_quantized(model):  # a quantized one is loaded onto `device`; Trainer may not move the critic
+            model = model.to(device)
     else:
         where = "critic_model" if critic_model is not None else "the reward model"
         if args.critic_quantization != "none" or _is_quantized(source):

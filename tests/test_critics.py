@@ -122,11 +122,16 @@ def test_reward_score_is_untouched_by_the_critic(run, tiny_models, tokenizer):
 def test_critic_starts_from_the_reward_models_score_head(tiny_models, tokenizer, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    score = AutoModelForSequenceClassification.from_pretrained(tiny_models["reward"]).score.weight
-    for critic in ("separate", "reward_lora"):
-        trainer = make_trainer(tiny_models, tokenizer, tmp_path / critic, lora(), critic=critic)
-        assert torch.equal(trainer.model.critic.head.weight.detach(), score.detach().float())
+    reward = AutoModelForSequenceClassification.from_pretrained(tiny_models["reward"])
+    score = reward.score.weight.detach().clone()
+    # By path (loaded again), as an object (deep-copied: its own weights), and on the reward model itself.
+    for critic, source in (("separate", None), ("separate", reward), ("reward_lora", None)):
+        trainer = make_trainer(tiny_models, tokenizer, tmp_path / critic, lora(), reward=source, critic=critic)
+        assert torch.equal(trainer.model.critic.head.weight.detach(), score.float())
         assert torch.count_nonzero(trainer.model.critic.head.bias) == 0
+        if critic == "separate":
+            ids = {id(p) for p in trainer.reward_model.parameters()}
+            assert not any(id(p) in ids for p in trainer.model.critic.parameters())
 
 
 def test_resume_mid_iteration_equals_uninterrupted_run(run, tiny_models, tokenizer, tmp_path):
@@ -189,6 +194,13 @@ def test_reward_function_needs_critic_model_or_refuses(tiny_models, tokenizer, t
     critic = trainer.model.critic
     assert torch.count_nonzero(critic.head.weight) == 0
     assert all(p.requires_grad for p in critic.parameters())
+    # A model object as critic_model is used as it is (its backbone becomes the critic's).
+    from transformers import AutoModelForCausalLM
+
+    causal_lm = AutoModelForCausalLM.from_pretrained(tiny_models["policy"])
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, reward=count_e, critic="separate",
+                           critic_model=causal_lm)
+    assert trainer.model.critic.backbone is causal_lm.model
 
 
 def test_critic_with_another_vocabulary_is_refused(tiny_models, tokenizer, tmp_path):
