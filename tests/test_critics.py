@@ -230,3 +230,15 @@ def test_bad_critic_choices_fail_at_construction(overrides, message, tiny_models
 def test_warmup_needs_a_value_loss(tmp_path):
     with pytest.raises(ValueError, match="critic_warmup_steps=3 trains only the critic"):
         PPOConfig(output_dir=str(tmp_path), critic_warmup_steps=3, vf_coef=0.0, report_to=[])
+
+
+@pytest.mark.parametrize("critic", ["separate", "reward_lora"])
+def test_gradient_checkpointing_reaches_the_critic(critic, tiny_models, tokenizer, tmp_path):
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, lora(), critic=critic, gradient_checkpointing=True,
+                           max_steps=2)
+    before = critic_state(trainer)
+    trainer.train()
+    assert trainer.model.critic.backbone.get_base_model().is_activation_checkpointing
+    after = trainer.model.critic_state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in after if "lora_B" in k)
+    assert all(math.isfinite(e["loss/value_avg"]) for e in trainer.state.log_history if "loss/value_avg" in e)
