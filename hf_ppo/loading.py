@@ -550,7 +550,7 @@ def reward_tokenizer(reward_model, tokenizer, reward_processing_class, input_for
 
 
 # ---- the critic (PPOConfig.critic; see README "Choosing a critic") ----------------------------------------------
-# LoRA of a critic when the policy is fully fine-tuned (critic='reward_lora', or a quantized 'separate' critic).
+# LoRA of a 'reward_lora' critic when the policy is fully fine-tuned (no peft_config).
 DEFAULT_CRITIC_LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
 
 
