@@ -242,3 +242,12 @@ def test_gradient_checkpointing_reaches_the_critic(critic, tiny_models, tokenize
     after = trainer.model.critic_state_dict()
     assert all(not torch.equal(before[k], after[k]) for k in after if "lora_B" in k)
     assert all(math.isfinite(e["loss/value_avg"]) for e in trainer.state.log_history if "loss/value_avg" in e)
+
+
+def test_reward_lora_with_a_fully_fine_tuned_policy_uses_the_default_adapter(tiny_models, tokenizer, tmp_path):
+    from hf_ppo.loading import DEFAULT_CRITIC_LORA
+
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, critic="reward_lora")  # no peft_config
+    ranks = {p.shape[0] for n, p in trainer.model.critic.named_parameters() if "lora_A" in n}
+    assert ranks == {DEFAULT_CRITIC_LORA["r"]}
+    assert all(p.requires_grad for p in trainer.model.policy_model.parameters())
