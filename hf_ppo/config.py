@@ -395,6 +395,10 @@ class PPOConfig(TrainingArguments):
         elif self.advantage_estimator != "gae" and self.critic != "shared":
             errors.append(f"critic={self.critic!r} with advantage_estimator={self.advantage_estimator!r}: the "
                           "critic-free estimators use no critic. Set advantage_estimator='gae' or leave critic unset.")
+        if isinstance(self.critic_warmup_steps, int) and self.critic_warmup_steps > 0 and (
+                self.vf_coef == 0 or self.advantage_estimator != "gae"):
+            errors.append(f"critic_warmup_steps={self.critic_warmup_steps} trains only the critic, so it needs a value "
+                          "loss: vf_coef > 0 and advantage_estimator='gae'. Set critic_warmup_steps=0 otherwise.")
         if self.advantage_estimator in ("rloo", "grpo") and isinstance(self.num_generations, int) \
                 and self.num_generations < 2:
             errors.append(f"advantage_estimator={self.advantage_estimator!r} compares the responses to one prompt: "

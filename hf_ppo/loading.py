@@ -26,8 +26,9 @@ from transformers import (
 )
 
 from .adapters import adapter_config, prepare_adapters
-from .modeling import AutoModelForCausalLMWithValueHead
-from .rollout import RewardSet, naming_reward, probe_reward_callable, reward_input_format, reward_name, unique_names
+from .modeling import AutoModelForCausalLMWithValueHead, PolicyAndCritic, ValueModel, mark_scoring_context
+from .rollout import (RewardSet, naming_reward, pools_itself, probe_reward_callable, reward_input_format, reward_name,
+                      unique_names)
 
 
 def compute_dtype(bf16: bool, fp16: bool) -> torch.dtype:
@@ -601,6 +602,185 @@ def reward_tokenizer(reward_model, tokenizer, reward_processing_class, input_for
     return chosen
 
 
+# ---- the critic (PPOConfig.critic; see README "Choosing a critic") ----------------------------------------------
+# LoRA of a 'reward_lora' critic when the policy is fully fine-tuned (no peft_config).
+DEFAULT_CRITIC_LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
+
+
+def critic_lora_config(peft_config):
+    """The critic's LoRA config: the policy's LoRA settings (a copy) on a base model, with no task head; without a
+    policy peft_config, `DEFAULT_CRITIC_LORA`."""
+    from peft import LoraConfig
+
+    if peft_config is None:
+        return LoraConfig(**DEFAULT_CRITIC_LORA)
+    config = copy.deepcopy(peft_config)
+    config.task_type = None  # the critic's body is a base model: no causal-LM head, no generation
+    config.base_model_name_or_path = None  # set by peft to the critic's own base
+    config.modules_to_save = None  # the value head is the critic's only trained non-LoRA part
+    if isinstance(config.target_modules, (set, list, tuple)):
+        # Names peft resolved on the policy ('model.layers.0.self_attn.q_proj') as layer names, for any backbone.
+        config.target_modules = {name.rsplit(".", 1)[-1] for name in config.target_modules}
+    return config
+
+
+def dequantized_weight(linear: nn.Module) -> torch.Tensor:
+    """A linear layer's weight in full precision (fp32), dequantized when bitsandbytes quantized it."""
+    weight = linear.weight
+    if getattr(weight, "quant_state", None) is not None:  # bitsandbytes 4-bit
+        import bitsandbytes.functional as bnb_functional
+
+        return bnb_functional.dequantize_4bit(weight.data, weight.quant_state).float()
+    if getattr(weight, "SCB", None) is not None:  # bitsandbytes 8-bit: int8 rows with one scale each
+        return weight.data.float() * weight.SCB.float().unsqueeze(1) / 127
+    return weight.detach().float()
+
+
+def _backbone_and_score(model: nn.Module, role: str, fix: str) -> tuple[nn.Module, torch.Tensor | None]:
+    """The causal backbone of a decoder sequence classifier or causal LM and, for a one-label reward model, its score
+    weight (1, hidden) to start the value head from (None: the head starts at zero)."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"The {role} must be a transformers model (or a Hub id / path); got {type(model).__name__}. "
+                        f"{fix}")
+    backbone = getattr(model, model.base_model_prefix, None)
+    score = getattr(model, "score", None)
+    decoder_classifier = isinstance(score, nn.Module) and not pools_itself(model)
+    causal_lm = model.get_output_embeddings() is not None and not model.config.is_encoder_decoder
+    if not isinstance(backbone, PreTrainedModel) or not (decoder_classifier or causal_lm):
+        raise ValueError(f"The {role} ({type(model).__name__}) is not a decoder sequence classifier or causal LM: a "
+                         "critic needs a causal backbone (an encoder's value at a token would see the tokens after "
+                         f"it). {fix}")
+    head = dequantized_weight(score) if decoder_classifier and score.weight.shape[0] == 1 else None
+    return backbone, head
+
+
+CRITIC_VOCAB_FIX = ("The critic reads the policy's token ids, so it needs the policy's vocabulary: pass critic_model=<a "
+                    "checkpoint with the policy's tokenizer, e.g. the policy's own id or path>, or use "
+                    "critic='shared'.")
+
+
+def _critic_tokenizer(source, given: PreTrainedTokenizerBase | None, init_kwargs: dict | None):
+    """The tokenizer that belongs to the critic's source: `given`, else loaded from the id/path or from a model
+    object's name_or_path; None when none can be found."""
+    if given is not None:
+        return given
+    if isinstance(source, str):
+        try:
+            return load_tokenizer(source, "critic", init_kwargs)
+        except (OSError, ValueError):
+            return None
+    return load_reward_tokenizer(source)[0]
+
+
+def _check_critic_vocab(tokenizer, critic_tokenizer, source, role: str, fix: str) -> None:
+    """The critic must read the policy's ids as they are: its tokenizer's vocabulary must be the policy's (or, when
+    it has no findable tokenizer, it must come from the policy tokenizer's own checkpoint)."""
+    if critic_tokenizer is not None:
+        if same_tokenizer(tokenizer, critic_tokenizer):
+            return
+        why = "its tokenizer's vocabulary differs from the policy's"
+    elif isinstance(source, PreTrainedModel) and same_checkpoint(source, tokenizer):
+        return
+    elif isinstance(source, str) and source == getattr(tokenizer, "name_or_path", None):
+        return
+    else:
+        why = "its tokenizer could not be found, so nothing shows it reads the policy's token ids"
+    raise ValueError(f"The critic would start from the {role}, but {why}. {fix}")
+
+
+def critic_reward(kind: str, reward_model, reward, reward_processing_class, critic_model) -> tuple:
+    """(source, loaded model, tokenizer) of the reward model a critic starts from or sits on. With mixed rewards
+    (a list) that is the list's one reward model; several (or none) leave the choice to the user, by error."""
+    if not isinstance(reward, list) or kind == "shared" or (kind == "separate" and critic_model is not None):
+        return reward_model, reward, reward_processing_class
+    models = [i for i, r in enumerate(reward) if isinstance(r, nn.Module)]
+    if len(models) != 1:
+        raise ValueError(f"critic={kind!r} starts from the reward model, but the reward_model list holds "
+                         f"{len(models)} models. Use critic='separate' with critic_model=<id / path / model>, or "
+                         "critic='shared'.")
+    i = models[0]
+    return reward_model[i], reward[i], reward_processing_class[i]
+
+
+def load_critic(kind: str, critic_model, reward_source, reward, reward_processing_class, tokenizer, policy,
+                peft_config, args, dtype: torch.dtype, device) -> ValueModel | None:
+    """The critic `PPOConfig.critic` asks for: None for 'shared' (the value head on the policy), else a `ValueModel`.
+
+    'separate': its own copy of a causal backbone + value head. Started from `critic_model` (id / path / model
+    object) when given, else from the reward model (the N+ paper's initialisation; its score head becomes the value
+    head): loaded again by id/path, or deep-copied when given as an unquantized object. A reward function has no
+    model to start from: then `critic_model` is required. LoRA (the policy's LoRA settings, its own adapter) when
+    the trainer got a peft_config, else full fine-tuning; `critic_quantization` ('4bit'/'8bit' need LoRA) and
+    `critic_model_init_kwargs` (default: the reward model's) apply to an id/path.
+    'reward_lora': a LoRA adapter + value head on the reward model's already-loaded frozen base (no second base in
+    memory); the head starts as the reward's score head, and the reward scores with the adapter disabled.
+    The critic reads the policy's token ids, so a critic source with another vocabulary is an error here.
+    """
+    if kind == "shared":
+        if critic_model is not None:
+            raise ValueError("critic_model is given but PPOConfig.critic='shared' (the value head on the policy): set "
+                             "critic='separate' to train a critic started from critic_model, or drop critic_model.")
+        return None
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    if kind == "reward_lora":
+        fix = "Use critic='separate' (with critic_model=<id/path>) or critic='shared'."
+        if critic_model is not None:
+            raise ValueError("critic_model applies to critic='separate'; critic='reward_lora' puts its adapter on the "
+                             "reward model itself. Drop critic_model, or set critic='separate'.")
+        if not isinstance(reward, PreTrainedModel):
+            raise ValueError("critic='reward_lora' puts the critic on the reward model's base, but the reward is a "
+                             f"function. {fix}")
+        backbone, head = _backbone_and_score(reward, "reward model", fix)
+        _check_critic_vocab(tokenizer, _critic_tokenizer(reward, reward_processing_class, None), reward,
+                            "reward model", "critic='reward_lora' needs a reward model with the policy's tokenizer. "
+                            + fix)
+        # No prepare_model_for_kbit_training: it would recast the reward model's norms and change its scores.
+        backbone = get_peft_model(backbone, critic_lora_config(peft_config), adapter_name="critic")
+        mark_scoring_context(reward, backbone.disable_adapter)
+        return ValueModel(backbone, head, quantization_method=getattr(reward, "quantization_method", None))
+
+    # critic == "separate"
+    init_kwargs = args.critic_model_init_kwargs
+    source, given_tokenizer = critic_model, None
+    if critic_model is None:
+        if not isinstance(reward, nn.Module):
+            raise ValueError(
+                "critic='separate' starts the critic from the reward model, but the reward is a function. Pass "
+                "critic_model=<id / path / model to start the critic from; the policy's own checkpoint works>, or "
+                "use critic='shared'.")
+        source, given_tokenizer = (reward_source if isinstance(reward_source, str) else reward), reward_processing_class
+        if isinstance(source, str) and init_kwargs is None:
+            init_kwargs = args.reward_model_init_kwargs
+    if args.critic_quantization != "none" and peft_config is None:
+        raise ValueError(f"critic_quantization={args.critic_quantization!r} needs LoRA (a quantized base trains only "
+                         "adapters): pass peft_config=LoraConfig(...), or set critic_quantization='none'.")
+    if isinstance(source, str):
+        model = from_pretrained(AutoModelForSequenceClassification, source, "critic model",
+                                **_init_kwargs(init_kwargs, args.critic_quantization, dtype, device))
+        if not _is_quantized(model):  # a quantized one is loaded onto `device`; Trainer may not move the critic
+            model = model.to(device)
+    else:
+        where = "critic_model" if critic_model is not None else "the reward model"
+        if args.critic_quantization != "none" or _is_quantized(source):
+            raise ValueError(f"{where} is a model object: a critic can be quantized only when loaded by id/path (a "
+                             "quantized object cannot be copied). Pass critic_model=<its Hub id or path> with "
+                             "critic_quantization, or an unquantized object with critic_quantization='none'.")
+        shared = critic_model is None or _shares_parameters(source, policy) or _shares_parameters(source, reward)
+        model = (copy.deepcopy(source) if shared else source).to(device)
+    _check_critic_vocab(tokenizer, _critic_tokenizer(source, given_tokenizer, init_kwargs), source,
+                        "critic model" if critic_model is not None else "reward model", CRITIC_VOCAB_FIX)
+    backbone, head = _backbone_and_score(model, "critic model", CRITIC_VOCAB_FIX)
+    if peft_config is not None:
+        if _is_quantized(model):
+            backbone = prepare_model_for_kbit_training(backbone,
+                                                       use_gradient_checkpointing=args.gradient_checkpointing)
+        backbone = get_peft_model(backbone, critic_lora_config(peft_config), adapter_name="critic")
+    else:
+        backbone.requires_grad_(True)  # full fine-tuning (a copy of the frozen reward model starts frozen)
+    return ValueModel(backbone, head, quantization_method=getattr(model, "quantization_method", None))
+
+
 POLICY_VOCAB_FIX = ("If you added tokens to the tokenizer (a [PAD], chat tokens), the policy needs rows for them: "
                      "`model.resize_token_embeddings(len(tokenizer))` and pass the model object; a pad token needs "
                      "none (the trainer picks an existing unused special token when the tokenizer has no pad). "
@@ -620,7 +800,7 @@ def max_positions(config) -> int | None:
 class LoadedModels:
     """Everything `load_models` builds: the policy + value head, the frozen models and the tokenizers."""
 
-    policy: AutoModelForCausalLMWithValueHead
+    policy: AutoModelForCausalLMWithValueHead | PolicyAndCritic  # the latter for critic='separate' / 'reward_lora'
     tokenizer: PreTrainedTokenizerBase  # the policy's, with a pad token that is no stop token
     ref_model: nn.Module | None  # None: the policy's reference adapter, or its adapter disabled
     reward_model: nn.Module  # or a reward callable; a list of them for mixed rewards
@@ -631,8 +811,9 @@ class LoadedModels:
 
 
 def load_models(model, processing_class, reward_model, ref_model, reward_processing_class, peft_config,
-                args, device) -> LoadedModels:
-    """Load and check the policy, the reference and the reward model as `PPOLMTrainer` is given them.
+                args, device, critic_model=None) -> LoadedModels:
+    """Load and check the policy, the reference, the reward model and the critic (`load_critic`) as `PPOLMTrainer`
+    is given them.
 
     Each model that reads the policy's token ids is checked against the tokenizer here, not by an IndexError
     mid-rollout; the stop tokens are resolved, then a pad token that is none of them is chosen; dropout is turned off.
@@ -659,6 +840,14 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
     if ref is not None:
         check_vocab(ref, tokenizer, "reference model", REFERENCE_VOCAB_FIX)
     reward, reward_processing_class = load_rewards(reward_model, reward_processing_class, args, dtype, device)
+    critic = load_critic(args.critic, critic_model, *critic_reward(args.critic, reward_model, reward,
+                                                                   reward_processing_class, critic_model),
+                         tokenizer, body, peft_config, args, dtype, device)
+    if critic is not None:  # the critic has a body of its own: the shared value head is not used
+        if isinstance(model, AutoModelForCausalLMWithValueHead):
+            warnings.warn(f"critic={args.critic!r}: the value head of the model passed is not used (the critic has "
+                          "its own). Pass the causal LM alone, or use critic='shared' to train that head.", stacklevel=3)
+        policy = PolicyAndCritic(body, critic)
     if args.disable_dropout:
         for m in (policy, ref, *(reward if isinstance(reward, list) else [reward])):
             if isinstance(m, nn.Module):

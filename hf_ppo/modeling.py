@@ -3,10 +3,15 @@
 One forward pass gives the logits and a value at every position. The wrapped model may be a full-precision or
 quantized `PreTrainedModel`, or a `PeftModel`. The head is a `hidden -> 1` linear layer kept in fp32 and
 zero-initialised by default (N blog 2023), so the value of every state starts at 0.
+
+The other critics (`PPOConfig.critic`): `PolicyAndCritic` pairs the policy with a critic of its own, `ValueModel` (a
+backbone + value head: 'separate', or a LoRA adapter on the reward model's frozen base: 'reward_lora').
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import tempfile
@@ -221,12 +226,14 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        critic_only: bool = False,
         **kwargs,
     ) -> CausalLMOutputWithValue:
         """One pass of the body: logits and values for the last `logits_to_keep` positions (0 = all).
 
         input_ids, attention_mask, position_ids: (batch, seq). Returns logits (batch, kept, vocab) and `value`
-        (batch, kept) computed in fp32 from the hidden state the LM head reads.
+        (batch, kept) computed in fp32 from the hidden state the LM head reads. `critic_only` (the critic warm-up):
+        the body runs without gradients, so only the value head can learn from the loss.
         """
         if kwargs.pop("return_past_key_values", False):  # TRL's name for "give me the KV cache too"
             kwargs["use_cache"] = True
@@ -238,13 +245,14 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         hook = self.pretrained_model.get_output_embeddings().register_forward_pre_hook(
             lambda module, args: head_input.append(args[0]))
         try:
-            out = self.pretrained_model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                logits_to_keep=logits_to_keep,
-                **kwargs,
-            )
+            with torch.no_grad() if critic_only else contextlib.nullcontext():
+                out = self.pretrained_model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    logits_to_keep=logits_to_keep,
+                    **kwargs,
+                )
         finally:
             hook.remove()
         values = self.v_head(self.summary_dropout(head_input[-1]).to(self.v_head.weight.dtype)).squeeze(-1)
@@ -472,7 +480,9 @@ class PolicyAndCritic(nn.Module):
 
     @property
     def quantization_method(self):
-        return getattr(self.pretrained_model, "quantization_method", None)
+        """The policy's quantization method, else the critic's (Trainer never `.to()`-moves a bitsandbytes part)."""
+        return (getattr(self.pretrained_model, "quantization_method", None)
+                or getattr(self.critic, "quantization_method", None))
 
     @property
     def is_peft_model(self) -> bool:
@@ -511,12 +521,15 @@ class PolicyAndCritic(nn.Module):
         self.critic.load_trainable_state_dict(state)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithValue:
+                position_ids: torch.Tensor | None = None, logits_to_keep: int = 0, critic_only: bool = False,
+                **kwargs) -> CausalLMOutputWithValue:
         """The policy's logits and the critic's values (None without a critic) for the last `logits_to_keep`
-        positions (0 = all). input_ids, attention_mask, position_ids: (batch, seq)."""
+        positions (0 = all). input_ids, attention_mask, position_ids: (batch, seq). `critic_only` (the critic
+        warm-up): the policy runs without gradients, so the loss can move only the critic."""
         kwargs.setdefault("use_cache", False)
-        out = self.pretrained_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                    logits_to_keep=logits_to_keep, **kwargs)
+        with torch.no_grad() if critic_only else contextlib.nullcontext():
+            out = self.pretrained_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                        logits_to_keep=logits_to_keep, **kwargs)
         values = None
         if self.critic is not None:
             values = self.critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -539,3 +552,101 @@ class PolicyAndCritic(nn.Module):
 
     def gradient_checkpointing_disable(self):
         self.activation_checkpointing_disable()
+
+
+class ValueModel(nn.Module):
+    """A critic with a body of its own: a transformers base model (the backbone of a sequence classifier or causal
+    LM, or a `PeftModel` with a LoRA adapter around it) and an fp32 `hidden -> 1` value head on its last hidden state.
+
+    `forward(input_ids, attention_mask, position_ids, logits_to_keep) -> values (batch, kept) fp32`: a value at every
+    position, the last `logits_to_keep` kept (0 = all), as `AutoModelForCausalLMWithValueHead` gives `value`. The
+    backbone must be causal (a decoder), so the value of a position sees no later token. `head` initialises the
+    value head (a reward model's `score` weight, (1, hidden)); without it the head starts at zero. What checkpoints
+    store is every trainable tensor (`trainable_state_dict`): the LoRA adapter + head, or everything when the whole
+    critic is fine-tuned.
+    """
+
+    def __init__(self, backbone: nn.Module, head: torch.Tensor | None = None, quantization_method=None):
+        super().__init__()
+        self.backbone = backbone
+        config = backbone.config.get_text_config() if hasattr(backbone.config, "get_text_config") else backbone.config
+        parameter = next(backbone.parameters())
+        self.head = nn.Linear(config.hidden_size, 1, dtype=torch.float32, device=parameter.device)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+        if head is not None:
+            with torch.no_grad():
+                self.head.weight.copy_(head.reshape(1, -1).to(torch.float32))
+        # Trainer never `.to()`-moves a bitsandbytes model (see PolicyAndCritic.quantization_method).
+        self.quantization_method = quantization_method
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+        """Values (batch, kept) fp32 for input_ids / attention_mask / position_ids (batch, seq)."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               use_cache=False).last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        return self.head(hidden.to(torch.float32)).squeeze(-1)
+
+    def disable_adapter(self):
+        """Context in which the backbone runs without its LoRA adapter (a no-op without one)."""
+        if hasattr(self.backbone, "disable_adapter"):
+            return self.backbone.disable_adapter()
+        return contextlib.nullcontext()
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every trainable tensor by name (CPU): what a checkpoint stores of this critic."""
+        return {name: p.detach().cpu().contiguous() for name, p in self.named_parameters() if p.requires_grad}
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load what `trainable_state_dict` gave, exactly; other or missing names are an error naming them."""
+        params = {name: p for name, p in self.named_parameters() if p.requires_grad}
+        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        if missing or unexpected:
+            raise ValueError(f"The saved critic does not fit this critic: missing {missing[:3]} ({len(missing)}), "
+                             f"unexpected {unexpected[:3]} ({len(unexpected)}). Resume with the checkpoint's `critic` "
+                             "setting, critic model and LoRA config.")
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(state[name].to(device=p.device, dtype=p.dtype))
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None, **kwargs):
+        """Checkpoint the backbone's activations; a frozen embedding (LoRA) is made to pass gradients, as
+        checkpointed layers need an input that requires grad."""
+        base = self.backbone.get_base_model() if hasattr(self.backbone, "get_base_model") else self.backbone
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=activation_checkpointing_kwargs, **kwargs)
+        if not base.get_input_embeddings().weight.requires_grad:
+            base.enable_input_require_grads()
+
+    def activation_checkpointing_disable(self):
+        base = self.backbone.get_base_model() if hasattr(self.backbone, "get_base_model") else self.backbone
+        base.activation_checkpointing_disable()
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None):
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs)
+
+    def gradient_checkpointing_disable(self):
+        self.activation_checkpointing_disable()
+
+
+# Where `critic='reward_lora'` leaves the context in which its reward model scores without the critic's adapter.
+_SCORING_CONTEXT = "_hf_ppo_scoring_context"
+
+
+def mark_scoring_context(reward_model: nn.Module, context) -> None:
+    """Record `context` (a no-argument callable giving a context manager) as the way `reward_model` scores as it was
+    loaded (set by the critic that put an adapter on its base)."""
+    object.__setattr__(reward_model, _SCORING_CONTEXT, context)
+
+
+def scores_as_loaded(score_fn):
+    """Decorator for `score_fn(reward_model, ...)`: the reward model runs as it was loaded, with the adapter a
+    `reward_lora` critic put on its frozen base disabled, so the critic never changes the reward."""
+    @functools.wraps(score_fn)
+    def wrapped(reward_model, *args, **kwargs):
+        context = getattr(reward_model, _SCORING_CONTEXT, None)
+        with context() if context is not None else contextlib.nullcontext():
+            return score_fn(reward_model, *args, **kwargs)
+
+    return wrapped

@@ -31,6 +31,7 @@ from torch import nn
 
 from .adapters import adapter_active
 from .generation import RolloutEngine, chunks, stop_tensor
+from .modeling import scores_as_loaded
 from .ppo_math import (
     RunningMoments,
     compute_gae,
@@ -174,6 +175,7 @@ def right_aligned(mask: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Ten
 
 
 @torch.no_grad()
+@scores_as_loaded  # a `reward_lora` critic's adapter on the reward model's base is disabled while it scores
 def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batch_size: int,
                         token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Scalar score of each sequence. input_ids/attention_mask/token_type_ids (B, T) -> (B,) fp32.

@@ -47,6 +47,8 @@ class PPOLMTrainer(Trainer):
         peft_config: a peft `LoraConfig` (None: full fine-tuning).
         reward_processing_class: the reward model's tokenizer when the reward model is passed as an object and its
             tokenizer differs from the policy's (loaded automatically when `reward_model` is an id/path).
+        critic_model: with `critic='separate'`, an id / path / model to start the critic from instead of the reward
+            model (needed with a reward callable); see `loading.load_critic`.
     """
 
     # compute_loss already divides by the minibatch's token (or sequence) count, so Trainer must not divide again.
@@ -63,6 +65,7 @@ class PPOLMTrainer(Trainer):
         eval_dataset=None,
         peft_config=None,
         reward_processing_class=None,
+        critic_model=None,
         callbacks=None,
         optimizers=(None, None),
     ):
@@ -75,7 +78,7 @@ class PPOLMTrainer(Trainer):
         # Seed before any model is built: LoRA and value-head initialisation must follow `seed` too.
         set_seed(args.seed)
         loaded = loading.load_models(model, processing_class, reward_model, ref_model, reward_processing_class,
-                                     peft_config, args, args.device)
+                                     peft_config, args, args.device, critic_model)
         policy, tokenizer, self.ref_model, self.reward_model = (loaded.policy, loaded.tokenizer, loaded.ref_model,
                                                                 loaded.reward_model)
         self.stop_token_ids, self.trained_adapter, self.ref_adapter = (loaded.stop_token_ids, loaded.trained_adapter,
@@ -228,8 +231,10 @@ class PPOLMTrainer(Trainer):
     # ---- loss: step 11 --------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         args, batch = self.args, inputs["batch"]
+        # The critic warm-up: the policy runs without gradients, so its weights stay exactly as they are.
         out = model(**sequence_inputs(batch.queries, batch.query_mask, batch.responses, batch.response_mask),
-                    logits_to_keep=batch.responses.shape[1] + 1)
+                    logits_to_keep=batch.responses.shape[1] + 1,
+                    critic_only=self.state.global_step < args.critic_warmup_steps)
         loss, stats = ppo_loss(
             out.logits[:, :-1], out.value[:, :-1], batch.responses, batch.logprobs, batch.values, batch.advantages,
             batch.returns, batch.response_mask, inputs["normalizer"], temperature=args.temperature,

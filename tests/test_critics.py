@@ -1,0 +1,253 @@
+"""Issue 11: the choice of critic (`PPOConfig.critic`): 'separate' (own body, from the reward model or critic_model)
+and 'reward_lora' (a LoRA adapter on the reward model's frozen base) train, resume exactly, leave the reward score
+and the published policy untouched; the critic warm-up leaves the policy bitwise untouched; bad choices fail at
+construction."""
+
+import math
+import os
+
+import pytest
+import torch
+from datasets import Dataset
+from safetensors.torch import load_file
+
+from hf_ppo import PPOConfig, PPOLMTrainer
+from hf_ppo.hub import POLICY_IGNORE_PATTERNS
+from hf_ppo.modeling import PolicyAndCritic, ValueModel
+from hf_ppo.rollout import reward_model_scores
+from hub_fixtures import TEST_USER
+
+TEXTS = ["the movie was great and the plot was fun", "the food was bad", "the book was lovely ."]
+
+
+def count_e(prompts, completions):
+    return [float(c.count("e")) for c in completions]
+
+
+def lora():
+    from peft import LoraConfig
+
+    return LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def make_trainer(models, tokenizer, out, peft=None, reward=None, critic_model=None, **overrides) -> PPOLMTrainer:
+    # 2 optimizer steps per iteration (1 epoch x 2 minibatches), 8 prompts per rollout.
+    args = dict(output_dir=str(out), per_device_train_batch_size=4, gradient_accumulation_steps=1, num_mini_batches=2,
+                num_ppo_epochs=1, max_steps=4, response_length=6, logging_steps=1, learning_rate=1e-2, report_to=[],
+                save_strategy="no", num_sample_generations=0, disable_tqdm=True, seed=0, kl_coef=0.1)
+    args.update(overrides)
+    dataset = Dataset.from_dict({"prompt": ["the movie was", "the food was", "the book was", "the show was"] * 4})
+    return PPOLMTrainer(model=models["policy"], args=PPOConfig(**args), processing_class=tokenizer,
+                        reward_model=reward if reward is not None else models["reward"], train_dataset=dataset,
+                        peft_config=peft, critic_model=critic_model)
+
+
+def fixed_scores(trainer, tokenizer) -> torch.Tensor:
+    enc = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    return reward_model_scores(trainer.reward_model, enc["input_ids"], enc["attention_mask"], batch_size=4)
+
+
+def critic_state(trainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.model.critic_state_dict().items()}  # CPU tensors may alias the weights
+
+
+def logged(trainer):
+    return [{k: v for k, v in e.items() if not k.startswith("time/") and "per_second" not in k and "runtime" not in k
+             and k not in ("train_loss", "total_flos")} for e in trainer.state.log_history]
+
+
+# The two critics with a body of their own, each trained 4 steps (2 iterations), saving at step 3 (mid-iteration).
+CASES = {
+    "separate": dict(critic="separate"),
+    "reward_lora_qlora": dict(critic="reward_lora", policy_quantization="4bit", reward_quantization="4bit"),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def run(request, tiny_models, tokenizer, tmp_path_factory):
+    out = tmp_path_factory.mktemp(request.param)
+    trainer = make_trainer(tiny_models, tokenizer, out, lora(), save_strategy="steps", save_steps=3,
+                           **CASES[request.param])
+    before = {"critic": critic_state(trainer), "scores": fixed_scores(trainer, tokenizer),
+              "reward": {n: p.detach().clone() for n, p in trainer.reward_model.named_parameters()
+                         if "lora_" not in n and p.dtype != torch.uint8},
+              "policy": {n: p.detach().clone() for n, p in trainer.model.policy_model.named_parameters() if "lora_" in n}}
+    trainer.train()
+    return request.param, trainer, out, before
+
+
+def test_critic_trains_with_exact_first_step(run, tiny_models, tokenizer):
+    name, trainer, _, before = run
+    model = trainer.model
+    assert isinstance(model, PolicyAndCritic) and isinstance(model.critic, ValueModel)
+    history = trainer.state.log_history
+    assert history[0]["objective/kl"] == 0 and history[0]["val/ratio"] == 1  # step 0: policy == reference, ratio 1
+    assert all(math.isfinite(v) for e in history for v in e.values() if isinstance(v, float))
+    assert {"val/explained_variance", "loss/value_avg"} <= set(history[0])
+    after = model.critic_state_dict()
+    assert set(after) == set(before["critic"]) and any("lora_" in k for k in after) and "head.weight" in after
+    assert not any(k for k in after if "lora_" not in k and not k.startswith("head.")), "LoRA critic trains LoRA + head"
+    unchanged = [k for k in after if ("lora_B" in k or k.startswith("head")) and torch.equal(before["critic"][k], after[k])]
+    assert not unchanged, unchanged
+    now = dict(model.policy_model.named_parameters())
+    assert any(not torch.equal(v, now[n]) for n, v in before["policy"].items()), "the policy did not train"
+    # Only the critic's own and the policy's trainable tensors are optimised.
+    trained = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert trained == {id(p) for p in model.parameters() if p.requires_grad}
+    assert {id(p) for p in model.critic_parameters()} <= trained
+
+
+def test_reward_score_is_untouched_by_the_critic(run, tiny_models, tokenizer):
+    name, trainer, _, before = run
+    assert torch.equal(fixed_scores(trainer, tokenizer), before["scores"])  # bitwise, after training
+    reward_now = dict(trainer.reward_model.named_parameters())
+    assert all(torch.equal(v, reward_now[n]) for n, v in before["reward"].items())
+    critic = trainer.model.critic
+    if name.startswith("reward_lora"):
+        # No second base model: the critic's backbone IS the reward model's, and its trained adapter does change
+        # what that backbone computes (so the unchanged score above is the scoring context at work).
+        assert critic.backbone.get_base_model() is trainer.reward_model.model
+        assert trainer.reward_model.is_loaded_in_4bit
+        enc = tokenizer(TEXTS, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            values = critic(enc["input_ids"], enc["attention_mask"])
+            with critic.disable_adapter():
+                plain = critic(enc["input_ids"], enc["attention_mask"])
+        assert not torch.equal(values, plain)
+    else:  # its own copy: no parameter shared with the reward model
+        ids = {id(p) for p in trainer.reward_model.parameters()}
+        assert not any(id(p) in ids for p in critic.parameters())
+
+
+def test_critic_starts_from_the_reward_models_score_head(tiny_models, tokenizer, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    reward = AutoModelForSequenceClassification.from_pretrained(tiny_models["reward"])
+    score = reward.score.weight.detach().clone()
+    # By path (loaded again), as an object (deep-copied: its own weights), and on the reward model itself.
+    for critic, source in (("separate", None), ("separate", reward), ("reward_lora", None)):
+        trainer = make_trainer(tiny_models, tokenizer, tmp_path / critic, lora(), reward=source, critic=critic)
+        assert torch.equal(trainer.model.critic.head.weight.detach(), score.float())
+        assert torch.count_nonzero(trainer.model.critic.head.bias) == 0
+        if critic == "separate":
+            ids = {id(p) for p in trainer.reward_model.parameters()}
+            assert not any(id(p) in ids for p in trainer.model.critic.parameters())
+
+
+def test_resume_mid_iteration_equals_uninterrupted_run(run, tiny_models, tokenizer, tmp_path):
+    name, straight, out, _ = run
+    saved = load_file(out / "checkpoint-3" / "value_head.safetensors")
+    assert set(saved) == set(straight.model.critic_state_dict())  # the critic's LoRA + head
+    resumed = make_trainer(tiny_models, tokenizer, tmp_path / "resumed", lora(), **CASES[name])
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
+    for (n, x), y in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(x, y), n
+    a, b = straight.model.critic_state_dict(), resumed.model.critic_state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert logged(straight) == logged(resumed)
+
+
+def test_critic_is_never_saved_or_pushed_with_the_policy(run, tmp_path, local_hub, hub_token):
+    name, trainer, _, _ = run
+    if name != "separate":
+        pytest.skip("one critic is enough: both go through the same save and push paths")
+    critic_keys = set(trainer.model.critic_state_dict())
+    trainer.hub_model_id = f"{TEST_USER}/tiny-ppo-critic"
+    trainer.args.output_dir = str(tmp_path / "final")
+    trainer.push_to_hub(token=hub_token)
+    pushed = local_hub.files(trainer.hub_model_id)
+    saved = set(os.listdir(tmp_path / "final"))
+    assert "adapter_model.safetensors" in pushed and "adapter_model.safetensors" in saved
+    assert not [f for f in set(pushed) | saved if "value_head" in f or "critic" in f]
+    adapter = load_file(tmp_path / "final" / "adapter_model.safetensors")
+    assert all(k.startswith("base_model.model.model.") for k in adapter) and len(adapter) < len(critic_keys)
+    assert "*value_head*" in POLICY_IGNORE_PATTERNS
+
+
+# ---- warm-up: value-only updates ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("critic", ["shared", "reward_lora"])
+def test_warmup_moves_only_the_critic(critic, tiny_models, tokenizer, tmp_path):
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, lora(), critic=critic, critic_warmup_steps=2, max_steps=2)
+    model = trainer.model
+    critic_ids = {id(p) for p in model.critic_parameters()}
+    policy = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) not in critic_ids}
+    critic_before = critic_state(trainer)
+    trainer.train()
+    now = dict(model.named_parameters())
+    assert all(torch.equal(v, now[n]) for n, v in policy.items()), "the policy moved during the warm-up"
+    assert all(p.grad is None for n, p in model.named_parameters() if id(p) not in critic_ids)
+    after = model.critic_state_dict()
+    assert any(not torch.equal(critic_before[k], after[k]) for k in after)
+    assert trainer.state.log_history[1]["val/ratio"] == 1  # the policy is where it sampled from
+
+
+# ---- construction errors --------------------------------------------------------------------------------------------
+def test_reward_function_needs_critic_model_or_refuses(tiny_models, tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="reward is a function. Pass critic_model="):
+        make_trainer(tiny_models, tokenizer, tmp_path, reward=count_e, critic="separate")
+    with pytest.raises(ValueError, match="reward_lora.*reward is a function"):
+        make_trainer(tiny_models, tokenizer, tmp_path, reward=count_e, critic="reward_lora")
+    # The policy's own checkpoint as critic_model: a causal LM has no score head, so the value head starts at zero;
+    # without peft_config the critic is fully fine-tuned.
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, reward=count_e, critic="separate",
+                           critic_model=tiny_models["policy"])
+    critic = trainer.model.critic
+    assert torch.count_nonzero(critic.head.weight) == 0
+    assert all(p.requires_grad for p in critic.parameters())
+    # A model object as critic_model is used as it is (its backbone becomes the critic's).
+    from transformers import AutoModelForCausalLM
+
+    causal_lm = AutoModelForCausalLM.from_pretrained(tiny_models["policy"])
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, reward=count_e, critic="separate",
+                           critic_model=causal_lm)
+    assert trainer.model.critic.backbone is causal_lm.model
+
+
+def test_critic_with_another_vocabulary_is_refused(tiny_models, tokenizer, tmp_path):
+    from hf_ppo.tiny import build_reward_model, build_tokenizer
+
+    small = build_tokenizer(vocab_size=300)
+    other = tmp_path / "other"
+    build_reward_model(small).save_pretrained(other)
+    small.save_pretrained(other)
+    with pytest.raises(ValueError, match="vocabulary differs from the policy's.*critic_model="):
+        make_trainer(tiny_models, tokenizer, tmp_path, reward=count_e, critic="separate", critic_model=str(other))
+    with pytest.raises(ValueError, match="reward_lora.*policy's tokenizer"):
+        make_trainer(tiny_models, tokenizer, tmp_path, reward=str(other), critic="reward_lora")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(critic="shared", critic_model="x"), "critic='separate' to train a critic started from critic_model"),
+    (dict(critic="reward_lora", critic_model="x"), "critic_model applies to critic='separate'"),
+    (dict(critic="separate", critic_quantization="4bit"), "needs LoRA"),
+])
+def test_bad_critic_choices_fail_at_construction(overrides, message, tiny_models, tokenizer, tmp_path):
+    critic_model = overrides.pop("critic_model", None)
+    with pytest.raises(ValueError, match=message):
+        make_trainer(tiny_models, tokenizer, tmp_path, critic_model=critic_model, **overrides)
+
+
+def test_warmup_needs_a_value_loss(tmp_path):
+    with pytest.raises(ValueError, match="critic_warmup_steps=3 trains only the critic"):
+        PPOConfig(output_dir=str(tmp_path), critic_warmup_steps=3, vf_coef=0.0, report_to=[])
+
+
+@pytest.mark.parametrize("critic", ["separate", "reward_lora"])
+def test_gradient_checkpointing_reaches_the_critic(critic, tiny_models, tokenizer, tmp_path):
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, lora(), critic=critic, gradient_checkpointing=True,
+                           max_steps=2)
+    before = critic_state(trainer)
+    trainer.train()
+    assert trainer.model.critic.backbone.get_base_model().is_activation_checkpointing
+    after = trainer.model.critic_state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in after if "lora_B" in k)
+    assert all(math.isfinite(e["loss/value_avg"]) for e in trainer.state.log_history if "loss/value_avg" in e)
+
+
+def test_reward_lora_with_a_fully_fine_tuned_policy_uses_the_default_adapter(tiny_models, tokenizer, tmp_path):
+    from hf_ppo.loading import DEFAULT_CRITIC_LORA
+
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, critic="reward_lora")  # no peft_config
+    ranks = {p.shape[0] for n, p in trainer.model.critic.named_parameters() if "lora_A" in n}
+    assert ranks == {DEFAULT_CRITIC_LORA["r"]}
+    assert all(p.requires_grad for p in trainer.model.policy_model.parameters())
