@@ -133,8 +133,12 @@ class PPOConfig(TrainingArguments):
         default=None, metadata={"help": "The earlier name of `critic_learning_rate` (sets it)."},
     )
     entropy_coef: float = field(default=0.0, metadata={"help": "Weight of an entropy bonus (0: off)."})
-    whiten_advantages: bool = field(default=True, metadata={"help": "Whiten advantages over the rollout batch."})
-    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE."})
+    whiten_advantages: bool = field(
+        default=True,
+        metadata={"help": "Whiten advantages over the rollout batch (gae and rloo; grpo and reinforce_pp normalise "
+                  "by their own definition)."},
+    )
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE (gae only)."})
 
     # ---- Critic: what predicts the values GAE needs (see README "Choosing a critic") -----------------------------
     critic: Literal["shared", "separate", "reward_lora"] = field(
@@ -171,7 +175,9 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "'gae': PPO with a critic (GAE, `gamma`, `lam`). Critic-free, with no value head or value "
                   "loss: 'rloo' (leave-one-out baseline over the `num_generations` responses to a prompt), 'grpo' "
                   "(group mean, divided by the group std when `scale_rewards`), 'reinforce_pp' (REINFORCE++: "
-                  "KL-penalised returns, a group-mean baseline when num_generations > 1, whitened over the batch)."},
+                  "KL-penalised returns, a group-mean baseline when num_generations > 1, whitened over the batch). "
+                  "kl_coef enters the reward per token (gae, reinforce_pp), per response (rloo), or as a k3 KL loss "
+                  "term (grpo); see hf_ppo/estimators.py."},
     )
     scale_rewards: bool = field(
         default=True,
@@ -239,7 +245,8 @@ class PPOConfig(TrainingArguments):
     # ---- TRL 1.12 PPOConfig names (migration): mapped onto the fields above in __post_init__ ---------------------
     total_episodes: int | None = field(
         default=None,
-        metadata={"help": "TRL's run length in episodes (prompts sampled over all processes). Sets max_steps = "
+        metadata={"help": "TRL's run length in episodes (responses sampled over all processes: prompts x "
+                  "num_generations). Sets max_steps = "
                   "ceil(total_episodes / (rollout_batch_size x world_size)) iterations x optimizer steps per "
                   "iteration; rounded up, as TRL did, so at least total_episodes are sampled."},
     )
@@ -357,6 +364,14 @@ class PPOConfig(TrainingArguments):
         elif self.advantage_estimator != "gae" and self.critic != "shared":
             errors.append(f"critic={self.critic!r} with advantage_estimator={self.advantage_estimator!r}: the "
                           "critic-free estimators use no critic. Set advantage_estimator='gae' or leave critic unset.")
+        elif self.advantage_estimator != "gae":
+            # Options that only act through a critic or GAE: set, they would be silently ignored.
+            for name, is_set in (("critic_learning_rate", self.critic_learning_rate is not None),
+                                 ("critic_warmup_steps", bool(self.critic_warmup_steps)),
+                                 ("whiten_rewards", self.whiten_rewards is True)):
+                if is_set:
+                    errors.append(f"{name} is set, but advantage_estimator={self.advantage_estimator!r} has no critic "
+                                  f"and no GAE: unset {name}, or use advantage_estimator='gae'.")
         if self.advantage_estimator in ("rloo", "grpo") and isinstance(self.num_generations, int) \
                 and self.num_generations < 2:
             errors.append(f"advantage_estimator={self.advantage_estimator!r} compares the responses to one prompt: "

@@ -26,7 +26,8 @@ from transformers import (
 )
 
 from .adapters import adapter_config, prepare_adapters
-from .modeling import AutoModelForCausalLMWithValueHead
+from .estimators import ESTIMATORS
+from .modeling import AutoModelForCausalLMWithValueHead, PolicyAndCritic
 from .rollout import reward_input_format
 
 
@@ -386,6 +387,19 @@ def _load_adapter_policy(name_or_path: str, adapter: dict, init_kwargs: dict | N
     return PeftModel.from_pretrained(base, name_or_path, is_trainable=True, **adapter_kwargs)
 
 
+def without_critic(policy: AutoModelForCausalLMWithValueHead, estimator: str,
+                   given_with_head: bool = False) -> PolicyAndCritic:
+    """The policy alone, for a critic-free advantage estimator: `PolicyAndCritic(causal LM, None)`, so no value
+    head is in memory, in the optimizer or in a checkpoint. A model the user passed with a value head
+    (`given_with_head`) keeps its causal LM (and adapter); its head is dropped with a warning."""
+    if given_with_head:
+        warnings.warn(f"advantage_estimator={estimator!r} uses no critic: the value head of the "
+                      "AutoModelForCausalLMWithValueHead you passed is not used or trained (its causal LM is the "
+                      "policy). Pass the causal LM itself to silence this, or use advantage_estimator='gae'.",
+                      stacklevel=4)
+    return PolicyAndCritic(policy.policy_model, None)
+
+
 def load_reference(
     ref_model, policy_source, init_kwargs: dict | None, quantization: str, dtype: torch.dtype, device, uses_peft: bool
 ) -> nn.Module | None:
@@ -566,9 +580,10 @@ def max_positions(config) -> int | None:
 
 @dataclass
 class LoadedModels:
-    """Everything `load_models` builds: the policy + value head, the frozen models and the tokenizers."""
+    """Everything `load_models` builds: the policy + value head (or the policy alone for a critic-free
+    estimator), the frozen models and the tokenizers."""
 
-    policy: AutoModelForCausalLMWithValueHead
+    policy: AutoModelForCausalLMWithValueHead | PolicyAndCritic
     tokenizer: PreTrainedTokenizerBase  # the policy's, with a pad token that is no stop token
     ref_model: nn.Module | None  # None: the policy's reference adapter, or its adapter disabled
     reward_model: nn.Module  # or a reward callable
@@ -592,6 +607,9 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
         processing_class = load_policy_tokenizer(model, args.model_init_kwargs)
     policy = load_policy(model, args.model_init_kwargs, args.policy_quantization, peft_config, dtype, device,
                          args.gradient_checkpointing)
+    if not ESTIMATORS[args.advantage_estimator].needs_critic:
+        policy = without_critic(policy, args.advantage_estimator, given_with_head=isinstance(
+            model, AutoModelForCausalLMWithValueHead))
     body = policy.policy_model
     check_vocab(body, processing_class, "policy", POLICY_VOCAB_FIX)
     stop_token_ids = resolve_stop_token_ids(args.stop_token_ids, args.stop_token_id, args.stop_token,
