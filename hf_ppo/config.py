@@ -6,7 +6,8 @@ How Trainer's words map to PPO (the natural reading of each wins):
 - `gradient_accumulation_steps`: micro-batches per optimizer step. A PPO *minibatch* is
   `per_device_train_batch_size * gradient_accumulation_steps` sequences (per device).
 - `num_mini_batches`: minibatches per rollout, so one rollout (one PPO *iteration*) samples
-  `rollout_batch_size = minibatch_size * num_mini_batches` prompts per device.
+  `rollout_batch_size = minibatch_size * num_mini_batches` responses per device: rollout_batch_size /
+  num_generations prompts, each sampled `num_generations` times.
 - One iteration makes `num_ppo_epochs * num_mini_batches` optimizer steps. `max_steps`, `logging_steps`,
   `save_steps` and `eval_steps` count optimizer steps, exactly as in Trainer; `num_train_epochs` counts passes over
   the prompt dataset. Set `max_steps` to a multiple of `optimizer_steps_per_iteration` to end on a whole iteration.
@@ -437,7 +438,8 @@ class PPOConfig(TrainingArguments):
 
     @property
     def rollout_batch_size(self) -> int:
-        """Prompts sampled per PPO iteration on one device: minibatch_size * num_mini_batches."""
+        """Responses sampled per PPO iteration on one device: minibatch_size * num_mini_batches (prompts when
+        num_generations is 1; else rollout_batch_size / num_generations prompts, each sampled num_generations times)."""
         return self.minibatch_size * self.num_mini_batches
 
     @property

@@ -67,8 +67,8 @@ def gae(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tenso
     if s.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
     advantages, returns = compute_gae(rewards, values, mask, s.gamma, s.lam)
-    advantages = masked_whiten(advantages, mask) if s.whiten_advantages else advantages
-    return {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": advantages, "returns": returns}
+    whitened = masked_whiten(advantages, mask) if s.whiten_advantages else advantages
+    return {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": whitened, "returns": returns}
 
 
 def rloo(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tensor]:
