@@ -12,7 +12,8 @@ Where the KL penalty enters, as each method's paper / reference implementation d
   sum_t KL_t, then the leave-one-out baseline; every token of a response gets its R_i - baseline.
 - grpo (Shao et al. 2024): a loss term, kl_coef * KL_k3(policy || reference) per token, added to the PPO loss in
   the update (`kl_in_loss`); the advantages use the scores alone. `non_score_rewards` still holds -kl_coef * KL_t,
-  so `objective/non_score_reward` and `objective/rlhf_reward` report the objective the run optimises.
+  so `objective/non_score_reward` and `objective/rlhf_reward` report the penalised objective (the KL measured with
+  `kl_estimator`, the loss term's being k3).
 - reinforce_pp (Hu 2025): in every token's reward (like gae), returns summed to the end, whitened over the batch.
 
 `rewards` is what the advantages were computed from (per token, the score at the last real token); `returns` is
@@ -41,7 +42,7 @@ from .ppo_math import (
 
 
 class EstimatorSettings(NamedTuple):
-    """The PPOConfig fields the estimators read (`settings_from`), and the KL controller's current coefficient."""
+    """The PPOConfig fields the estimators read, and the KL controller's current coefficient."""
 
     kl_coef: float
     num_generations: int = 1
@@ -50,12 +51,6 @@ class EstimatorSettings(NamedTuple):
     whiten_rewards: bool = False
     whiten_advantages: bool = True
     scale_rewards: bool = True
-
-
-def settings_from(args, kl_coef: float) -> EstimatorSettings:
-    """The estimator settings of a `PPOConfig`, with the KL coefficient of this iteration."""
-    return EstimatorSettings(kl_coef, args.num_generations, args.gamma, args.lam, args.whiten_rewards,
-                             args.whiten_advantages, args.scale_rewards)
 
 
 def gae(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tensor]:
