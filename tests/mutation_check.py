@@ -32,6 +32,7 @@ SUBSET = [
     "tests/test_reference_iteration.py",
     "tests/test_wiring.py",
     "tests/test_trainer.py::test_gradient_accumulation_gives_the_whole_minibatch_gradient",
+    "tests/test_estimators.py",
 ]
 COPIED = ["hf_ppo", "tests", "model_cards", "pyproject.toml"]
 
@@ -44,7 +45,7 @@ class Mutation:
 
 
 R, T, M, L, G, P = "rollout.py", "trainer.py", "modeling.py", "loading.py", "generation.py", "ppo_math.py"
-E = "estimators.py"
+E, D = "estimators.py", "data.py"
 ARANGE = "torch.arange({0}.shape[1], device={0}.device).expand_as({0})"
 MUTATIONS = [
     # -- the reference ------------------------------------------------------------------------------------------------
@@ -176,6 +177,16 @@ MUTATIONS = [
              [(L, "        ref_model = copy.deepcopy(ref_model)\n", "        pass\n")]),
     Mutation("ref_alias_identity_only", "a reference aliasing the policy (a wrapper's body) not detected",
              [(L, "elif _shares_parameters(ref_model, policy_source):", "elif ref_model is policy_source:")]),
+    # -- advantage estimators, num_generations ---------------------------------------------------------------------------
+    Mutation("groups_interleaved", "a prompt's k responses spread over the batch (and across devices)",
+             [(D, "chunk = [i for i in order[start:start + self.prompts_per_batch] for _ in range(self.num_generations)]",
+               "chunk = [i for _ in range(self.num_generations) for i in order[start:start + self.prompts_per_batch]]")]),
+    Mutation("grpo_kl_loss_dropped", "grpo's KL loss term never applied",
+             [(T, "kl_loss_coef=kl_loss_coef(args.advantage_estimator, self.kl_ctl.value))", "kl_loss_coef=0.0)")]),
+    Mutation("critic_kept", "a critic-free estimator keeps the value head (memory, optimizer, checkpoint)",
+             [(L, "    if not ESTIMATORS[args.advantage_estimator].needs_critic:\n", "    if False:\n")]),
+    Mutation("groups_ignored", "the group estimators see k=1 (each response its own group)",
+             [(T, "num_generations=args.num_generations, scale_rewards", "num_generations=1, scale_rewards")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""
