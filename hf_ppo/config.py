@@ -6,7 +6,8 @@ How Trainer's words map to PPO (the natural reading of each wins):
 - `gradient_accumulation_steps`: micro-batches per optimizer step. A PPO *minibatch* is
   `per_device_train_batch_size * gradient_accumulation_steps` sequences (per device).
 - `num_mini_batches`: minibatches per rollout, so one rollout (one PPO *iteration*) samples
-  `rollout_batch_size = minibatch_size * num_mini_batches` prompts per device.
+  `rollout_batch_size = minibatch_size * num_mini_batches` responses per device: rollout_batch_size /
+  num_generations prompts, each sampled `num_generations` times.
 - One iteration makes `num_ppo_epochs * num_mini_batches` optimizer steps. `max_steps`, `logging_steps`,
   `save_steps` and `eval_steps` count optimizer steps, exactly as in Trainer; `num_train_epochs` counts passes over
   the prompt dataset. Set `max_steps` to a multiple of `optimizer_steps_per_iteration` to end on a whole iteration.
@@ -133,8 +134,12 @@ class PPOConfig(TrainingArguments):
         default=None, metadata={"help": "The earlier name of `critic_learning_rate` (sets it)."},
     )
     entropy_coef: float = field(default=0.0, metadata={"help": "Weight of an entropy bonus (0: off)."})
-    whiten_advantages: bool = field(default=True, metadata={"help": "Whiten advantages over the rollout batch."})
-    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE."})
+    whiten_advantages: bool = field(
+        default=True,
+        metadata={"help": "Whiten advantages over the rollout batch (gae and rloo; grpo and reinforce_pp normalise "
+                  "by their own definition)."},
+    )
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE (gae only)."})
 
     # ---- Critic: what predicts the values GAE needs (see README "Choosing a critic") -----------------------------
     critic: Literal["shared", "separate", "reward_lora"] = field(
@@ -171,7 +176,9 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "'gae': PPO with a critic (GAE, `gamma`, `lam`). Critic-free, with no value head or value "
                   "loss: 'rloo' (leave-one-out baseline over the `num_generations` responses to a prompt), 'grpo' "
                   "(group mean, divided by the group std when `scale_rewards`), 'reinforce_pp' (REINFORCE++: "
-                  "KL-penalised returns, a group-mean baseline when num_generations > 1, whitened over the batch)."},
+                  "KL-penalised returns, a group-mean baseline when num_generations > 1, whitened over the batch). "
+                  "kl_coef enters the reward per token (gae, reinforce_pp), per response (rloo), or as a k3 KL loss "
+                  "term (grpo); see hf_ppo/estimators.py."},
     )
     scale_rewards: bool = field(
         default=True,
@@ -260,7 +267,8 @@ class PPOConfig(TrainingArguments):
     # ---- TRL 1.12 PPOConfig names (migration): mapped onto the fields above in __post_init__ ---------------------
     total_episodes: int | None = field(
         default=None,
-        metadata={"help": "TRL's run length in episodes (prompts sampled over all processes). Sets max_steps = "
+        metadata={"help": "TRL's run length in episodes (responses sampled over all processes: prompts x "
+                  "num_generations). Sets max_steps = "
                   "ceil(total_episodes / (rollout_batch_size x world_size)) iterations x optimizer steps per "
                   "iteration; rounded up, as TRL did, so at least total_episodes are sampled."},
     )
@@ -395,8 +403,16 @@ class PPOConfig(TrainingArguments):
         elif self.advantage_estimator != "gae" and self.critic != "shared":
             errors.append(f"critic={self.critic!r} with advantage_estimator={self.advantage_estimator!r}: the "
                           "critic-free estimators use no critic. Set advantage_estimator='gae' or leave critic unset.")
+        elif self.advantage_estimator != "gae":
+            # Options that only act through a critic or GAE: set, they would be silently ignored.
+            for name, is_set in (("critic_learning_rate", self.critic_learning_rate is not None),
+                                 ("critic_warmup_steps", bool(self.critic_warmup_steps)),
+                                 ("whiten_rewards", self.whiten_rewards is True)):
+                if is_set:
+                    errors.append(f"{name} is set, but advantage_estimator={self.advantage_estimator!r} has no critic "
+                                  f"and no GAE: unset {name}, or use advantage_estimator='gae'.")
         if isinstance(self.critic_warmup_steps, int) and self.critic_warmup_steps > 0 and (
-                self.vf_coef == 0 or self.advantage_estimator != "gae"):
+                self.vf_coef == 0):
             errors.append(f"critic_warmup_steps={self.critic_warmup_steps} trains only the critic, so it needs a value "
                           "loss: vf_coef > 0 and advantage_estimator='gae'. Set critic_warmup_steps=0 otherwise.")
         if self.advantage_estimator in ("rloo", "grpo") and isinstance(self.num_generations, int) \
@@ -464,7 +480,8 @@ class PPOConfig(TrainingArguments):
 
     @property
     def rollout_batch_size(self) -> int:
-        """Prompts sampled per PPO iteration on one device: minibatch_size * num_mini_batches."""
+        """Responses sampled per PPO iteration on one device: minibatch_size * num_mini_batches (prompts when
+        num_generations is 1; else rollout_batch_size / num_generations prompts, each sampled num_generations times)."""
         return self.minibatch_size * self.num_mini_batches
 
     @property

@@ -147,14 +147,23 @@ def _check_rows(values: list, name: str, key: str, chat: bool) -> None:
 
 
 class RolloutRepeatSampler(Sampler):
-    """Shuffled prompt indices, each global rollout batch repeated `repeat` times in a row.
+    """Shuffled prompt indices, each prompt `num_generations` (k) times in a row, each global rollout batch
+    repeated `repeat` times in a row.
 
-    The DataLoader's batch is one device's rollout batch, so accelerate hands each process its slice of the same
-    global batch `repeat` times: once per micro-batch of the PPO iteration. Incomplete batches are dropped.
+    `global_batch_size` counts responses (rollout_batch_size x world_size): a global batch holds
+    global_batch_size / k prompts. The DataLoader's batch is one device's rollout batch, a multiple of k, so
+    accelerate (which gives process r the r-th batch of every `world_size` consecutive ones) hands each process
+    whole groups, the same slice of the same global batch `repeat` times: once per micro-batch of the PPO iteration.
+    One epoch visits every prompt once (k responses each); prompts that do not fill a last batch are dropped.
     """
 
-    def __init__(self, num_prompts: int, global_batch_size: int, repeat: int, seed: int):
+    def __init__(self, num_prompts: int, global_batch_size: int, repeat: int, seed: int, num_generations: int = 1):
+        if global_batch_size % num_generations:
+            raise ValueError(f"A global batch of {global_batch_size} responses is not whole groups of "
+                             f"num_generations={num_generations}.")
         self.num_prompts, self.global_batch_size, self.repeat, self.seed = num_prompts, global_batch_size, repeat, seed
+        self.num_generations = num_generations
+        self.prompts_per_batch = global_batch_size // num_generations
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -163,13 +172,18 @@ class RolloutRepeatSampler(Sampler):
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.num_prompts, generator=generator).tolist()
-        for start in range(0, len(self) // self.repeat, self.global_batch_size):
-            chunk = order[start:start + self.global_batch_size]
+        for start in range(0, self.num_batches * self.prompts_per_batch, self.prompts_per_batch):
+            chunk = [i for i in order[start:start + self.prompts_per_batch] for _ in range(self.num_generations)]
             for _ in range(self.repeat):
                 yield from chunk
 
+    @property
+    def num_batches(self) -> int:
+        """Global rollout batches (PPO iterations) per epoch."""
+        return self.num_prompts // self.prompts_per_batch
+
     def __len__(self) -> int:
-        return (self.num_prompts // self.global_batch_size) * self.global_batch_size * self.repeat
+        return self.num_batches * self.global_batch_size * self.repeat
 
 
 def check_rollout_batch(args, train_dataset) -> None:
@@ -178,12 +192,14 @@ def check_rollout_batch(args, train_dataset) -> None:
     if train_dataset is None:
         return
     global_batch = args.rollout_batch_size * args.world_size
-    if len(train_dataset) < global_batch:
+    prompts = global_batch // args.num_generations
+    if len(train_dataset) < prompts:
+        per_prompt = f" / num_generations {args.num_generations}" if args.num_generations > 1 else ""
         raise ValueError(
-            f"One PPO iteration samples {global_batch} prompts (per_device_train_batch_size "
+            f"One PPO iteration samples {prompts} prompts (per_device_train_batch_size "
             f"{args.per_device_train_batch_size} x gradient_accumulation_steps {args.gradient_accumulation_steps} x "
-            f"num_mini_batches {args.num_mini_batches} x {args.world_size} processes), but train_dataset has "
-            f"{len(train_dataset)}. Add prompts or lower one of those factors."
+            f"num_mini_batches {args.num_mini_batches} x {args.world_size} processes{per_prompt}), but train_dataset "
+            f"has {len(train_dataset)}. Add prompts or lower one of those factors."
         )
     if args.max_steps > 0 and args.max_steps % args.optimizer_steps_per_iteration:
         warnings.warn(f"max_steps={args.max_steps} is not a multiple of num_ppo_epochs x num_mini_batches = "

@@ -26,6 +26,7 @@ from transformers import (
 )
 
 from .adapters import adapter_config, prepare_adapters
+from .estimators import ESTIMATORS
 from .modeling import AutoModelForCausalLMWithValueHead, PolicyAndCritic, ValueModel, mark_scoring_context
 from .rollout import (RewardSet, naming_reward, pools_itself, probe_reward_callable, reward_input_format, reward_name,
                       unique_names)
@@ -385,6 +386,19 @@ def _load_adapter_policy(name_or_path: str, adapter: dict, init_kwargs: dict | N
         base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=gradient_checkpointing)
     adapter_kwargs = {k: v for k, v in (init_kwargs or {}).items() if k in ("revision", "token", "cache_dir")}
     return PeftModel.from_pretrained(base, name_or_path, is_trainable=True, **adapter_kwargs)
+
+
+def without_critic(policy: AutoModelForCausalLMWithValueHead, estimator: str,
+                   given_with_head: bool = False) -> PolicyAndCritic:
+    """The policy alone, for a critic-free advantage estimator: `PolicyAndCritic(causal LM, None)`, so no value
+    head is in memory, in the optimizer or in a checkpoint. A model the user passed with a value head
+    (`given_with_head`) keeps its causal LM (and adapter); its head is dropped with a warning."""
+    if given_with_head:
+        warnings.warn(f"advantage_estimator={estimator!r} uses no critic: the value head of the "
+                      "AutoModelForCausalLMWithValueHead you passed is not used or trained (its causal LM is the "
+                      "policy). Pass the causal LM itself to silence this, or use advantage_estimator='gae'.",
+                      stacklevel=4)
+    return PolicyAndCritic(policy.policy_model, None)
 
 
 def load_reference(
@@ -798,7 +812,8 @@ def max_positions(config) -> int | None:
 
 @dataclass
 class LoadedModels:
-    """Everything `load_models` builds: the policy + value head, the frozen models and the tokenizers."""
+    """Everything `load_models` builds: the policy + value head (or the policy alone for a critic-free
+    estimator), the frozen models and the tokenizers."""
 
     policy: AutoModelForCausalLMWithValueHead | PolicyAndCritic  # the latter for critic='separate' / 'reward_lora'
     tokenizer: PreTrainedTokenizerBase  # the policy's, with a pad token that is no stop token
@@ -825,6 +840,9 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
         processing_class = load_policy_tokenizer(model, args.model_init_kwargs)
     policy = load_policy(model, args.model_init_kwargs, args.policy_quantization, peft_config, dtype, device,
                          args.gradient_checkpointing)
+    if not ESTIMATORS[args.advantage_estimator].needs_critic:
+        policy = without_critic(policy, args.advantage_estimator, given_with_head=isinstance(
+            model, AutoModelForCausalLMWithValueHead))
     body = policy.policy_model
     check_vocab(body, processing_class, "policy", POLICY_VOCAB_FIX)
     stop_token_ids = resolve_stop_token_ids(args.stop_token_ids, args.stop_token_id, args.stop_token,

@@ -186,6 +186,13 @@ def _grouped(scores: torch.Tensor, k: int) -> torch.Tensor:
     return scores.reshape(-1, k)
 
 
+def group_centred(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """R_i - mean_group(R) over groups of k consecutive rows: (num_prompts * k,) or (num_prompts, k) -> same shape.
+    Example: k = 2, R = [1, 3, 5, 5] -> [-1, 1, 0, 0]."""
+    grouped = _grouped(scores, k)
+    return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(scores.shape)
+
+
 def rloo_advantages(scores: torch.Tensor, k: int) -> torch.Tensor:
     """REINFORCE leave-one-out advantages (Ahmadian et al. 2024, "Back to Basics").
 
@@ -229,7 +236,7 @@ def reinforce_pp_advantages(
     The whitening is over what is passed: in data-parallel training pass the gathered batch for a global one.
     """
     if k is not None:
-        scores = scores - _grouped(scores, k).mean(dim=1).repeat_interleave(k)
+        scores = group_centred(scores, k)
     rewards, _ = compute_rewards(scores, kl, mask, kl_coef)
     returns = rewards.flip(1).cumsum(1).flip(1)  # masked rewards are 0, so padding adds nothing to G_t
     returns = torch.where(as_bool_mask(mask), returns, torch.zeros_like(returns))
@@ -443,32 +450,46 @@ class RunningMoments:
 
 
 def ppo_loss(
-    logits: torch.Tensor, values: torch.Tensor, responses: torch.Tensor, old_logprobs: torch.Tensor,
+    logits: torch.Tensor, values: torch.Tensor | None, responses: torch.Tensor, old_logprobs: torch.Tensor,
     old_values: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
     normalizer: torch.Tensor, *, temperature: float, cliprange: float, cliprange_value: float, vf_coef: float,
     entropy_coef: float, loss_aggregation: str = "token_mean", max_length: int | None = None,
     cliprange_low: float | None = None, cliprange_high: float | None = None, dual_clip: float | None = None,
+    ref_logprobs: torch.Tensor | None = None, kl_loss_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO objective of one micro-batch: clipped policy loss + vf_coef * clipped value loss - entropy_coef * H.
+    """The PPO objective of one micro-batch: clipped policy loss + vf_coef * clipped value loss - entropy_coef * H
+    + kl_loss_coef * KL.
 
     logits (B, R, vocab) and values (B, R) from the current model at the response positions; the rest (B, R) from
-    the rollout. `normalizer` is the whole minibatch's (`loss_normalizer`), so accumulated micro-batches sum to the
-    minibatch's loss. Returns the loss and its statistics (losses as this micro-batch's own aggregates).
+    the rollout. `values=None` (a critic-free estimator): no value loss and no value statistics. With
+    `kl_loss_coef` > 0 the KL to the reference is a loss term (GRPO, Shao et al. 2024, eq. 4: the k3 estimator
+    p_ref/p - log(p_ref/p) - 1 of the current policy against `ref_logprobs` (B, R), aggregated like the policy loss).
+    `normalizer` is the whole minibatch's (`loss_normalizer`), so accumulated micro-batches sum to the minibatch's
+    loss. Returns the loss and its statistics (losses as this micro-batch's own aggregates).
     """
     aggregation = {"loss_aggregation": loss_aggregation, "max_length": max_length}
     logprobs = logprobs_from_logits(logits, responses, temperature)
     pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, old_logprobs, advantages, mask, cliprange, normalizer,
                                                  cliprange_low=cliprange_low, cliprange_high=cliprange_high,
                                                  dual_clip=dual_clip, **aggregation)
-    vf_loss, vf_clipfrac = value_loss(values, old_values, returns, mask, cliprange_value, normalizer, **aggregation)
-    loss = pg_loss + vf_coef * vf_loss
+    loss, stats = pg_loss, {}
+    if values is not None:
+        vf_loss, vf_clipfrac = value_loss(values, old_values, returns, mask, cliprange_value, normalizer,
+                                          **aggregation)
+        loss = loss + vf_coef * vf_loss
+        stats = {"loss/value_avg": vf_loss, "val/clipfrac_avg": vf_clipfrac}
+    if kl_loss_coef:
+        kl_loss = aggregate_loss(kl_estimate(logprobs, ref_logprobs, "k3"), mask, normalizer=normalizer, **aggregation)
+        loss = loss + kl_loss_coef * kl_loss
+        stats["loss/kl_avg"] = kl_loss
     if entropy_coef:  # a vocabulary-wide softmax: only paid when the bonus is on
         entropy = entropy_from_logits(logits, temperature)
         loss = loss - entropy_coef * aggregate_loss(entropy, mask, normalizer=normalizer, **aggregation)
     with torch.no_grad():
         scale = normalizer / loss_normalizer(mask, loss_aggregation)
         ratio = torch.exp(logprobs - old_logprobs)
-        stats = {"loss/policy_avg": pg_loss * scale, "loss/value_avg": vf_loss * scale,
-                 "policy/approxkl_avg": approxkl, "policy/clipfrac_avg": pg_clipfrac, "val/clipfrac_avg": vf_clipfrac,
+        stats = {"loss/policy_avg": pg_loss * scale, **{k: v * scale if k.startswith("loss/") else v
+                                                        for k, v in stats.items()},
+                 "policy/approxkl_avg": approxkl, "policy/clipfrac_avg": pg_clipfrac,
                  "val/ratio": masked_mean(ratio, mask), "val/ratio_var": masked_var(ratio, mask)}
-    return loss, stats
+    return loss, {k: v.detach() for k, v in stats.items()}

@@ -12,7 +12,8 @@
 6. reference: the reference's log-probs (`reference_logprobs`: a frozen model, or the policy with its reference
    adapter active or its adapter disabled);
 7. shaping: running normalisation / clipping of the scores (the trainer's callable: its statistics span processes);
-8. rewards and advantages: KL-penalised per-token rewards, GAE, whitening (`compute_advantages`);
+8. rewards and advantages: the `advantage_estimator` (`compute_advantages`, `estimators.py`): for PPO KL-penalised
+   per-token rewards, GAE, whitening; or a critic-free estimator over each prompt's `num_generations` responses;
 9. statistics: `rollout_stats`, one dict of batch means.
 The trainer then moves the KL controller (step 10) and runs the clipped PPO update (step 11).
 Micro-batching (`batch_size`) bounds the memory of every no-grad pass.
@@ -30,12 +31,11 @@ import torch
 from torch import nn
 
 from .adapters import adapter_active
+from .estimators import ESTIMATORS, EstimatorSettings
 from .generation import RolloutEngine, chunks, stop_tensor
 from .modeling import scores_as_loaded
 from .ppo_math import (
     RunningMoments,
-    compute_gae,
-    compute_rewards,
     entropy_from_logits,
     explained_variance,
     kl_estimate,
@@ -44,7 +44,6 @@ from .ppo_math import (
     loss_normalizer,
     masked_mean,
     masked_sum,
-    masked_whiten,
     overlong_penalty,
 )
 
@@ -54,7 +53,8 @@ class RolloutBatch:
 
     queries (B, Q) long; query_mask (B, Q) bool; responses (B, R) long, pad after the stop token;
     response_mask (B, R) bool, True = a real response token (the stop token included); logprobs, ref_logprobs,
-    values (B, R) float32 from the rollout-time policy / reference / value head; scores (B,) reward after penalties;
+    values (B, R) float32 from the rollout-time policy / reference / critic (zeros without a critic); scores (B,)
+    reward after penalties;
     contains_stop (B,) bool; rewards, non_score_rewards, advantages, returns (B, R), 0 at masked positions.
     Every field is set at construction (`rollout` builds it once everything is computed).
     """
@@ -350,32 +350,31 @@ def score_responses(
 @torch.no_grad()
 def compute_advantages(
     logprobs, ref_logprobs, values, response_mask, shaped_scores: torch.Tensor, *, kl_coef: float, kl_estimator: str,
-    gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool,
+    gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool, advantage_estimator: str = "gae",
+    num_generations: int = 1, scale_rewards: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Step 8: the per-token KL (B, R) and {rewards, non_score_rewards, advantages, returns} (B, R) of a rollout.
+    """Step 8: the per-token KL (B, R) and {rewards, non_score_rewards, advantages, returns} (B, R) of a rollout,
+    from `advantage_estimator` (see `estimators.py`: where its KL penalty enters, what it normalises).
 
-    rewards = -kl_coef * KL per token + the (shaped) score at the last real token; optional reward whitening without
-    mean shift; GAE; advantage whitening over the batch's real tokens (returns use the raw advantages).
+    values (B, R) from the critic, or None for a critic-free estimator; the B rows hold `num_generations`
+    consecutive responses per prompt.
     """
-    mask = response_mask
     kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
-    rewards, non_score_rewards = compute_rewards(shaped_scores, kl, mask, kl_coef)
-    if whiten_rewards:
-        rewards = masked_whiten(rewards, mask, shift_mean=False)
-    advantages, returns = compute_gae(rewards, values, mask, gamma, lam)
-    whitened = masked_whiten(advantages, mask) if whiten_advantages else advantages
-    return kl, {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": whitened,
-                "returns": returns}
+    settings = EstimatorSettings(kl_coef, num_generations, gamma, lam, whiten_rewards, whiten_advantages, scale_rewards)
+    return kl, ESTIMATORS[advantage_estimator].compute(shaped_scores, kl, response_mask, values, settings)
 
 
 ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
                  "objective/scores", "rollout/response_length", "rollout/eos_rate", "val/num_eos_tokens",
                  "val/explained_variance", "policy/entropy_avg", "rollout/advantages_mean", "rollout/returns_mean"]
+CRITIC_STATS = {"val/explained_variance"}  # absent from the logs of a run without a critic
 
 
 @torch.no_grad()
-def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, stop_token_ids) -> dict:
-    """Step 9: the metrics named in `ROLLOUT_STATS` (a dict, in that order; stack it for one all-reduce).
+def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, stop_token_ids,
+                  has_critic: bool = True) -> dict:
+    """Step 9: the metrics named in `ROLLOUT_STATS` (a dict, in that order; stack it for one all-reduce), without
+    the critic's (`CRITIC_STATS`) when `has_critic` is False.
 
     Sequence-level sums as the removed TRL trainer logged them (KL, -logp "entropy", non-score reward per response),
     then means over the batch; `policy/entropy_avg` is the per-token entropy of the temperature-scaled policy
@@ -386,13 +385,14 @@ def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, 
     mask = batch.response_mask
     num_stop_tokens = (torch.isin(batch.responses, stop_tensor(stop_token_ids, mask.device)) & mask).sum().float()
     non_score = masked_sum(batch.non_score_rewards, mask, dim=1)
-    return dict(zip(ROLLOUT_STATS, [
+    stats = dict(zip(ROLLOUT_STATS, [
         masked_sum(kl, mask, dim=1).mean(), masked_sum(-batch.logprobs, mask, dim=1).mean(), non_score.mean(),
         (batch.scores + non_score).mean(), batch.scores.mean(), mask.sum(1).float().mean(),
         batch.contains_stop.float().mean(), num_stop_tokens,
         explained_variance(batch.values, batch.returns, mask), masked_mean(entropy, mask),
         masked_mean(batch.advantages, mask), masked_mean(batch.returns, mask),
     ]))
+    return stats if has_critic else {k: v for k, v in stats.items() if k not in CRITIC_STATS}
 
 
 def reward_name(reward) -> str:
@@ -565,13 +565,18 @@ def rollout(
     missing_eos_penalty: float | None, shape_scores: Callable[[torch.Tensor], torch.Tensor], kl_coef: float,
     kl_estimator: str, gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool,
     gather: Callable | None = None, overlong_buffer_length: int | None = None, overlong_penalty_factor: float = 1.0,
+    advantage_estimator: str = "gae", num_generations: int = 1, scale_rewards: bool = True,
 ) -> Rollout:
     """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
 
-    `policy` is the actor-critic (`AutoModelForCausalLMWithValueHead`), unwrapped; `reward` a `RewardSet` or one
-    reward (see `sample_and_score`; `gather` updates a RewardSet's per-reward statistics); `shape_scores` maps the
-    penalised scores (B,) to the ones the rewards use (step 7).
+    `policy` is the actor-critic (`AutoModelForCausalLMWithValueHead`, or `PolicyAndCritic` with or without a
+    critic), unwrapped; `reward` a `RewardSet` or one reward (see `sample_and_score`; `gather` updates a RewardSet's
+    per-reward statistics); `shape_scores` maps the penalised scores (B,) to the ones the rewards use (step 7). The B
+    prompts come as `num_generations` consecutive copies of each (`data.RolloutRepeatSampler`); the group
+    estimators compare the responses of each group. Without a critic, `values` are zeros and unused.
     """
+    if len(queries) % num_generations:
+        raise ValueError(f"{len(queries)} prompts are not whole groups of num_generations={num_generations}.")
     start = time.perf_counter()
     # 1-3. Generate, truncate after the stop token, score (and combine a list of rewards).
     samples = sample_and_score(engine, policy, reward, queries, query_mask, prompts, tokenizer=tokenizer,
@@ -582,20 +587,25 @@ def rollout(
     scores = penalize(samples.scores, contains_stop, response_mask, missing_eos_penalty=missing_eos_penalty,
                       overlong_buffer_length=overlong_buffer_length, overlong_penalty_factor=overlong_penalty_factor)
     # 5. Old log-probs and values, in one pass.
+    has_critic = policy.has_critic
     logprobs, values, entropy = policy_forward(policy, queries, query_mask, responses, response_mask,
-                                               temperature=temperature, batch_size=batch_size, with_entropy=True)
+                                               temperature=temperature, batch_size=batch_size, with_entropy=True,
+                                               with_values=has_critic)
     # 6. Reference log-probs.
     ref_logprobs = reference_logprobs(policy, ref_model, queries, query_mask, responses, response_mask,
                                       temperature=temperature, batch_size=batch_size, ref_adapter=ref_adapter)
     scored = time.perf_counter()
-    # 7-8. Shaped scores -> KL-penalised per-token rewards, GAE, whitening.
+    # 7-8. Shaped scores -> rewards and advantages (the advantage estimator).
     kl, rewards = compute_advantages(logprobs, ref_logprobs, values, response_mask, shape_scores(scores),
                                      kl_coef=kl_coef, kl_estimator=kl_estimator, gamma=gamma, lam=lam,
-                                     whiten_rewards=whiten_rewards, whiten_advantages=whiten_advantages)
+                                     whiten_rewards=whiten_rewards, whiten_advantages=whiten_advantages,
+                                     advantage_estimator=advantage_estimator, num_generations=num_generations,
+                                     scale_rewards=scale_rewards)
+    values = values if has_critic else torch.zeros_like(logprobs)
     batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
                          contains_stop, **rewards)
     # 9. Statistics.
-    stats = rollout_stats(batch, kl, entropy, stop_token_ids)
+    stats = rollout_stats(batch, kl, entropy, stop_token_ids, has_critic)
     each = samples.reward_scores or {}
     stats.update({f"objective/scores/{name}": raw.mean() for name, raw in each.items()})
     return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds, each)

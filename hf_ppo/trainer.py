@@ -23,6 +23,7 @@ from transformers.trainer_callback import ProgressCallback
 from . import checkpoint, hub, loading
 from .config import PPOConfig
 from .data import PromptCollator, RolloutRepeatSampler, prepare_datasets
+from .estimators import kl_loss_coef
 from .generation import KVCacheSampler, WeightsChangedCallback
 from .guard import NonFiniteGuard, check_finite_weights, nonfinite_problem, score_hint
 from .ppo_math import AdaptiveKLController, FixedKLController, RunningMoments, ppo_loss
@@ -123,7 +124,7 @@ class PPOLMTrainer(Trainer):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         repeat = self.args.optimizer_steps_per_iteration * self.args.gradient_accumulation_steps
         return RolloutRepeatSampler(len(dataset), self.args.rollout_batch_size * self.args.world_size, repeat,
-                                    self.args.seed)
+                                    self.args.seed, self.args.num_generations)
 
     def get_train_dataloader(self):
         if self.train_dataset is None:
@@ -159,11 +160,11 @@ class PPOLMTrainer(Trainer):
         return self._schedule.next()
 
     def create_optimizer(self, model=None):
-        """Trainer's optimizer, with the critic in a group of its own when `critic_learning_rate` is set."""
+        """Trainer's optimizer, with the critic (if any) in a group of its own when `critic_learning_rate` is set."""
         optimizer = super().create_optimizer(model)
-        if self.args.critic_learning_rate is None:
-            return optimizer
         head = self.accelerator.unwrap_model(self.model).critic_parameters()
+        if self.args.critic_learning_rate is None or not head:
+            return optimizer
         ids = {id(p) for p in head}
         for group in optimizer.param_groups:
             group["params"] = [p for p in group["params"] if id(p) not in ids]
@@ -197,7 +198,8 @@ class PPOLMTrainer(Trainer):
                              gather=self.accelerator.gather),
                          kl_coef=self.kl_ctl.value, kl_estimator=args.kl_estimator,
                          gamma=args.gamma, lam=args.lam, whiten_rewards=args.whiten_rewards,
-                         whiten_advantages=args.whiten_advantages)
+                         whiten_advantages=args.whiten_advantages, advantage_estimator=args.advantage_estimator,
+                         num_generations=args.num_generations, scale_rewards=args.scale_rewards)
         if toggle:
             model.train()
         batch = result.batch
@@ -236,11 +238,12 @@ class PPOLMTrainer(Trainer):
                     logits_to_keep=batch.responses.shape[1] + 1,
                     critic_only=self.state.global_step < args.critic_warmup_steps)
         loss, stats = ppo_loss(
-            out.logits[:, :-1], out.value[:, :-1], batch.responses, batch.logprobs, batch.values, batch.advantages,
-            batch.returns, batch.response_mask, inputs["normalizer"], temperature=args.temperature,
-            cliprange=args.cliprange, cliprange_value=args.cliprange_value, vf_coef=args.vf_coef,
+            out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch.responses,
+            batch.logprobs, batch.values, batch.advantages, batch.returns, batch.response_mask, inputs["normalizer"],
+            temperature=args.temperature, cliprange=args.cliprange, cliprange_value=args.cliprange_value, vf_coef=args.vf_coef,
             entropy_coef=args.entropy_coef, loss_aggregation=args.loss_aggregation, max_length=args.response_length,
-            cliprange_low=args.cliprange_low, cliprange_high=args.cliprange_high, dual_clip=args.dual_clip)
+            cliprange_low=args.cliprange_low, cliprange_high=args.cliprange_high, dual_clip=args.dual_clip,
+            ref_logprobs=batch.ref_logprobs, kl_loss_coef=kl_loss_coef(args.advantage_estimator, self.kl_ctl.value))
         finite = torch.isfinite(loss.detach())
         self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
         self._record(stats)

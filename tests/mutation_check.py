@@ -4,8 +4,8 @@
     python tests/mutation_check.py -k shuffle   # only mutations whose name contains "shuffle"
     python tests/mutation_check.py --list       # the mutations, without running anything
 
-Each mutation replaces an exact snippet of today's code (rollout.py, generation.py, trainer.py, modeling.py,
-loading.py) with a
+Each mutation replaces an exact snippet of today's code (rollout.py, estimators.py, generation.py, trainer.py,
+modeling.py, loading.py) with a
 bug of a kind a refactor introduces. It is applied to a temporary COPY of the repository (the working tree is never
 touched), and a fast subset of the suite (`SUBSET`) runs against the copy with `-x`. The score is caught / total;
 it must stay at 100%. A snippet that no longer appears exactly once in the code is reported STALE: when code moves,
@@ -32,6 +32,7 @@ SUBSET = [
     "tests/test_reference_iteration.py",
     "tests/test_wiring.py",
     "tests/test_trainer.py::test_gradient_accumulation_gives_the_whole_minibatch_gradient",
+    "tests/test_estimators.py",
 ]
 COPIED = ["hf_ppo", "tests", "model_cards", "pyproject.toml"]
 
@@ -44,6 +45,7 @@ class Mutation:
 
 
 R, T, M, L, G, P = "rollout.py", "trainer.py", "modeling.py", "loading.py", "generation.py", "ppo_math.py"
+E, D = "estimators.py", "data.py"
 ARANGE = "torch.arange({0}.shape[1], device={0}.device).expand_as({0})"
 MUTATIONS = [
     # -- the reference ------------------------------------------------------------------------------------------------
@@ -88,12 +90,12 @@ MUTATIONS = [
     # -- positions and shifts -----------------------------------------------------------------------------------------
     Mutation("logprobs_shifted", "log-probs shifted by one position, consistently in rollout and loss",
              [(R, "logits = out.logits[:, :-1]\n", "logits = out.logits[:, 1:]\n"),
-              (T, "out.logits[:, :-1], out.value[:, :-1], batch.responses,",
-               "out.logits[:, 1:], out.value[:, :-1], batch.responses,")]),
+              (T, "out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch.responses,",
+               "out.logits[:, 1:], out.value if out.value is None else out.value[:, :-1], batch.responses,")]),
     Mutation("values_shifted", "values shifted by one position, consistently in rollout and loss",
              [(R, "values.append(out.value[:, :-1].float())", "values.append(out.value[:, 1:].float())"),
-              (T, "out.logits[:, :-1], out.value[:, :-1], batch.responses,",
-               "out.logits[:, :-1], out.value[:, 1:], batch.responses,")]),
+              (T, "out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch.responses,",
+               "out.logits[:, :-1], out.value if out.value is None else out.value[:, 1:], batch.responses,")]),
     Mutation("value_from_wrong_layer", "value head reads a hidden state other than the LM head's",
              [(M, "lambda module, args: head_input.append(args[0]))",
                "lambda module, args: head_input.append(torch.nn.functional.layer_norm(args[0], args[0].shape[-1:])))")]),
@@ -124,11 +126,12 @@ MUTATIONS = [
              [(R, "kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)",
                'kl = kl_estimate(logprobs, ref_logprobs, "k1")')]),
     Mutation("advantages_not_whitened", "advantages never whitened although whiten_advantages=True",
-             [(R, "whitened = masked_whiten(advantages, mask) if whiten_advantages else advantages",
+             [(E, "whitened = masked_whiten(advantages, mask) if s.whiten_advantages else advantages",
                "whitened = advantages")]),
     Mutation("returns_from_whitened", "returns built from whitened advantages",
-             [(R, '"returns": returns}',
-               '"returns": torch.where(mask, masked_whiten(advantages, mask) + values, torch.zeros_like(advantages))}')]),
+             [(E, '"advantages": whitened, "returns": returns}',
+               '"advantages": whitened, "returns": torch.where(mask, masked_whiten(advantages, mask) + values, '
+               'torch.zeros_like(advantages))}')]),
     Mutation("gamma_lam_swapped", "GAE hyperparameters swapped",
              [(T, "gamma=args.gamma, lam=args.lam", "gamma=args.lam, lam=args.gamma")]),
     # -- KL controller ------------------------------------------------------------------------------------------------
@@ -146,7 +149,7 @@ MUTATIONS = [
              [(R, "torch.stack([torch.randperm(len(batch), device=batch.queries.device) for _ in range(num_ppo_epochs)])",
                "torch.randperm(len(batch), device=batch.queries.device).expand(num_ppo_epochs, -1).clone()")]),
     Mutation("vf_coef_ignored", "vf_coef ignored",
-             [(P, "loss = pg_loss + vf_coef * vf_loss", "loss = pg_loss + vf_loss")]),
+             [(P, "loss = loss + vf_coef * vf_loss", "loss = loss + vf_loss")]),
     Mutation("entropy_sign", "the entropy bonus sign flipped",
              [(P, "loss = loss - entropy_coef *", "loss = loss + entropy_coef *")]),
     Mutation("old_logprobs_recomputed", "old log-probs recomputed every step (the ratio is always 1)",
@@ -174,6 +177,16 @@ MUTATIONS = [
              [(L, "        ref_model = copy.deepcopy(ref_model)\n", "        pass\n")]),
     Mutation("ref_alias_identity_only", "a reference aliasing the policy (a wrapper's body) not detected",
              [(L, "elif _shares_parameters(ref_model, policy_source):", "elif ref_model is policy_source:")]),
+    # -- advantage estimators, num_generations ---------------------------------------------------------------------------
+    Mutation("groups_interleaved", "a prompt's k responses spread over the batch (and across devices)",
+             [(D, "chunk = [i for i in order[start:start + self.prompts_per_batch] for _ in range(self.num_generations)]",
+               "chunk = [i for _ in range(self.num_generations) for i in order[start:start + self.prompts_per_batch]]")]),
+    Mutation("grpo_kl_loss_dropped", "grpo's KL loss term never applied",
+             [(T, "kl_loss_coef=kl_loss_coef(args.advantage_estimator, self.kl_ctl.value))", "kl_loss_coef=0.0)")]),
+    Mutation("critic_kept", "a critic-free estimator keeps the value head (memory, optimizer, checkpoint)",
+             [(L, "    if not ESTIMATORS[args.advantage_estimator].needs_critic:\n", "    if False:\n")]),
+    Mutation("groups_ignored", "the group estimators see k=1 (each response its own group)",
+             [(T, "num_generations=args.num_generations, scale_rewards", "num_generations=1, scale_rewards")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

@@ -1,0 +1,245 @@
+"""Issue 12: the advantage estimators (step 8), the critic-free path and `num_generations` (k responses per prompt).
+
+Hand-computed estimator outputs (where the KL penalty enters), the loss without a critic and with GRPO's KL term,
+the sampler's groups under accelerate's sharding, the epoch arithmetic with k, every estimator training with LoRA
+and QLoRA with no critic anywhere, an exact resume of a grpo run part-way through an iteration, construction errors.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+from datasets import Dataset
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+
+from hf_ppo import PPOConfig, PPOLMTrainer
+from hf_ppo.data import RolloutRepeatSampler
+from hf_ppo.estimators import ESTIMATORS, EstimatorSettings, kl_loss_coef
+from hf_ppo.modeling import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
+from hf_ppo.ppo_math import logprobs_from_logits, ppo_loss, reinforce_pp_advantages
+
+CRITIC_METRICS = {"val/explained_variance", "loss/value_avg", "val/clipfrac_avg"}
+PROMPTS = [f"{a} {b}" for a in ("the movie was", "the food was", "the book was", "the show was")
+           for b in ("great", "dull", "fun", "bad")]  # 16 distinct prompts
+
+
+def count_e(prompts, completions):
+    return [float(c.count("e")) for c in completions]
+
+
+def make_args(out, **overrides) -> PPOConfig:
+    # 8 responses per rollout (4 x 1 x 2 minibatches): 4 prompts x k=2.
+    defaults = dict(
+        output_dir=str(out), per_device_train_batch_size=4, gradient_accumulation_steps=1, num_mini_batches=2,
+        num_ppo_epochs=1, max_steps=4, response_length=6, logging_steps=1, learning_rate=1e-2, report_to=[],
+        save_strategy="no", num_sample_generations=0, disable_tqdm=True, seed=0, num_generations=2,
+    )
+    defaults.update(overrides)
+    return PPOConfig(**defaults)
+
+
+def lora():
+    from peft import LoraConfig
+
+    return LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def make_trainer(models, tokenizer, out, peft=None, reward=count_e, prompts=PROMPTS, model=None, **overrides):
+    return PPOLMTrainer(model=model if model is not None else models["policy"], args=make_args(out, **overrides),
+                        processing_class=tokenizer, reward_model=reward,
+                        train_dataset=Dataset.from_dict({"prompt": prompts}), peft_config=peft)
+
+
+# ---- step 8: where the KL enters, by hand ---------------------------------------------------------------------------
+# 2 prompts x k=2, 2 real tokens each; kl_coef 1. Sequence returns R = score - sum KL = [0, 3, -2, 2].
+SCORES = torch.tensor([1.0, 3.0, 0.0, 2.0])
+KL = torch.tensor([[0.5, 0.5], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
+MASK = torch.ones(4, 2, dtype=torch.bool)
+SETTINGS = EstimatorSettings(kl_coef=1.0, num_generations=2, whiten_advantages=False)
+
+
+def test_rloo_penalises_the_sequence_return_then_leaves_one_out():
+    out = ESTIMATORS["rloo"].compute(SCORES, KL, MASK, None, SETTINGS)
+    # A_i = R_i - R_other: [0 - 3, 3 - 0, -2 - 2, 2 + 2]
+    torch.testing.assert_close(out["advantages"], torch.tensor([[-3.0] * 2, [3.0] * 2, [-4.0] * 2, [4.0] * 2]))
+    torch.testing.assert_close(out["returns"], torch.tensor([[0.0] * 2, [3.0] * 2, [-2.0] * 2, [2.0] * 2]))
+    torch.testing.assert_close(out["non_score_rewards"], -KL)
+    assert not ESTIMATORS["rloo"].kl_in_loss and not ESTIMATORS["rloo"].needs_critic
+
+
+def test_grpo_advantages_ignore_the_kl_which_is_a_loss_term():
+    out = ESTIMATORS["grpo"].compute(SCORES, KL, MASK, None, SETTINGS._replace(scale_rewards=False))
+    # Dr. GRPO: score - group mean, group means 2 and 1; the KL does not enter.
+    torch.testing.assert_close(out["advantages"], torch.tensor([[-1.0] * 2, [1.0] * 2, [-1.0] * 2, [1.0] * 2]))
+    scaled = ESTIMATORS["grpo"].compute(SCORES, torch.zeros_like(KL), MASK, None, SETTINGS)["advantages"]
+    std = math.sqrt(2.0)  # sample std of [1, 3] and of [0, 2]
+    torch.testing.assert_close(scaled[:, 0], torch.tensor([-1.0, 1.0, -1.0, 1.0]) / (std + 1e-4))
+    torch.testing.assert_close(out["non_score_rewards"], -KL)  # reported: what the loss term pays
+    torch.testing.assert_close(out["rewards"], torch.tensor([[0.0, 1.0], [0.0, 3.0], [0.0, 0.0], [0.0, 2.0]]))
+    assert kl_loss_coef("grpo", 0.3) == 0.3 and kl_loss_coef("rloo", 0.3) == kl_loss_coef("gae", 0.3) == 0.0
+
+
+def test_reinforce_pp_and_gae_through_the_interface():
+    out = ESTIMATORS["reinforce_pp"].compute(SCORES, KL, MASK, None, SETTINGS)
+    advantages, returns = reinforce_pp_advantages(SCORES, KL, MASK, 1.0, k=2)
+    torch.testing.assert_close(out["advantages"], advantages)
+    # Group-centred scores [-1, 1, -1, 1] at the last token, -KL per token, summed to the end.
+    torch.testing.assert_close(returns, torch.tensor([[-2.0, -1.5], [1.0, 1.0], [-3.0, -2.0], [1.0, 1.0]]))
+    single = ESTIMATORS["reinforce_pp"].compute(SCORES, KL, MASK, None, SETTINGS._replace(num_generations=1))
+    torch.testing.assert_close(single["returns"][:, 0], torch.tensor([0.0, 3.0, -2.0, 2.0]))  # no baseline at k=1
+    with pytest.raises(ValueError, match="needs a critic"):
+        ESTIMATORS["gae"].compute(SCORES, KL, MASK, None, SETTINGS)
+
+
+def test_ppo_loss_without_critic_and_with_the_kl_loss_term():
+    torch.manual_seed(0)
+    logits, responses = torch.randn(2, 3, 5), torch.randint(0, 5, (2, 3))
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    old = logprobs_from_logits(logits, responses)
+    zeros = torch.zeros(2, 3)
+    kwargs = dict(temperature=1.0, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, entropy_coef=0.0)
+    args = (responses, old, zeros, torch.ones(2, 3), zeros, mask, mask.sum())
+    plain, stats = ppo_loss(logits, None, *args, **kwargs)
+    assert not CRITIC_METRICS & set(stats) and "loss/kl_avg" not in stats
+    torch.testing.assert_close(plain, torch.tensor(-1.0))  # ratio 1, advantage 1: -A
+    # Reference half as likely on every token: k3 = (1/2 - 1) - log(1/2) = log 2 - 1/2 per token.
+    with_kl, stats = ppo_loss(logits, None, *args, **kwargs, ref_logprobs=old - math.log(2.0), kl_loss_coef=0.5)
+    torch.testing.assert_close(with_kl, torch.tensor(-1.0 + 0.5 * (math.log(2.0) - 0.5)))
+    torch.testing.assert_close(stats["loss/kl_avg"], torch.tensor(math.log(2.0) - 0.5))
+
+
+# ---- num_generations: the sampler under accelerate's sharding ------------------------------------------------------
+@pytest.mark.parametrize("world_size,k", [(1, 1), (1, 4), (2, 2), (2, 4), (4, 2)])
+def test_sampler_keeps_groups_whole_on_one_device_and_visits_each_prompt_once(world_size, k):
+    """What Trainer does with the train dataloader: accelerate's `prepare_data_loader` (BatchSamplerShard: process r
+    takes the r-th of every world_size batches)."""
+    from accelerate.data_loader import prepare_data_loader
+
+    num_prompts, per_device, repeat = 27, 4, 3
+    sampler = RolloutRepeatSampler(num_prompts, per_device * world_size, repeat, seed=5, num_generations=k)
+    prompts_per_iteration = per_device * world_size // k
+    iterations = num_prompts // prompts_per_iteration
+    assert sampler.num_batches == iterations and len(sampler) == iterations * per_device * world_size * repeat
+    shards = []
+    for rank in range(world_size):
+        loader = DataLoader(list(range(num_prompts)), batch_size=per_device, sampler=sampler, collate_fn=list)
+        shard = list(prepare_data_loader(loader, num_processes=world_size, process_index=rank, put_on_device=False))
+        assert len(shard) == iterations * repeat  # Trainer's steps per epoch follow from this length
+        shards.append(shard)
+    seen = []
+    for it in range(iterations):
+        for rank in range(world_size):
+            batches = shards[rank][it * repeat:(it + 1) * repeat]
+            assert all(b == batches[0] for b in batches)  # the same rollout batch for every micro-batch
+            groups = [batches[0][j:j + k] for j in range(0, per_device, k)]
+            assert all(len(set(g)) == 1 for g in groups)  # k copies of one prompt, consecutive
+            seen += [g[0] for g in groups]
+    assert len(seen) == len(set(seen)) == iterations * prompts_per_iteration  # each prompt at most once per epoch
+    sampler.set_epoch(1)
+    assert list(sampler) != [i for s in shards for b in s for i in b]
+
+
+def test_epoch_counts_passes_over_prompts_and_rollouts_hold_groups(tiny_models, tokenizer, tmp_path):
+    """8 prompts, 8 responses per rollout, k = 4: 2 prompts per iteration, so one epoch is 4 iterations; every
+    prompt is scored k times in a row, once per epoch; `episode` counts responses."""
+    calls = []
+
+    def recording(prompts, completions):
+        calls.append(prompts)
+        return count_e(prompts, completions)
+
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, reward=recording, prompts=PROMPTS[::2],
+                           advantage_estimator="grpo", num_generations=4, max_steps=-1, num_train_epochs=1,
+                           num_mini_batches=1, gradient_accumulation_steps=2, response_length=2, logging_steps=4)
+    calls.clear()  # the construction-time probe
+    trainer.train()
+    assert trainer.state.global_step == 4 and trainer.iteration == 4
+    assert all(len(c) == 8 and all(len(set(c[i:i + 4])) == 1 for i in (0, 4)) for c in calls)
+    per_prompt = [c[i] for c in calls for i in (0, 4)]
+    assert sorted(per_prompt) == sorted(PROMPTS[::2])
+    assert trainer.state.log_history[-2]["episode"] == 32
+
+
+# ---- every estimator trains, with no critic anywhere when it has none ----------------------------------------------
+@pytest.mark.parametrize("estimator,quantized", [
+    ("rloo", False), ("rloo", True), ("grpo", False), ("grpo", True), ("reinforce_pp", False),
+    ("reinforce_pp", True), ("gae", False)])
+def test_each_estimator_trains_lora_and_qlora(estimator, quantized, tiny_models, tokenizer, tmp_path):
+    extra = {"policy_quantization": "4bit"} if quantized else {}
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path / "out", lora(), advantage_estimator=estimator,
+                           save_strategy="steps", save_steps=2, adaptive_kl=True, kl_coef=0.1, **extra)
+    model = trainer.model
+    lora_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    trainer.train()
+    history = [e for e in trainer.state.log_history if "loss/policy_avg" in e]
+    assert len(history) == 4 and trainer.iteration == 2
+    assert all(math.isfinite(v) for e in history for v in e.values() if isinstance(v, float))
+    now = dict(model.named_parameters())
+    assert any(not torch.equal(lora_before[n], now[n]) for n in lora_before), "LoRA weights did not change"
+    trained = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    critic_file = load_file(tmp_path / "out" / "checkpoint-2" / VALUE_HEAD_FILE)
+    logged = set().union(*history)
+    if estimator == "gae":
+        assert model.has_critic and CRITIC_METRICS <= logged and set(critic_file) == {"weight", "bias"}
+        return
+    assert not model.has_critic and model.critic is None and not hasattr(model, "v_head")
+    assert not any("v_head" in n or "critic" in n for n, _ in model.named_parameters())
+    assert trained == {id(p) for n, p in model.named_parameters() if "lora_" in n}  # the policy's adapter only
+    assert critic_file == {}
+    assert not CRITIC_METRICS & logged
+    assert ("loss/kl_avg" in logged) == (estimator == "grpo")
+    rollouts = [e for e in history if "objective/kl_coef" in e]
+    assert rollouts[-1]["objective/kl_coef"] != 0.1  # the adaptive controller moved on the measured KL
+
+
+# ---- exact resume of a critic-free run part-way through an iteration ------------------------------------------------
+def test_grpo_resume_mid_iteration_is_bitwise_exact(tiny_models, tokenizer, tmp_path):
+    # 4 optimizer steps per iteration (2 epochs x 2 minibatches), 2 iterations, saved at step 3; adaptive KL, so the
+    # KL loss term's coefficient changes between iterations and must be restored too.
+    kwargs = dict(advantage_estimator="grpo", num_ppo_epochs=2, max_steps=8, adaptive_kl=True, kl_coef=0.1)
+    straight = make_trainer(tiny_models, tokenizer, tmp_path / "straight", lora(), save_strategy="steps",
+                            save_steps=3, **kwargs)
+    straight.train()
+    checkpoint = tmp_path / "straight" / "checkpoint-3"
+    assert os.path.isfile(checkpoint / "rollout_buffer.safetensors")
+    resumed = make_trainer(tiny_models, tokenizer, tmp_path / "resumed", lora(), **kwargs)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    for (name, x), y in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(x, y), name
+    assert straight.kl_ctl.value == resumed.kl_ctl.value and resumed.iteration == 2
+
+    def logged(trainer):
+        return [{k: v for k, v in e.items() if not k.startswith("time/") and "per_second" not in k
+                 and "runtime" not in k and k not in ("train_loss", "total_flos")} for e in trainer.state.log_history]
+
+    assert len(logged(straight)) == 9 and logged(straight) == logged(resumed)
+
+
+# ---- construction errors ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides,message", [
+    (dict(advantage_estimator="rloo", num_generations=1), "set num_generations >= 2"),
+    (dict(advantage_estimator="grpo", num_generations=3), "must be a multiple of num_generations=3"),
+    (dict(advantage_estimator="rloo", critic_learning_rate=1e-3), "critic_learning_rate is set"),
+    (dict(advantage_estimator="reinforce_pp", whiten_rewards=True), "whiten_rewards is set"),
+    (dict(advantage_estimator="ppo"), "advantage_estimator='ppo'"),
+    (dict(num_generations=0), "num_generations"),
+])
+def test_bad_estimator_settings_are_refused(overrides, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        make_args(tmp_path, **overrides)
+
+
+def test_too_few_prompts_counts_groups(tiny_models, tokenizer, tmp_path):
+    # 8 responses in groups of 2: 4 prompts per iteration, 3 given.
+    with pytest.raises(ValueError, match=r"samples 4 prompts .* / num_generations 2\), but train_dataset has 3"):
+        make_trainer(tiny_models, tokenizer, tmp_path, prompts=PROMPTS[:3], advantage_estimator="rloo")
+
+
+def test_value_head_model_with_critic_free_estimator_uses_its_causal_lm(tiny_models, tokenizer, tmp_path):
+    given = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_models["policy"])
+    with pytest.warns(UserWarning, match="value head .* is not used"):
+        trainer = make_trainer(tiny_models, tokenizer, tmp_path, model=given, advantage_estimator="rloo")
+    assert trainer.model.policy_model is given.pretrained_model and not trainer.model.has_critic
+    assert not any("v_head" in n for n, _ in trainer.model.named_parameters())
