@@ -485,6 +485,16 @@ class PPOConfig(TrainingArguments):
         return self.minibatch_size * self.num_mini_batches
 
     @property
+    def rollout_settings(self) -> dict:
+        """The fields `rollout.rollout` reads (steps 1-9), by its argument names."""
+        return dict(temperature=self.temperature, batch_size=self.local_rollout_forward_batch_size,
+                    missing_eos_penalty=self.missing_eos_penalty, overlong_buffer_length=self.overlong_buffer_length,
+                    overlong_penalty_factor=self.overlong_penalty_factor, kl_estimator=self.kl_estimator,
+                    gamma=self.gamma, lam=self.lam, whiten_rewards=self.whiten_rewards,
+                    whiten_advantages=self.whiten_advantages, advantage_estimator=self.advantage_estimator,
+                    num_generations=self.num_generations, scale_rewards=self.scale_rewards)
+
+    @property
     def optimizer_steps_per_iteration(self) -> int:
         """Optimizer steps per PPO iteration: num_ppo_epochs * num_mini_batches."""
         return self.num_ppo_epochs * self.num_mini_batches

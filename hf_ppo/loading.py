@@ -833,6 +833,9 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
     Each model that reads the policy's token ids is checked against the tokenizer here, not by an IndexError
     mid-rollout; the stop tokens are resolved, then a pad token that is none of them is chosen; dropout is turned off.
     """
+    if reward_model is None:
+        raise ValueError("PPOLMTrainer needs a reward_model: a Hub id or path, an AutoModelForSequenceClassification "
+                         "(num_labels=1), a callable (prompts, completions) -> list[float], or a list of them.")
     dtype = compute_dtype(args.bf16, args.fp16)
     if processing_class is None:
         if not isinstance(model, str):

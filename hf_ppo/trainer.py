@@ -73,9 +73,6 @@ class PPOLMTrainer(Trainer):
         args = args if args is not None else PPOConfig(output_dir="ppo_output")
         if not isinstance(args, PPOConfig):
             raise TypeError(f"args must be a PPOConfig, got {type(args).__name__}: PPOConfig(**args.to_dict()) converts it.")
-        if reward_model is None:
-            raise ValueError("PPOLMTrainer needs a reward_model: a Hub id or path, an "
-                             "AutoModelForSequenceClassification (num_labels=1), or a callable (prompts, completions) -> list[float].")
         # Seed before any model is built: LoRA and value-head initialisation must follow `seed` too.
         set_seed(args.seed)
         loaded = loading.load_models(model, processing_class, reward_model, ref_model, reward_processing_class,
@@ -190,16 +187,9 @@ class PPOLMTrainer(Trainer):
         result = rollout(model, inputs["queries"], inputs["query_mask"], inputs["prompts"],
                          engine=self.rollout_engine, ref_model=self.ref_model, ref_adapter=self.ref_adapter,
                          reward=self.rewards, tokenizer=tokenizer, stop_token_ids=self.stop_token_ids,
-                         temperature=args.temperature, batch_size=args.local_rollout_forward_batch_size,
-                         gather=self.accelerator.gather, overlong_buffer_length=args.overlong_buffer_length,
-                         overlong_penalty_factor=args.overlong_penalty_factor,
-                         missing_eos_penalty=args.missing_eos_penalty, shape_scores=functools.partial(
+                         gather=self.accelerator.gather, shape_scores=functools.partial(
                              shape_scores, reward_moments=self.reward_moments, reward_clip=args.reward_clip,
-                             gather=self.accelerator.gather),
-                         kl_coef=self.kl_ctl.value, kl_estimator=args.kl_estimator,
-                         gamma=args.gamma, lam=args.lam, whiten_rewards=args.whiten_rewards,
-                         whiten_advantages=args.whiten_advantages, advantage_estimator=args.advantage_estimator,
-                         num_generations=args.num_generations, scale_rewards=args.scale_rewards)
+                             gather=self.accelerator.gather), kl_coef=self.kl_ctl.value, **args.rollout_settings)
         if toggle:
             model.train()
         batch = result.batch
@@ -240,7 +230,8 @@ class PPOLMTrainer(Trainer):
         loss, stats = ppo_loss(
             out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch.responses,
             batch.logprobs, batch.values, batch.advantages, batch.returns, batch.response_mask, inputs["normalizer"],
-            temperature=args.temperature, cliprange=args.cliprange, cliprange_value=args.cliprange_value, vf_coef=args.vf_coef,
+            temperature=args.temperature, cliprange=args.cliprange, cliprange_value=args.cliprange_value,
+            vf_coef=args.vf_coef,
             entropy_coef=args.entropy_coef, loss_aggregation=args.loss_aggregation, max_length=args.response_length,
             cliprange_low=args.cliprange_low, cliprange_high=args.cliprange_high, dual_clip=args.dual_clip,
             ref_logprobs=batch.ref_logprobs, kl_loss_coef=kl_loss_coef(args.advantage_estimator, self.kl_ctl.value))

@@ -45,7 +45,7 @@ class Mutation:
 
 
 R, T, M, L, G, P = "rollout.py", "trainer.py", "modeling.py", "loading.py", "generation.py", "ppo_math.py"
-E, D = "estimators.py", "data.py"
+E, D, C = "estimators.py", "data.py", "config.py"
 ARANGE = "torch.arange({0}.shape[1], device={0}.device).expand_as({0})"
 MUTATIONS = [
     # -- the reference ------------------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ MUTATIONS = [
                '"advantages": whitened, "returns": torch.where(mask, masked_whiten(advantages, mask) + values, '
                'torch.zeros_like(advantages))}')]),
     Mutation("gamma_lam_swapped", "GAE hyperparameters swapped",
-             [(T, "gamma=args.gamma, lam=args.lam", "gamma=args.lam, lam=args.gamma")]),
+             [(C, "gamma=self.gamma, lam=self.lam", "gamma=self.lam, lam=self.gamma")]),
     # -- KL controller ------------------------------------------------------------------------------------------------
     Mutation("kl_ctl_fed_entropy", "the KL controller fed the wrong KL (the entropy)",
              [(T, "self.kl_ctl.update(stats[0].item(),", "self.kl_ctl.update(stats[1].item(),")]),
@@ -186,7 +186,7 @@ MUTATIONS = [
     Mutation("critic_kept", "a critic-free estimator keeps the value head (memory, optimizer, checkpoint)",
              [(L, "    if not ESTIMATORS[args.advantage_estimator].needs_critic:\n", "    if False:\n")]),
     Mutation("groups_ignored", "the group estimators see k=1 (each response its own group)",
-             [(T, "num_generations=args.num_generations, scale_rewards", "num_generations=1, scale_rewards")]),
+             [(C, "num_generations=self.num_generations, scale_rewards", "num_generations=1, scale_rewards")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""
