@@ -84,6 +84,10 @@ class ModelArguments:
         default=None, metadata={"help": "Reference model; None: the policy with its LoRA adapter disabled "
                                 "(with use_peft) or a frozen copy of the starting policy."},
     )
+    critic_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "With --critic separate: the model to start the critic from (None: the reward "
+                                "model). See the README's 'Choosing a critic'."},
+    )
     model_revision: str | None = field(default=None, metadata={"help": "Branch, tag or commit of the policy."})
     ref_model_revision: str | None = field(default=None, metadata={"help": "Revision of the reference model."})
     reward_model_revision: str | None = field(default=None, metadata={"help": "Revision of the reward model."})
@@ -121,7 +125,7 @@ class ConfigError(ValueError):
 
 # Options that name things to read; a relative one is looked up in the working directory, then beside the config.
 INPUT_PATHS = {ModelArguments: ["model_name_or_path", "reward_model_name_or_path", "ref_model_name_or_path",
-                               "sft_model_path", "reward_model_path"],
+                               "sft_model_path", "reward_model_path", "critic_model_name_or_path"],
                ScriptArguments: ["dataset_name"]}
 # "name" or "namespace/name": what a Hub id looks like (a path with more parts, or ./ ../, cannot be one).
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -324,6 +328,7 @@ def main(argv: list[str] | None = None) -> PPOLMTrainer:
         args=ppo_config,
         reward_model=reward_path,
         ref_model=model_args.ref_model_name_or_path,
+        critic_model=model_args.critic_model_name_or_path,
         train_dataset=train,
         eval_dataset=evaluation,
         processing_class=tokenizer,

@@ -135,3 +135,16 @@ def test_unsupported_local_file(tmp_path, models):
     data.write_text("the movie was\n")
     with pytest.raises(ValueError, match="json"):
         ppo.main(["--config", tiny_config(tmp_path, models, str(data))])
+
+
+def test_yaml_picks_the_critic_and_the_estimator(tmp_path, models, prompts):
+    # The critic, started from --critic_model_name_or_path (here the policy's checkpoint: its head starts at zero).
+    config = tiny_config(tmp_path, models, prompts, critic="separate", critic_model_name_or_path=models["policy"])
+    trainer = ppo.main(["--config", config, "--max_steps", "1"])
+    assert trainer.model.critic is not None and trainer.state.global_step == 1
+    # A zero head after one Adam step at lr 1e-3 (the reward model's score head would be ~N(0, 0.02)).
+    assert trainer.model.critic.head.weight.abs().max() < 5e-3
+    # A critic-free estimator: no critic at all.
+    config = tiny_config(tmp_path, models, prompts, advantage_estimator="rloo", num_generations=2)
+    trainer = ppo.main(["--config", config, "--max_steps", "1"])
+    assert not trainer.model.has_critic and trainer.state.global_step == 1
