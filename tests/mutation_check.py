@@ -5,7 +5,7 @@
     python tests/mutation_check.py --list       # the mutations, without running anything
 
 Each mutation replaces an exact snippet of today's code (rollout.py, estimators.py, generation.py, trainer.py,
-modeling.py, loading.py) with a
+modeling.py, loading.py, ppo_math.py, data.py, config.py) with a
 bug of a kind a refactor introduces. It is applied to a temporary COPY of the repository (the working tree is never
 touched), and a fast subset of the suite (`SUBSET`) runs against the copy with `-x`. The score is caught / total;
 it must stay at 100%. A snippet that no longer appears exactly once in the code is reported STALE: when code moves,
@@ -33,6 +33,8 @@ SUBSET = [
     "tests/test_wiring.py",
     "tests/test_trainer.py::test_gradient_accumulation_gives_the_whole_minibatch_gradient",
     "tests/test_estimators.py",
+    "tests/test_critics.py",
+    "tests/test_mixed_rewards.py",
 ]
 COPIED = ["hf_ppo", "tests", "model_cards", "pyproject.toml"]
 
@@ -187,6 +189,16 @@ MUTATIONS = [
              [(L, "    if not ESTIMATORS[args.advantage_estimator].needs_critic:\n", "    if False:\n")]),
     Mutation("groups_ignored", "the group estimators see k=1 (each response its own group)",
              [(C, "num_generations=self.num_generations, scale_rewards", "num_generations=1, scale_rewards")]),
+    # -- critics, mixed rewards ---------------------------------------------------------------------------------------
+    Mutation("critic_adapter_scores", "the reward scored with the reward_lora critic's adapter enabled",
+             [(M, "with context() if context is not None else contextlib.nullcontext():",
+               "with contextlib.nullcontext():")]),
+    Mutation("warmup_moves_policy", "the critic warm-up lets the policy move",
+             [(T, "critic_only=self.state.global_step < args.critic_warmup_steps)", "critic_only=False)")]),
+    Mutation("reward_weights_ignored", "mixed rewards summed without their weights",
+             [(R, "term = self.weights[i] * scores", "term = scores")]),
+    Mutation("reward_stats_not_restored", "a dropped NaN rollout moves the per-reward statistics",
+             [(T, "            self.rewards.load_state_dict(each_moments)\n", "")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""
