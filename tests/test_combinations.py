@@ -1,8 +1,8 @@
 """Issues 11 and 12 together: estimators x loss variants x critics x mixed rewards in one run each.
 
 Each feature has its own test file (test_estimators.py, test_critics.py, test_mixed_rewards.py); these runs cross
-them, so that a combination nobody tried alone (a group estimator with a dual clip and a reward list, a critic that
-starts from the one model of a reward list) trains with finite metrics and moves the weights it should.
+them, so that a combination nobody tried alone (a group estimator with a dual clip and a reward list, LoRA and
+QLoRA, a critic that starts from the one model of a reward list) trains with finite metrics and moves the weights it should.
 """
 
 import math
@@ -52,13 +52,14 @@ def check_trains(trainer) -> list[dict]:
     return history
 
 
-@pytest.mark.parametrize("estimator,aggregation", [
-    ("gae", "seq_mean_token_sum_norm"), ("rloo", "seq_mean_token_mean"), ("grpo", "seq_mean_token_sum_norm"),
-    ("reinforce_pp", "token_mean")])
-def test_estimator_with_loss_variants_and_a_reward_list(estimator, aggregation, tiny_models, tokenizer, tmp_path):
+@pytest.mark.parametrize("estimator,aggregation,quantization", [
+    ("gae", "seq_mean_token_sum_norm", "4bit"), ("rloo", "seq_mean_token_mean", "none"),
+    ("grpo", "seq_mean_token_sum_norm", "4bit"), ("reinforce_pp", "token_mean", "none")])
+def test_estimator_with_loss_variants_and_a_reward_list(estimator, aggregation, quantization, tiny_models, tokenizer,
+                                                        tmp_path):
     trainer = train(tiny_models, tokenizer, tmp_path, [tiny_models["reward"], count_e], reward_weights=[0.5, 2.0],
                     advantage_estimator=estimator, loss_aggregation=aggregation, normalize_each_reward=True,
-                    overlong_buffer_length=2)
+                    overlong_buffer_length=2, policy_quantization=quantization)
     history = check_trains(trainer)
     rollouts = [e for e in history if "objective/scores" in e]
     names = {k for e in rollouts for k in e if k.startswith("objective/scores/")}

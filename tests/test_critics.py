@@ -149,10 +149,8 @@ def test_resume_mid_iteration_equals_uninterrupted_run(run, tiny_models, tokeniz
 
 def test_critic_is_never_saved_or_pushed_with_the_policy(run, tmp_path, local_hub, hub_token):
     name, trainer, _, _ = run
-    if name != "separate":
-        pytest.skip("one critic is enough: both go through the same save and push paths")
     critic_keys = set(trainer.model.critic_state_dict())
-    trainer.hub_model_id = f"{TEST_USER}/tiny-ppo-critic"
+    trainer.hub_model_id = f"{TEST_USER}/tiny-ppo-critic-{name.replace('_', '-')}"
     trainer.args.output_dir = str(tmp_path / "final")
     trainer.push_to_hub(token=hub_token)
     pushed = local_hub.files(trainer.hub_model_id)

@@ -22,7 +22,7 @@ from hf_ppo import tiny
 ROOT = Path(__file__).resolve().parents[1]
 
 # Runs the recipe's main() in each process, then records what that rank holds: a hash of its trainable weights
-# (LoRA + value head), whether it was the saving process, and the first completions it sampled.
+# (LoRA + the critic's), whether it was the saving process, and the first completions it sampled.
 DRIVER = textwrap.dedent("""
     import hashlib, importlib.util, json, os, sys
     import torch
@@ -40,7 +40,8 @@ DRIVER = textwrap.dedent("""
         return digest.hexdigest()
     named = list(model.named_parameters())
     trained = sha((n, p) for n, p in named if p.requires_grad)
-    lora = sha((n.removeprefix("pretrained_model."), p) for n, p in named if "lora_" in n)
+    lora = sha((n.removeprefix("pretrained_model."), p) for n, p in named
+               if "lora_" in n and n.startswith("pretrained_model."))  # the policy's adapter (not a critic's)
     rank = trainer.args.process_index
     with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "world_size": trainer.args.world_size, "sha": trained, "lora_sha": lora,
@@ -61,7 +62,12 @@ def lora_hash(model) -> str:
 
 
 @pytest.mark.skipif(shutil.which("accelerate") is None, reason="needs the accelerate CLI")
-def test_two_cpu_processes_train_identical_adapters_and_save_once(tmp_path):
+@pytest.mark.parametrize("variant", [
+    {},  # PPO with the shared value head
+    {"critic": "reward_lora"},  # a critic inside the module DDP wraps, on the frozen reward model's base
+    {"advantage_estimator": "grpo", "num_generations": 2},  # no critic; each rank's batch is one whole group
+], ids=["shared", "reward_lora", "grpo_k2"])
+def test_two_cpu_processes_train_identical_adapters_and_save_once(tmp_path, variant):
     policy, reward = tiny.save_tiny_models(tmp_path / "models", hidden_size=64)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in tiny.synthetic_reviews(16, seed=3)))
@@ -72,7 +78,7 @@ def test_two_cpu_processes_train_identical_adapters_and_save_once(tmp_path):
         "use_peft": True, "lora_r": 4, "lora_alpha": 8, "policy_quantization": "none", "reward_quantization": "none",
         "response_length": 4, "per_device_train_batch_size": 2, "num_mini_batches": 1, "num_ppo_epochs": 2,
         "max_steps": 4, "learning_rate": 1.0e-3, "logging_steps": 2, "num_sample_generations": 0,
-        "report_to": "none", "save_strategy": "no", "disable_tqdm": True, "seed": 0, "use_cpu": True,
+        "report_to": "none", "save_strategy": "no", "disable_tqdm": True, "seed": 0, "use_cpu": True, **variant,
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "driver.py").write_text(DRIVER)
@@ -89,7 +95,7 @@ def test_two_cpu_processes_train_identical_adapters_and_save_once(tmp_path):
     reports = [json.loads((ranks / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_size"] for r in reports] == [2, 2]
     assert [r["steps"] for r in reports] == [4, 4]
-    assert reports[0]["sha"] == reports[1]["sha"], "the two ranks ended with different adapter weights"
+    assert reports[0]["sha"] == reports[1]["sha"], "the two ranks ended with different trained weights"
     assert [r["should_save"] for r in reports] == [True, False], "exactly one process (rank 0) saves"
     assert reports[0]["sampling_seed"] != reports[1]["sampling_seed"], "both ranks sampled with the same seed"
 
