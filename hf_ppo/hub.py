@@ -124,7 +124,34 @@ CARD_HYPERPARAMETERS = [
     "num_mini_batches", "num_ppo_epochs", "response_length", "temperature", "top_k", "top_p", "kl_coef",
     "kl_estimator", "adaptive_kl", "gamma", "lam", "cliprange", "cliprange_value", "vf_coef", "entropy_coef",
     "whiten_rewards", "missing_eos_penalty", "normalize_rewards", "policy_quantization", "ref_quantization",
-    "reward_quantization", "seed", "loss_aggregation", "cliprange_low", "cliprange_high", "dual_clip"]
+    "reward_quantization", "seed", "loss_aggregation", "cliprange_low", "cliprange_high", "dual_clip",
+    "advantage_estimator", "num_generations", "scale_rewards", "critic", "critic_warmup_steps", "critic_learning_rate",
+    "reward_weights", "normalize_each_reward", "overlong_buffer_length"]
+# How the card names each critic and each critic-free estimator.
+_CRITIC_TEXT = {"shared": "a value head on the policy's body", "separate": "a separate critic model",
+                "reward_lora": "a LoRA critic on the reward model's frozen base"}
+_ESTIMATOR_TEXT = {"rloo": "RLOO (leave-one-out baseline)", "grpo": "GRPO (group-normalised)",
+                   "dr_grpo": "Dr. GRPO (group mean-centred)", "reinforce_pp": "REINFORCE++"}
+
+
+def method_texts(hyperparameters: dict) -> tuple[str, str]:
+    """(what the training was, what one iteration does after scoring) for the card, from the advantage estimator,
+    `num_generations` and the critic: a card never says "GAE with a value head" about a critic-free run."""
+    estimator = hyperparameters.get("advantage_estimator", "gae")
+    if estimator == "gae":
+        critic = _CRITIC_TEXT.get(hyperparameters.get("critic", "shared"), "a critic")
+        return (f"clipped PPO with {critic} and a KL penalty towards a frozen reference",
+                "subtracts a per-token KL penalty towards the reference, estimates advantages with GAE on the "
+                "critic's values, and takes several clipped policy and value updates on the batch")
+    if estimator == "grpo" and hyperparameters.get("scale_rewards") is False:
+        estimator = "dr_grpo"
+    name, k = _ESTIMATOR_TEXT.get(estimator, estimator), hyperparameters.get("num_generations", 1)
+    kl = ("adds a KL term towards the reference to the loss" if estimator in ("grpo", "dr_grpo")
+          else "subtracts a KL penalty towards the reference from the reward")
+    return (f"clipped policy-gradient updates with {name} advantages over {k} responses per prompt (no critic) "
+            "and a KL penalty towards a frozen reference",
+            f"compares the {k} responses to each prompt ({name} advantages, no critic), {kl}, and takes several "
+            "clipped policy updates on the batch")
 
 
 def card_hyperparameters(args) -> dict:
@@ -302,6 +329,8 @@ def write_model_card(
         plot_file=PLOT_FILE if plot is not None else None,
         lora=_lora_rows(peft_config),
         hyperparameters=_public_rows(hyperparameters),
+        method_text=method_texts(hyperparameters)[0],
+        procedure_text=method_texts(hyperparameters)[1],
         versions=[(name, _version(name)) for name in FRAMEWORKS],
     )
     path = folder / "README.md"

@@ -365,6 +365,23 @@ def test_model_card_without_metrics(tmp_path):
     ModelCard.load(path)
 
 
+@pytest.mark.parametrize("hyperparameters,says,never", [
+    ({"advantage_estimator": "gae", "critic": "shared"}, "clipped PPO with a value head on the policy's body", "no critic"),
+    ({"advantage_estimator": "gae", "critic": "reward_lora"}, "a LoRA critic on the reward model's frozen base",
+     "no critic"),
+    ({"advantage_estimator": "rloo", "num_generations": 2}, "RLOO (leave-one-out baseline) advantages over 2 responses",
+     "GAE"),
+    ({"advantage_estimator": "grpo", "num_generations": 4, "scale_rewards": False}, "Dr. GRPO", "GAE"),
+])
+def test_model_card_names_the_estimator_and_the_critic(tmp_path, hyperparameters, says, never):
+    # A GRPO run's card must not describe PPO with a value head and GAE (nor a PPO run's a critic-free one).
+    path = write_model_card(tmp_path, repo_id="org/name", base_model=None, reward_model=None, ref_model=None,
+                            dataset_names=[], peft_config=None, hyperparameters=hyperparameters, log_history=[])
+    text = path.read_text()
+    assert says in text and never not in text
+    assert f"| `advantage_estimator` | `{hyperparameters['advantage_estimator']}` |" in text
+
+
 @pytest.mark.slow
 def test_card_template_ships_in_the_wheel(tmp_path):
     # Build the wheel from a copy (the working tree stays clean), unpack it as site-packages would hold it, and
