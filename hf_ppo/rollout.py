@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import time
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Callable, NamedTuple
 
@@ -184,9 +185,11 @@ def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batc
     position with attention_mask == 1 is taken, so any padding side works and its pad_token_id never matters. A model
     that pools itself (encoders: [CLS] through `pooler` + `classifier`) runs its own forward on right-padded inputs
     (real tokens moved to the front, pad slots masked and filled with its pad id), exactly as it was trained.
+    Inputs longer than the reward model's context (`max_position_embeddings`) never run past it (`fit_context`).
     """
     scores = []
     own_pooling = pools_itself(reward_model)
+    attention_mask = fit_context(attention_mask, reward_context(reward_model), own_pooling)
     for rows in chunks(input_ids.shape[0], batch_size):
         ids, mask = input_ids[rows], attention_mask[rows].bool()
         if own_pooling:
@@ -207,6 +210,37 @@ def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batc
         last = last_token_index(mask)
         scores.append(per_token[torch.arange(ids.shape[0], device=ids.device), last].float())
     return torch.cat(scores)
+
+
+def reward_context(reward_model: nn.Module) -> int | None:
+    """The reward model's context length (its text config's `max_position_embeddings`), or None when it has none."""
+    config = reward_model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(config, "max_position_embeddings", None)
+
+
+def fit_context(attention_mask: torch.Tensor, context: int | None, own_pooling: bool) -> torch.Tensor:
+    """The mask (B, T) a reward model of `context` positions can score: unchanged when every row fits.
+
+    A decoder reward model (score at the last real token) scores a longer row on its last `context` real tokens:
+    the start of the prompt is cut, the response and the token the score is read at are kept, with one warning. An
+    encoder (pooling its first token) cannot be cut without losing [CLS] or the response: an error names the fix.
+    """
+    lengths = attention_mask.sum(1)
+    if context is None or int(lengths.max()) <= context:
+        return attention_mask
+    fix = ("lower max_prompt_length or response_length so that prompt + response fit, in the reward tokenizer's "
+           "tokens")
+    if own_pooling:
+        raise ValueError(f"A reward input has {int(lengths.max())} tokens, more than the reward model's context of "
+                         f"{context} (max_position_embeddings): {fix}; with reward_input_format='pair' the question "
+                         "is truncated instead.")
+    warnings.warn(f"{int((lengths > context).sum())} reward input(s) have up to {int(lengths.max())} tokens, more than "
+                  f"the reward model's context of {context}: each is scored on its last {context} tokens (the "
+                  f"prompt's start is cut). To score whole inputs, {fix}.", stacklevel=3)
+    mask = attention_mask.bool()
+    tokens_after = mask.flip(1).long().cumsum(1).flip(1)  # real tokens at or after each position
+    return (mask & (tokens_after <= context)).to(attention_mask.dtype)
 
 
 def check_reward_values(values, expected: int) -> torch.Tensor:
@@ -337,7 +371,9 @@ def score_responses(
         encoded = reward_tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
     elif kind == "pair":
         questions = [_question_text(p, t) for p, t in zip(prompts, prompt_texts)]
-        encoded = reward_tokenizer(questions, completions, padding=True, return_tensors="pt")
+        context = reward_context(reward)  # too long: the question is cut, the answer kept
+        encoded = reward_tokenizer(questions, completions, padding=True, return_tensors="pt",
+                                   **({"truncation": "only_first", "max_length": context} if context else {}))
     else:
         encoded = reward_tokenizer([p + c for p, c in zip(prompt_texts, completions)], padding=True,
                                    return_tensors="pt")

@@ -389,3 +389,49 @@ def test_named_adapters_train_one_and_use_the_other_as_reference(sft_adapter, ti
     probe = tokenizer(["the movie was great"], return_tensors="pt")
     with torch.no_grad():
         torch.testing.assert_close(reloaded(**probe).logits, model(**probe).logits, rtol=0, atol=1e-5)
+
+
+# ---- reward inputs longer than the reward model's context ----------------------------------------------------------
+def test_a_decoder_reward_scores_a_too_long_input_on_its_last_tokens(tiny_models, tokenizer):
+    from transformers import AutoModelForSequenceClassification
+
+    from hf_ppo.rollout import reward_model_scores
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_models["reward"]).eval()
+    long = tokenizer("the movie was great fun and the plot was dull", return_tensors="pt")["input_ids"][0]
+    short = long[-3:]
+    # Left-padded batch: a row longer than the context and one that fits.
+    ids = torch.full((2, len(long)), tokenizer.pad_token_id)
+    ids[0], ids[1, -3:] = long, short
+    mask = ids != tokenizer.pad_token_id
+    context = 6
+    assert len(long) > context
+    full_scores = reward_model_scores(model, ids, mask.long(), batch_size=2)
+    model.config.max_position_embeddings = context
+    with pytest.warns(UserWarning, match=r"1 reward input\(s\) .* scored on its last 6 tokens .* max_prompt_length"):
+        scores = reward_model_scores(model, ids, mask.long(), batch_size=2)
+    alone = reward_model_scores(model, long[-context:].unsqueeze(0), torch.ones(1, context, dtype=torch.long), 1)
+    torch.testing.assert_close(scores[0], alone[0], rtol=1e-5, atol=1e-5)  # the last 6 tokens, positions from 0
+    assert not torch.allclose(scores[0], full_scores[0])
+    assert torch.equal(scores[1], full_scores[1])  # a row that fits is scored as before
+
+
+def test_an_encoder_reward_cuts_the_question_or_names_the_fix(deberta, tiny_models, tokenizer):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(deberta).eval()
+    model.config.max_position_embeddings = 12
+    pair_tok = AutoTokenizer.from_pretrained(deberta)
+    prompts, answers = ["the movie was great fun and the plot was dull and the music was sad"], [" good"]
+    batch = rollout_of(tokenizer, prompts, answers)
+    # 'pair': the question is truncated, the answer kept: the score is the model's on the cut pair.
+    scores = score_responses(model, **batch, tokenizer=tokenizer, prompts=prompts, batch_size=1,
+                             reward_tokenizer=pair_tok, input_format="pair")
+    encoded = pair_tok(prompts[0], answers[0].strip(), truncation="only_first", max_length=12, return_tensors="pt")
+    with torch.no_grad():
+        expected = model(**encoded).logits[0, 0]
+    torch.testing.assert_close(scores[0], expected, rtol=1e-5, atol=1e-5)
+    # 'concat' cannot be cut without losing [CLS] or the answer: an error that names the fix.
+    with pytest.raises(ValueError, match="more than the reward model's context of 12.*max_prompt_length"):
+        score_responses(model, **batch, tokenizer=tokenizer, prompts=prompts, batch_size=1, reward_tokenizer=pair_tok,
+                        input_format="concat")
