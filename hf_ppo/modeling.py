@@ -64,6 +64,15 @@ class CausalLMOutputWithValue(ModelOutput):
         return iter(self.to_tuple())
 
 
+class ValueHead(nn.Linear):
+    """The `hidden -> 1` value head: a plain linear layer (state keys `weight`, `bias`), also reachable as `.summary`,
+    where TRL's value head kept its linear layer, so code written for TRL (`model.v_head.summary.weight`) works."""
+
+    @property
+    def summary(self) -> nn.Linear:
+        return self
+
+
 class AutoModelForCausalLMWithValueHead(nn.Module):
     """Wraps `pretrained_model` (a causal LM or a `PeftModel` around one) and adds `v_head: Linear(hidden, 1)`.
 
@@ -86,7 +95,7 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         # hidden_size (OPT-350m projects 1024 -> word_embed_proj_dim 512 before its LM head).
         output_embeddings = pretrained_model.get_output_embeddings()
         width = getattr(output_embeddings, "in_features", None) or output_embeddings.weight.shape[1]
-        self.v_head = nn.Linear(width, 1, dtype=torch.float32, device=output_embeddings.weight.device)
+        self.v_head = ValueHead(width, 1, dtype=torch.float32, device=output_embeddings.weight.device)
         if value_head_init_std > 0:
             nn.init.normal_(self.v_head.weight, std=value_head_init_std)
         else:

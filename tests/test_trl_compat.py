@@ -413,3 +413,12 @@ def test_added_pad_token_without_resize_is_blamed_on_the_policy(base_dir, tiny_m
     with pytest.raises(ValueError, match=r"policy's embedding.*resize_token_embeddings\(len\(tokenizer\)\)"):
         PPOLMTrainer(model=base_dir, args=args, processing_class=tokenizer, reward_model=tiny_models["reward"],
                      train_dataset=Dataset.from_dict({"prompt": ["the movie was"] * 2}))
+
+
+def test_value_head_is_reachable_as_trls_summary_layer(tok):
+    # Code written for TRL's value head reads and initialises `v_head.summary`: the same parameters here.
+    wrapper = AutoModelForCausalLMWithValueHead(build_causal_lm(tok))
+    assert wrapper.v_head.summary.weight is wrapper.v_head.weight and wrapper.v_head.summary.bias is wrapper.v_head.bias
+    torch.nn.init.normal_(wrapper.v_head.summary.weight, std=0.5)
+    assert wrapper.v_head.weight.abs().sum() > 0
+    assert set(wrapper.value_head_state_dict()) == {"weight", "bias"}  # the saved keys are unchanged
