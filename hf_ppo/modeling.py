@@ -73,7 +73,36 @@ class ValueHead(nn.Linear):
         return self
 
 
-class AutoModelForCausalLMWithValueHead(nn.Module):
+class _GradientCheckpointingNames:
+    """`gradient_checkpointing_enable` / `_disable`: the older names of `activation_checkpointing_enable` / `_disable`,
+    kept for callers that use them."""
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None):
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs)
+
+    def gradient_checkpointing_disable(self):
+        self.activation_checkpointing_disable()
+
+
+class _ActorCritic(_GradientCheckpointingNames, nn.Module):
+    """What every actor-critic the trainer trains shares: the policy is `pretrained_model` (a causal LM or its
+    `PeftModel`), and the model's config is the policy's."""
+
+    @property
+    def config(self):
+        return self.pretrained_model.config
+
+    @property
+    def is_peft_model(self) -> bool:
+        return hasattr(self.pretrained_model, "peft_config")
+
+    @property
+    def policy_model(self) -> nn.Module:
+        """The policy alone (the causal LM, or its `PeftModel`): what samples, is saved and is published."""
+        return self.pretrained_model
+
+
+class AutoModelForCausalLMWithValueHead(_ActorCritic):
     """Wraps `pretrained_model` (a causal LM or a `PeftModel` around one) and adds `v_head: Linear(hidden, 1)`.
 
     `generate`, gradient checkpointing and `save_pretrained` pass through to the wrapped model; the head is saved and
@@ -192,24 +221,11 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         return wrapper
 
     @property
-    def config(self):
-        return self.pretrained_model.config
-
-    @property
     def quantization_method(self):
         """The wrapped model's quantization method (Trainer never `.to()`-moves a bitsandbytes model)."""
         return getattr(self.pretrained_model, "quantization_method", None)
 
-    @property
-    def is_peft_model(self) -> bool:
-        return hasattr(self.pretrained_model, "peft_config")
-
-    # ---- the actor-critic interface: what the trainer uses instead of the attributes ---------------------------------
-    @property
-    def policy_model(self) -> nn.Module:
-        """The policy alone (the causal LM, or its `PeftModel`): what samples, is saved and is published."""
-        return self.pretrained_model
-
+    # ---- the actor-critic interface (with `policy_model`): what the trainer uses instead of the attributes ---------
     def critic_parameters(self) -> list[nn.Parameter]:
         """The parameters that only the critic owns (the value head; the body is shared with the policy)."""
         return list(self.v_head.parameters())
@@ -278,13 +294,6 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
 
     def activation_checkpointing_disable(self):
         self.pretrained_model.activation_checkpointing_disable()
-
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None):
-        """The older name of `activation_checkpointing_enable`, kept for callers that use it."""
-        self.activation_checkpointing_enable(gradient_checkpointing_kwargs)
-
-    def gradient_checkpointing_disable(self):
-        self.activation_checkpointing_disable()
 
     # ---- saving -----------------------------------------------------------------------------------------------
     def value_head_state_dict(self) -> dict[str, torch.Tensor]:
@@ -464,7 +473,7 @@ def _find_value_head(name_or_path: str, revision=None, token=None, cache_dir=Non
 
 
 
-class PolicyAndCritic(nn.Module):
+class PolicyAndCritic(_ActorCritic):
     """The actor-critic when the critic is not the shared value head: the policy (a causal LM or its `PeftModel`) and
     a critic with a body of its own, or no critic at all (the critic-free advantage estimators).
 
@@ -484,22 +493,10 @@ class PolicyAndCritic(nn.Module):
         self.critic = critic
 
     @property
-    def config(self):
-        return self.pretrained_model.config
-
-    @property
     def quantization_method(self):
         """The policy's quantization method, else the critic's (Trainer never `.to()`-moves a bitsandbytes part)."""
         return (getattr(self.pretrained_model, "quantization_method", None)
                 or getattr(self.critic, "quantization_method", None))
-
-    @property
-    def is_peft_model(self) -> bool:
-        return hasattr(self.pretrained_model, "peft_config")
-
-    @property
-    def policy_model(self) -> nn.Module:
-        return self.pretrained_model
 
     @property
     def has_critic(self) -> bool:
@@ -556,14 +553,8 @@ class PolicyAndCritic(nn.Module):
             if module is not None and hasattr(module, "activation_checkpointing_disable"):
                 module.activation_checkpointing_disable()
 
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None):
-        self.activation_checkpointing_enable(gradient_checkpointing_kwargs)
 
-    def gradient_checkpointing_disable(self):
-        self.activation_checkpointing_disable()
-
-
-class ValueModel(nn.Module):
+class ValueModel(_GradientCheckpointingNames, nn.Module):
     """A critic with a body of its own: a transformers base model (the backbone of a sequence classifier or causal
     LM, or a `PeftModel` with a LoRA adapter around it) and an fp32 `hidden -> 1` value head on its last hidden state.
 
@@ -631,12 +622,6 @@ class ValueModel(nn.Module):
     def activation_checkpointing_disable(self):
         base = self.backbone.get_base_model() if hasattr(self.backbone, "get_base_model") else self.backbone
         base.activation_checkpointing_disable()
-
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None):
-        self.activation_checkpointing_enable(gradient_checkpointing_kwargs)
-
-    def gradient_checkpointing_disable(self):
-        self.activation_checkpointing_disable()
 
 
 # Where `critic='reward_lora'` leaves the context in which its reward model scores without the critic's adapter.
