@@ -411,6 +411,16 @@ class PPOConfig(TrainingArguments):
                 if is_set:
                     errors.append(f"{name} is set, but advantage_estimator={self.advantage_estimator!r} has no critic "
                                   f"and no GAE: unset {name}, or use advantage_estimator='gae'.")
+        # Settings another choice would read: set with this one, they would be silently ignored.
+        if self.critic != "separate":
+            for name, is_set in (("critic_quantization", self.critic_quantization != "none"),
+                                 ("critic_model_init_kwargs", self.critic_model_init_kwargs is not None)):
+                if is_set:
+                    errors.append(f"{name} is set, but it applies to critic='separate' only (critic={self.critic!r} "
+                                  f"loads no critic model): unset {name}, or set critic='separate'.")
+        if self.scale_rewards is False and self.advantage_estimator != "grpo":
+            errors.append(f"scale_rewards=False applies to advantage_estimator='grpo' only (Dr. GRPO), not "
+                          f"{self.advantage_estimator!r}: unset it, or set advantage_estimator='grpo'.")
         if isinstance(self.critic_warmup_steps, int) and self.critic_warmup_steps > 0 and (
                 self.vf_coef == 0):
             errors.append(f"critic_warmup_steps={self.critic_warmup_steps} trains only the critic, so it needs a value "

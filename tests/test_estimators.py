@@ -225,6 +225,9 @@ def test_grpo_resume_mid_iteration_is_bitwise_exact(tiny_models, tokenizer, tmp_
     (dict(advantage_estimator="reinforce_pp", whiten_rewards=True), "whiten_rewards is set"),
     (dict(advantage_estimator="ppo"), "advantage_estimator='ppo'"),
     (dict(num_generations=0), "num_generations"),
+    (dict(advantage_estimator="rloo", scale_rewards=False), "scale_rewards=False applies to advantage_estimator='grpo'"),
+    (dict(critic="reward_lora", critic_quantization="4bit"), "critic_quantization is set, but it applies to"),
+    (dict(critic_model_init_kwargs={"revision": "main"}), "critic_model_init_kwargs is set, but it applies to"),
 ])
 def test_bad_estimator_settings_are_refused(overrides, message, tmp_path):
     with pytest.raises(ValueError, match=message):
