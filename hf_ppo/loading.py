@@ -650,9 +650,10 @@ def dequantized_weight(linear: nn.Module) -> torch.Tensor:
     return weight.detach().float()
 
 
-def _backbone_and_score(model: nn.Module, role: str, fix: str) -> tuple[nn.Module, torch.Tensor | None]:
-    """The causal backbone of a decoder sequence classifier or causal LM and, for a one-label reward model, its score
-    weight (1, hidden) to start the value head from (None: the head starts at zero)."""
+def _backbone_and_score(model: nn.Module, role: str, fix: str) -> tuple[nn.Module, torch.Tensor | None, int]:
+    """The causal backbone of a decoder sequence classifier or causal LM, for a one-label reward model its score
+    weight (1, width) to start the value head from (None: the head starts at zero), and the width of the backbone's
+    last hidden state: what the score head (or the LM head) reads, not always hidden_size (OPT-350m projects)."""
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"The {role} must be a transformers model (or a Hub id / path); got {type(model).__name__}. "
                         f"{fix}")
@@ -665,7 +666,8 @@ def _backbone_and_score(model: nn.Module, role: str, fix: str) -> tuple[nn.Modul
                          "critic needs a causal backbone (an encoder's value at a token would see the tokens after "
                          f"it). {fix}")
     head = dequantized_weight(score) if decoder_classifier and score.weight.shape[0] == 1 else None
-    return backbone, head
+    reader = score if decoder_classifier else model.get_output_embeddings()
+    return backbone, head, reader.in_features
 
 
 CRITIC_VOCAB_FIX = ("The critic reads the policy's token ids, so it needs the policy's vocabulary: pass critic_model=<a "
@@ -686,11 +688,21 @@ def _critic_tokenizer(source, given: PreTrainedTokenizerBase | None, init_kwargs
     return load_reward_tokenizer(source)[0]
 
 
+def _reads_policy_ids(tokenizer, critic_tokenizer) -> bool:
+    """Every token of the critic's tokenizer has the policy's id, and the policy's only other tokens are special tokens
+    added to it (a [PAD] the user added in a spare row): then every id means the same to both."""
+    policy, critic = tokenizer.get_vocab(), critic_tokenizer.get_vocab()
+    if any(policy.get(token) != i for token, i in critic.items()):
+        return False
+    return set(policy) - set(critic) <= set(tokenizer.all_special_tokens)
+
+
 def _check_critic_vocab(tokenizer, critic_tokenizer, source, role: str, fix: str) -> None:
-    """The critic must read the policy's ids as they are: its tokenizer's vocabulary must be the policy's (or, when
-    it has no findable tokenizer, it must come from the policy tokenizer's own checkpoint)."""
+    """The critic must read the policy's ids as they are: its tokenizer must give them the policy's meaning (or, when
+    it has no findable tokenizer, it must come from the policy tokenizer's own checkpoint). (`check_vocab` then checks
+    that its embedding has a row for each id.)"""
     if critic_tokenizer is not None:
-        if same_tokenizer(tokenizer, critic_tokenizer):
+        if _reads_policy_ids(tokenizer, critic_tokenizer):
             return
         why = "its tokenizer's vocabulary differs from the policy's"
     elif isinstance(source, PreTrainedModel) and same_checkpoint(source, tokenizer):
@@ -745,14 +757,16 @@ def load_critic(kind: str, critic_model, reward_source, reward, reward_processin
         if not isinstance(reward, PreTrainedModel):
             raise ValueError("critic='reward_lora' puts the critic on the reward model's base, but the reward is a "
                              f"function. {fix}")
-        backbone, head = _backbone_and_score(reward, "reward model", fix)
+        backbone, head, width = _backbone_and_score(reward, "reward model", fix)
         _check_critic_vocab(tokenizer, _critic_tokenizer(reward, reward_processing_class, None), reward,
                             "reward model", "critic='reward_lora' needs a reward model with the policy's tokenizer. "
                             + fix)
+        check_vocab(reward, tokenizer, "reward model (the critic's base)", fix)
         # No prepare_model_for_kbit_training: it would recast the reward model's norms and change its scores.
         backbone = get_peft_model(backbone, critic_lora_config(peft_config), adapter_name="critic")
         mark_scoring_context(reward, backbone.disable_adapter)
-        return ValueModel(backbone, head, quantization_method=getattr(reward, "quantization_method", None))
+        return ValueModel(backbone, head, quantization_method=getattr(reward, "quantization_method", None),
+                          width=width)
 
     # critic == "separate"
     init_kwargs = args.critic_model_init_kwargs
@@ -784,7 +798,8 @@ def load_critic(kind: str, critic_model, reward_source, reward, reward_processin
         model = (copy.deepcopy(source) if shared else source).to(device)
     _check_critic_vocab(tokenizer, _critic_tokenizer(source, given_tokenizer, init_kwargs), source,
                         "critic model" if critic_model is not None else "reward model", CRITIC_VOCAB_FIX)
-    backbone, head = _backbone_and_score(model, "critic model", CRITIC_VOCAB_FIX)
+    check_vocab(model, tokenizer, "critic model", CRITIC_VOCAB_FIX)
+    backbone, head, width = _backbone_and_score(model, "critic model", CRITIC_VOCAB_FIX)
     if peft_config is not None:
         if _is_quantized(model):
             backbone = prepare_model_for_kbit_training(backbone,
@@ -792,7 +807,7 @@ def load_critic(kind: str, critic_model, reward_source, reward, reward_processin
         backbone = get_peft_model(backbone, critic_lora_config(peft_config), adapter_name="critic")
     else:
         backbone.requires_grad_(True)  # full fine-tuning (a copy of the frozen reward model starts frozen)
-    return ValueModel(backbone, head, quantization_method=getattr(model, "quantization_method", None))
+    return ValueModel(backbone, head, quantization_method=getattr(model, "quantization_method", None), width=width)
 
 
 POLICY_VOCAB_FIX = ("If you added tokens to the tokenizer (a [PAD], chat tokens), the policy needs rows for them: "

@@ -566,12 +566,15 @@ class ValueModel(_GradientCheckpointingNames, nn.Module):
     critic is fine-tuned.
     """
 
-    def __init__(self, backbone: nn.Module, head: torch.Tensor | None = None, quantization_method=None):
+    def __init__(self, backbone: nn.Module, head: torch.Tensor | None = None, quantization_method=None,
+                 width: int | None = None):
         super().__init__()
         self.backbone = backbone
-        config = backbone.config.get_text_config() if hasattr(backbone.config, "get_text_config") else backbone.config
+        if width is None:  # the width of the backbone's last hidden state (OPT-350m projects it below hidden_size)
+            config = backbone.config.get_text_config() if hasattr(backbone.config, "get_text_config") else backbone.config
+            width = head.shape[-1] if head is not None else config.hidden_size
         parameter = next(backbone.parameters())
-        self.head = nn.Linear(config.hidden_size, 1, dtype=torch.float32, device=parameter.device)
+        self.head = nn.Linear(width, 1, dtype=torch.float32, device=parameter.device)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
         if head is not None:

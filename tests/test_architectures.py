@@ -8,6 +8,7 @@ PPO trains one iteration with step-0 KL exactly 0 and a first ratio exactly 1, a
 generates.
 """
 
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -438,3 +439,29 @@ def test_same_tokenizer_ignores_the_pad_id(saved_arch):
     b.pad_token = "<|fim_pad|>"
     assert same_tokenizer(a, b)
     assert not same_tokenizer(a, AutoTokenizer.from_pretrained(saved_arch("llama3")))
+
+
+CRITIC_ARCHS = ["gpt2", "gpt_neox", "opt350m", "qwen3", "gemma3_text", "phi3", "mistral"]
+
+
+@pytest.mark.parametrize("name", CRITIC_ARCHS)
+def test_separate_critic_on_each_architecture(saved_arch, tmp_path, name):
+    # A critic with its own body, started from the architecture's own checkpoint (loaded as a sequence classifier):
+    # its values come from the backbone's last hidden state, whatever width the architecture gives it.
+    from peft import LoraConfig
+
+    arch, folder = BY_NAME[name], saved_arch(name)
+    tok = user_tokenizer(arch, folder)
+    def one_plus_e(prompts, completions):  # never all zero, so the value loss has something to fit
+        return [1.0 + c.count("e") for c in completions]
+
+    trainer = PPOLMTrainer(model=folder, args=arch_args(tmp_path, critic="separate"), processing_class=tok,
+                           reward_model=one_plus_e, critic_model=folder, train_dataset=arch_dataset(tok),
+                           peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    critic_before = {n: p.detach().clone() for n, p in trainer.model.critic.named_parameters() if p.requires_grad}
+    trainer.train()
+    first = trainer.state.log_history[0]
+    assert first["objective/kl"] == 0.0 and first["val/ratio"] == 1.0, first
+    assert math.isfinite(first["loss/value_avg"])
+    now = dict(trainer.model.critic.named_parameters())
+    assert any(not torch.equal(critic_before[n], now[n]) for n in critic_before), "the critic did not train"
