@@ -1,37 +1,51 @@
-# hf_ppo developer commands. `make demo` and `make test` install what they need first.
+# hf_ppo developer commands. Each installs what it needs first, into a virtualenv of its own (no system
+# site-packages), so a run tests exactly what a new user's `pip install` resolves that day.
+#   make demo / make test      .venv:         the newest releases inside pyproject.toml's tested range
+#   make test-floors           .venv-floors:  the range's floors (deps/floors.txt), as CI's second leg
+#   make test-latest           a throwaway venv with the newest release of every dependency, past the ceilings;
+#                              prints which ceilings a green run allows raising (deps/test_latest.py)
 PYTHON ?= python3
-PIP := $(PYTHON) -m pip
-STAMP := .make/installed
+VENV ?= .venv
+CONSTRAINTS ?=
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.hf_ppo-installed
 
 # On a machine that ships a local CPU torch wheel (CI, the dev boxes) pin that wheel, so that
 # resolving `torch` never pulls the CUDA packages; elsewhere pip installs torch as usual.
 CPU_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl))
-TORCH_REQ := $(if $(CPU_WHEEL),torch==$(word 2,$(subst -, ,$(notdir $(CPU_WHEEL)))),torch)
+TORCH_REQ := $(if $(CPU_WHEEL),torch==$(subst +cpu,,$(word 2,$(subst -, ,$(notdir $(CPU_WHEEL))))),torch)
 
-.PHONY: install demo test test-fast bench bench-gpu clean
+.PHONY: install demo test test-fast test-floors test-latest bench bench-gpu clean
 
-$(STAMP): pyproject.toml
-	@mkdir -p .make
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(subst +cpu,,$(TORCH_REQ))"
-	$(PIP) install -q -e ".[test]"
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_REQ)"
+	$(PY) -m pip install -q -e ".[test]" $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+	@$(PY) -m pip list 2>/dev/null | grep -iE '^(torch|transformers|peft|trl|accelerate|bitsandbytes|datasets|huggingface.hub) '
 	@touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PYTHON) recipes/demo.py --output_dir outputs/demo
+	$(PY) recipes/demo.py --output_dir outputs/demo
 
 test: $(STAMP)
-	$(PYTHON) -m pytest -q tests
+	$(PY) -m pytest -q tests
 
 test-fast: $(STAMP)
-	$(PYTHON) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-floors:
+	$(MAKE) test VENV=.venv-floors CONSTRAINTS=deps/floors.txt
+
+test-latest: $(STAMP)
+	$(PY) deps/test_latest.py --torch "$(TORCH_REQ)"
 
 bench: $(STAMP)
-	$(PYTHON) bench/bench.py
+	$(PY) bench/bench.py
 
 bench-gpu: $(STAMP)
-	$(PYTHON) bench/bench.py --gpu
+	$(PY) bench/bench.py --gpu
 
 clean:
-	rm -rf .make outputs build *.egg-info
+	rm -rf .venv .venv-floors outputs build *.egg-info

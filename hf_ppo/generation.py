@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
+from .versions import CACHE
+
 
 class RolloutEngine:
     """Samples token ids for left-padded prompts. Subclass it and assign an instance as `trainer.rollout_engine`
@@ -110,7 +112,7 @@ def generate(
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
             next_position = next_position + 1
             out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
-                        past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+                        use_cache=True, logits_to_keep=1, **{CACHE: getattr(out, CACHE)})
         outputs.append(response)
     return torch.cat(outputs)
 

@@ -236,6 +236,20 @@ def freeze(model: nn.Module) -> nn.Module:
     return model
 
 
+def keep_4bit_differentiable(model: nn.Module) -> None:
+    """Keep every bitsandbytes 4-bit layer of `model` in its standard layout on the CPU.
+
+    bitsandbytes (0.50) repacks a 4-bit weight for a faster CPU kernel the first time the layer runs in eval mode
+    without gradients (a reward model scoring, an evaluation pass), and from then on computes the layer with that
+    kernel in training too; the kernel has no backward, so torch drops the gradient flowing through the layer with
+    only a warning. A QLoRA policy evaluated once, or a `reward_lora` critic on the scoring reward model's base,
+    would then train only its last layers. No effect on a GPU, where the repacking never happens.
+    """
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
+
+
 # Attribute and config-field names that hold a dropout probability (`dropout`, `attention_dropout`, GPT-2's
 # `resid_pdrop`, `summary_first_dropout`, OPT's `layerdrop`...).
 _DROPOUT_FIELD = re.compile(r"dropout|pdrop|layerdrop", re.IGNORECASE)
@@ -884,9 +898,10 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
             warnings.warn(f"critic={args.critic!r}: the value head of the model passed is not used (the critic has "
                           "its own). Pass the causal LM alone, or use critic='shared' to train that head.", stacklevel=3)
         policy = PolicyAndCritic(body, critic)
-    if args.disable_dropout:
-        for m in (policy, ref, *(reward if isinstance(reward, list) else [reward])):
-            if isinstance(m, nn.Module):
-                disable_dropout(m)
+    models = [m for m in (policy, ref, *(reward if isinstance(reward, list) else [reward])) if isinstance(m, nn.Module)]
+    for m in models:
+        keep_4bit_differentiable(m)
+        if args.disable_dropout:
+            disable_dropout(m)
     return LoadedModels(policy, tokenizer, ref, reward, reward_processing_class, stop_token_ids, trained_adapter,
                         ref_adapter)

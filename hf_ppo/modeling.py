@@ -25,6 +25,8 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 from transformers.utils import ModelOutput
 
+from .versions import CACHE, checkpointing_disable, checkpointing_enable, supports_checkpointing
+
 VALUE_HEAD_FILE = "value_head.safetensors"
 # Files in which a TRL-format head (`v_head.summary.weight` / `.bias`) may be stored, and the shard indexes of the
 # two weights formats (a head saved in a sharded checkpoint sits in whichever shard the index names).
@@ -52,12 +54,25 @@ class CausalLMOutputWithValue(ModelOutput):
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     value: torch.Tensor | None = None
-    past_key_values: object | None = None
+    # The KV cache, under the field name of the installed transformers (`cache` from 5.24, `past_key_values` before);
+    # the other name is a property, so code written for either reads it without a deprecation warning.
+    if CACHE == "cache":
+        cache: object | None = None
+
+        @property
+        def past_key_values(self):
+            return self.cache
+    else:
+        past_key_values: object | None = None
+
+        @property
+        def cache(self):
+            return self.past_key_values
 
     def to_tuple(self) -> tuple:
-        """(logits, loss, value[, past_key_values]): TRL 0.x's tuple order, with None kept in place."""
+        """(logits, loss, value[, cache]): TRL 0.x's tuple order, with None kept in place."""
         base = (self.logits, self.loss, self.value)
-        return base if self.past_key_values is None else (*base, self.past_key_values)
+        return base if self.cache is None else (*base, self.cache)
 
     def __iter__(self):
         # Iterating gives the tuple, as unpacking TRL's output did (the keys stay available through `.keys()`).
@@ -74,11 +89,11 @@ class ValueHead(nn.Linear):
 
 
 class _GradientCheckpointingNames:
-    """`gradient_checkpointing_enable` / `_disable`: the older names of `activation_checkpointing_enable` / `_disable`,
-    kept for callers that use them."""
+    """`gradient_checkpointing_enable` / `_disable`: the names of `activation_checkpointing_enable` / `_disable`
+    before transformers 5.23 (its Trainer calls them, with `every_n_layers` and `offload`), and callers' older names."""
 
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None):
-        self.activation_checkpointing_enable(gradient_checkpointing_kwargs)
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None, **kwargs):
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
 
     def gradient_checkpointing_disable(self):
         self.activation_checkpointing_disable()
@@ -263,6 +278,9 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
         if kwargs.pop("return_past_key_values", False):  # TRL's name for "give me the KV cache too"
             kwargs["use_cache"] = True
         kwargs.setdefault("use_cache", False)  # a scoring/training pass: no KV cache to build
+        for name in ("past_key_values", "cache"):  # a cache passed in, under either transformers' name
+            if name != CACHE and name in kwargs:
+                kwargs[CACHE] = kwargs.pop(name)
         # The value is read from exactly the tensor the LM head reads (already cut to the kept positions): the final
         # normed, and where the model has one, projected hidden state. A pre-hook finds it for every architecture,
         # without asking the model for all its hidden states.
@@ -281,19 +299,19 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
         finally:
             hook.remove()
         values = self.v_head(self.summary_dropout(head_input[-1]).to(self.v_head.weight.dtype)).squeeze(-1)
+        cache = getattr(out, CACHE) if kwargs["use_cache"] else None
         return CausalLMOutputWithValue(loss=getattr(out, "loss", None), logits=out.logits, value=values,
-                                       past_key_values=out.past_key_values if kwargs["use_cache"] else None)
+                                       **{CACHE: cache})
 
     def generate(self, *args, **kwargs):
         return self.pretrained_model.generate(*args, **kwargs)
 
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None, **kwargs):
         """Checkpoint the body's activations (Trainer calls this when `gradient_checkpointing=True`)."""
-        self.pretrained_model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs=activation_checkpointing_kwargs, **kwargs)
+        checkpointing_enable(self.pretrained_model, activation_checkpointing_kwargs, **kwargs)
 
     def activation_checkpointing_disable(self):
-        self.pretrained_model.activation_checkpointing_disable()
+        checkpointing_disable(self.pretrained_model)
 
     # ---- saving -----------------------------------------------------------------------------------------------
     def value_head_state_dict(self) -> dict[str, torch.Tensor]:
@@ -544,14 +562,13 @@ class PolicyAndCritic(_ActorCritic):
 
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None, **kwargs):
         for module in (self.pretrained_model, self.critic):
-            if module is not None and hasattr(module, "activation_checkpointing_enable"):
-                module.activation_checkpointing_enable(activation_checkpointing_kwargs=activation_checkpointing_kwargs,
-                                                       **kwargs)
+            if module is not None and supports_checkpointing(module):
+                checkpointing_enable(module, activation_checkpointing_kwargs, **kwargs)
 
     def activation_checkpointing_disable(self):
         for module in (self.pretrained_model, self.critic):
-            if module is not None and hasattr(module, "activation_checkpointing_disable"):
-                module.activation_checkpointing_disable()
+            if module is not None and supports_checkpointing(module):
+                checkpointing_disable(module)
 
 
 class ValueModel(_GradientCheckpointingNames, nn.Module):
@@ -618,13 +635,13 @@ class ValueModel(_GradientCheckpointingNames, nn.Module):
         """Checkpoint the backbone's activations; a frozen embedding (LoRA) is made to pass gradients, as
         checkpointed layers need an input that requires grad."""
         base = self.backbone.get_base_model() if hasattr(self.backbone, "get_base_model") else self.backbone
-        base.activation_checkpointing_enable(activation_checkpointing_kwargs=activation_checkpointing_kwargs, **kwargs)
+        checkpointing_enable(base, activation_checkpointing_kwargs, **kwargs)
         if not base.get_input_embeddings().weight.requires_grad:
             base.enable_input_require_grads()
 
     def activation_checkpointing_disable(self):
         base = self.backbone.get_base_model() if hasattr(self.backbone, "get_base_model") else self.backbone
-        base.activation_checkpointing_disable()
+        checkpointing_disable(base)
 
 
 # Where `critic='reward_lora'` leaves the context in which its reward model scores without the critic's adapter.

@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import ppo` whether run from the repo root or not
 
 from hf_ppo import tiny  # noqa: E402
+from hf_ppo.versions import CHECKPOINTING_ARG  # noqa: E402
 
 # Bump when the corpus, the models or their training change: old caches are then ignored, not reused.
 CACHE_VERSION = "v1"
@@ -64,7 +65,7 @@ def _quiet_args(output_dir: Path, seed: int) -> dict:
         seed=seed,
         dataloader_num_workers=0,
         dataloader_pin_memory=False,
-        activation_checkpointing=False,  # trl defaults it on; the tiny models do not need it
+        **{CHECKPOINTING_ARG: False},  # trl defaults it on; the tiny models do not need it
     )
 
 

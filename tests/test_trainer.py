@@ -2,6 +2,7 @@
 
 import math
 import os
+import warnings
 
 import pytest
 import torch
@@ -79,6 +80,37 @@ def test_qlora_policy_4bit_reward_adapter_disabled_reference(tiny_models, tokeni
     assert not files & {"value_head.safetensors", "training_args.bin", "model.safetensors", "optimizer.pt"}
     with safe_open(out / "adapter_model.safetensors", "pt") as f:
         assert all("lora_" in k for k in f.keys())
+
+
+def test_qlora_gradients_still_flow_through_4bit_layers_after_an_eval_pass(tiny_models, tokenizer, prompts_dataset,
+                                                                           lora_config, tmp_path):
+    """bitsandbytes 0.50 repacks a 4-bit weight for a faster CPU kernel on its first eval-mode forward without
+    gradients, and that kernel has no backward: the gradient through the layer would be dropped with a warning.
+    hf_ppo keeps the standard layout, so an evaluation (or the reward model scoring on the reward_lora critic's
+    base) never changes what training computes."""
+    args = make_args(tmp_path, policy_quantization="4bit", reward_quantization="4bit")
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer,
+                           reward_model=tiny_models["reward"], train_dataset=prompts_dataset, peft_config=lora_config)
+    policy = trainer.model.pretrained_model
+    probe = tokenizer(["the movie was great", "the food"], return_tensors="pt", padding=True)
+
+    def lora_grads():
+        policy.train()
+        policy.zero_grad()
+        policy(**probe).logits.float().pow(2).mean().backward()
+        return {n: p.grad.clone() for n, p in policy.named_parameters() if "lora_B" in n}  # A: zero grad at init
+
+    before = lora_grads()
+    policy.eval()
+    with torch.no_grad():
+        policy(**probe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "an autograd kernel was not registered ... silently incorrect"
+        after = lora_grads()
+    first = [n for n in before if ".layers.0." in n]
+    assert first and all(torch.count_nonzero(before[n]) for n in first)
+    for n in before:
+        torch.testing.assert_close(after[n], before[n], rtol=1e-5, atol=1e-7, msg=n)
 
 
 def test_rule_based_reward_rises_full_finetune(tiny_models, tokenizer, tmp_path):
