@@ -110,6 +110,8 @@ def prepare_adapters(policy: nn.Module, *, fresh: bool, ref_model_given: bool, m
     if reference is not None:
         for param in adapter_parameters(policy, reference):
             param.requires_grad_(False)
+    for param in adapter_parameters(policy, trained):  # set_adapter alone leaves them frozen before peft 0.21
+        param.requires_grad_(True)
     return trained, reference
 
 

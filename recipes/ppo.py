@@ -232,9 +232,12 @@ def resolve_input(value: str | None, name: str, config_dir: str | None, hub: boo
 
 
 def silence_known_warnings() -> None:
-    """Hide the one deprecation warning we cannot fix: peft 0.21 reads transformers' `is_gradient_checkpointing`."""
+    """Hide the deprecation warnings of other packages' code that we cannot fix: peft 0.21 reads transformers'
+    `is_gradient_checkpointing`; bitsandbytes before 0.50 calls torch's `_check_is_size` in its CPU kernels."""
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning,
                             module="transformers.modeling_utils")
+    warnings.filterwarnings("ignore", message="_check_is_size will be removed", category=FutureWarning,
+                            module="bitsandbytes")
 
 
 def init_kwargs(model_args: ModelArguments, revision: str | None) -> dict:

@@ -236,7 +236,8 @@ def test_gradient_checkpointing_reaches_the_critic(critic, tiny_models, tokenize
                            max_steps=2)
     before = critic_state(trainer)
     trainer.train()
-    assert trainer.model.critic.backbone.get_base_model().is_activation_checkpointing
+    base = trainer.model.critic.backbone.get_base_model()
+    assert getattr(base, "is_activation_checkpointing", None) or base.is_gradient_checkpointing  # before 5.23
     after = trainer.model.critic_state_dict()
     assert all(not torch.equal(before[k], after[k]) for k in after if "lora_B" in k)
     assert all(math.isfinite(e["loss/value_avg"]) for e in trainer.state.log_history if "loss/value_avg" in e)

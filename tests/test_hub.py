@@ -232,9 +232,11 @@ def test_private_repo_needs_the_token(local_hub, adapter_folder):
     assert HfApi().model_info(repo_id, token=TEST_TOKEN).private is True
     with pytest.raises(RepositoryNotFoundError):
         HfApi().model_info(repo_id)
-    with pytest.raises(OSError, match="not a valid model identifier"):  # transformers' wrap of RepoNotFound
+    # transformers' wrap of RepoNotFound (before 5.20 with huggingface_hub 1.x: a config it could not read)
+    with pytest.raises((OSError, ValueError), match="not a valid model identifier|Unrecognized model"):
         AutoTokenizer.from_pretrained(repo_id)
-    assert AutoTokenizer.from_pretrained(repo_id, token=TEST_TOKEN) is not None
+    # (Not AutoTokenizer with the token: transformers before 5.20 drops it on one of its requests.)
+    assert os.path.exists(hf_hub_download(repo_id, "adapter_config.json", token=TEST_TOKEN))
 
 
 # ---- Failures -------------------------------------------------------------------------------------------------------
