@@ -121,6 +121,12 @@ class PPOConfig(TrainingArguments):
         default=64,
         metadata={"help": "Micro-batch size of the no-grad rollout forwards (policy, reference, reward) and generation."},
     )
+    logits_memory_mb: float = field(
+        default=256,
+        metadata={"help": "Memory budget (MiB) of the vocabulary-wide fp32 work on logits (log-probs, entropy), in "
+                  "the rollout and the loss: positions are processed in chunks that fit it, so no (batch, length, "
+                  "vocab) fp32 tensor is made. The numbers do not depend on it."},
+    )
 
     # ---- PPO ---------------------------------------------------------------------------------------------------
     num_ppo_epochs: int = field(default=4, metadata={"help": "Passes over each rollout batch."})
@@ -502,7 +508,12 @@ class PPOConfig(TrainingArguments):
                     overlong_penalty_factor=self.overlong_penalty_factor, kl_estimator=self.kl_estimator,
                     gamma=self.gamma, lam=self.lam, whiten_rewards=self.whiten_rewards,
                     whiten_advantages=self.whiten_advantages, advantage_estimator=self.advantage_estimator,
-                    num_generations=self.num_generations, scale_rewards=self.scale_rewards)
+                    num_generations=self.num_generations, scale_rewards=self.scale_rewards,
+                    memory_bytes=self.logits_memory_bytes)
+
+    @property
+    def logits_memory_bytes(self) -> int:
+        return int(self.logits_memory_mb * 2**20)
 
     @property
     def optimizer_steps_per_iteration(self) -> int:
@@ -526,6 +537,7 @@ _RANGES = [
     ("missing_eos_penalty", True, math.isfinite, "None or a finite number"),
     ("gamma", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("lam", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("logits_memory_mb", False, lambda v: 0 < v < math.inf, "> 0 (MiB, e.g. 256)"),
     ("cliprange", False, lambda v: 0 < v < math.inf, "> 0 (e.g. 0.2)"),
     ("cliprange_value", False, lambda v: 0 < v < math.inf, "> 0 (e.g. 0.2)"),
     ("vf_coef", False, lambda v: 0 <= v < math.inf, ">= 0 (e.g. 0.1)"),

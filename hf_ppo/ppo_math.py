@@ -13,6 +13,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 # ---- Masked statistics ------------------------------------------------------------------------------------------
@@ -70,23 +71,61 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
 
 
 # ---- Log-probabilities, entropy, KL ----------------------------------------------------------------------------
-def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+# The default memory budget of the vocabulary-wide fp32 work below (log-probs, entropy): 256 MiB. A (batch, len,
+# vocab) fp32 tensor is never made whole: at a 128k vocabulary, 32 x 257 positions would be 4.2 GB.
+LOGITS_MEMORY_BYTES = 256 * 2**20
+
+
+def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+                         memory_bytes: int = LOGITS_MEMORY_BYTES) -> torch.Tensor:
     """log softmax(logits / temperature)[token] for each position.
 
     logits: (batch, len, vocab), tokens: (batch, len) -> (batch, len), float32. Dividing by the sampling temperature
     makes these the log-probs of the distribution that was actually sampled from (N+ paper), for policy and
-    reference alike. Computed as gather - logsumexp, so no (batch, len, vocab) log-softmax tensor is kept.
+    reference alike. Computed as gather - logsumexp, in chunks of positions whose fp32 work fits `memory_bytes`
+    (`over_positions`), so no (batch, len, vocab) fp32 tensor is made, in the forward or the backward.
     """
-    logits = logits.float() / temperature
-    chosen = torch.gather(logits, -1, tokens.unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(logits, dim=-1)
+
+    def chunk(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        scaled = rows.float() / temperature
+        return torch.gather(scaled, -1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+
+    return over_positions(chunk, logits, tokens, fp32_copies=3, memory_bytes=memory_bytes)
 
 
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy (nats) of softmax(logits / temperature) at each position: (batch, len, vocab) -> (batch, len)."""
-    logits = logits.float() / temperature
-    logp = F.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0,
+                        memory_bytes: int = LOGITS_MEMORY_BYTES) -> torch.Tensor:
+    """Entropy (nats) of softmax(logits / temperature) at each position: (batch, len, vocab) -> (batch, len), in
+    chunks of positions whose fp32 work fits `memory_bytes`."""
+
+    def chunk(rows: torch.Tensor) -> torch.Tensor:
+        logp = F.log_softmax(rows.float() / temperature, dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+
+    return over_positions(chunk, logits, fp32_copies=5, memory_bytes=memory_bytes)
+
+
+def over_positions(fn, logits: torch.Tensor, *per_position: torch.Tensor, fp32_copies: int,
+                   memory_bytes: int) -> torch.Tensor:
+    """`fn(logit_rows (n, vocab), *rows (n,)) -> (n,)` applied to every position of `logits` (batch, len, vocab)
+    -> (batch, len), a chunk of positions at a time.
+
+    A chunk holds as many positions as `fp32_copies` fp32 vocabulary vectors each fit in `memory_bytes` (the chunk
+    follows from the budget and the vocabulary, at least one position). Chunks are views (no copy of `logits`); with
+    gradients each chunk is recomputed in the backward (activation checkpointing), so autograd keeps only the views,
+    never the chunks' fp32 intermediates.
+    """
+    batch, length, vocab = logits.shape
+    rows = max(1, memory_bytes // (fp32_copies * 4 * vocab))
+    if batch * length <= rows:
+        return fn(logits, *per_position)
+    recompute = torch.is_grad_enabled() and logits.requires_grad
+    out = []
+    for b in range(batch):
+        pieces = zip(logits[b].split(rows), *(t[b].split(rows) for t in per_position))
+        out.append(torch.cat([torch.utils.checkpoint.checkpoint(fn, *piece, use_reentrant=False) if recompute
+                              else fn(*piece) for piece in pieces]))
+    return torch.stack(out)
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
@@ -455,7 +494,7 @@ def ppo_loss(
     normalizer: torch.Tensor, *, temperature: float, cliprange: float, cliprange_value: float, vf_coef: float,
     entropy_coef: float, loss_aggregation: str = "token_mean", max_length: int | None = None,
     cliprange_low: float | None = None, cliprange_high: float | None = None, dual_clip: float | None = None,
-    ref_logprobs: torch.Tensor | None = None, kl_loss_coef: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None, kl_loss_coef: float = 0.0, memory_bytes: int = LOGITS_MEMORY_BYTES,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO objective of one micro-batch: clipped policy loss + vf_coef * clipped value loss - entropy_coef * H
     + kl_loss_coef * KL.
@@ -465,10 +504,11 @@ def ppo_loss(
     `kl_loss_coef` > 0 the KL to the reference is a loss term (GRPO, Shao et al. 2024, eq. 4: the k3 estimator
     p_ref/p - log(p_ref/p) - 1 of the current policy against `ref_logprobs` (B, R), aggregated like the policy loss).
     `normalizer` is the whole minibatch's (`loss_normalizer`), so accumulated micro-batches sum to the minibatch's
-    loss. Returns the loss and its statistics (losses as this micro-batch's own aggregates).
+    loss. `memory_bytes`: the budget of the vocabulary-wide fp32 work (`over_positions`). Returns the loss and its
+    statistics (losses as this micro-batch's own aggregates).
     """
     aggregation = {"loss_aggregation": loss_aggregation, "max_length": max_length}
-    logprobs = logprobs_from_logits(logits, responses, temperature)
+    logprobs = logprobs_from_logits(logits, responses, temperature, memory_bytes)
     pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, old_logprobs, advantages, mask, cliprange, normalizer,
                                                  cliprange_low=cliprange_low, cliprange_high=cliprange_high,
                                                  dual_clip=dual_clip, **aggregation)
@@ -483,7 +523,7 @@ def ppo_loss(
         loss = loss + kl_loss_coef * kl_loss
         stats["loss/kl_avg"] = kl_loss
     if entropy_coef:  # a vocabulary-wide softmax: only paid when the bonus is on
-        entropy = entropy_from_logits(logits, temperature)
+        entropy = entropy_from_logits(logits, temperature, memory_bytes)
         loss = loss - entropy_coef * aggregate_loss(entropy, mask, normalizer=normalizer, **aggregation)
     with torch.no_grad():
         scale = normalizer / loss_normalizer(mask, loss_aggregation)

@@ -16,7 +16,8 @@
    per-token rewards, GAE, whitening; or a critic-free estimator over each prompt's `num_generations` responses;
 9. statistics: `rollout_stats`, one dict of batch means.
 The trainer then moves the KL controller (step 10) and runs the clipped PPO update (step 11).
-Micro-batching (`batch_size`) bounds the memory of every no-grad pass.
+Micro-batching (`batch_size`) bounds the memory of every no-grad pass, and `memory_bytes` the fp32 work on the logits
+(log-probs and entropy in chunks of positions, `ppo_math.over_positions`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .estimators import ESTIMATORS, EstimatorSettings
 from .generation import RolloutEngine, chunks, stop_tensor
 from .modeling import scores_as_loaded
 from .ppo_math import (
+    LOGITS_MEMORY_BYTES,
     RunningMoments,
     entropy_from_logits,
     explained_variance,
@@ -112,12 +114,13 @@ def truncate_after_stop(
 @torch.no_grad()
 def policy_forward(
     model: nn.Module, queries, query_mask, responses, response_mask, *, temperature: float, batch_size: int,
-    with_values: bool = True, with_entropy: bool = False,
+    with_values: bool = True, with_entropy: bool = False, memory_bytes: int = LOGITS_MEMORY_BYTES,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Log-probs of the response tokens (temperature-scaled logits), and values / entropy when asked.
 
     `model` is the policy+value head (`with_values=True`) or any causal LM (the reference). Returns logprobs
-    (B, R) fp32, values (B, R) fp32 or None, entropy (B, R) or None.
+    (B, R) fp32, values (B, R) fp32 or None, entropy (B, R) or None. `memory_bytes` bounds the fp32 work on the
+    logits (`ppo_math.over_positions`).
     """
     R = responses.shape[1]
     logprobs, values, entropies = [], [], []
@@ -125,11 +128,11 @@ def policy_forward(
         inputs = sequence_inputs(queries[rows], query_mask[rows], responses[rows], response_mask[rows])
         out = model(**inputs, logits_to_keep=R + 1, use_cache=False)
         logits = out.logits[:, :-1]
-        logprobs.append(logprobs_from_logits(logits, responses[rows], temperature))
+        logprobs.append(logprobs_from_logits(logits, responses[rows], temperature, memory_bytes))
         if with_values:
             values.append(out.value[:, :-1].float())
         if with_entropy:
-            entropies.append(entropy_from_logits(logits, temperature))
+            entropies.append(entropy_from_logits(logits, temperature, memory_bytes))
     return (torch.cat(logprobs), torch.cat(values) if with_values else None,
             torch.cat(entropies) if with_entropy else None)
 
@@ -145,15 +148,17 @@ def reference_context(model: nn.Module, ref_adapter: str | None = None):
 
 @torch.no_grad()
 def reference_logprobs(policy: nn.Module, ref_model: nn.Module | None, queries, query_mask, responses, response_mask,
-                       *, temperature: float, batch_size: int, ref_adapter: str | None = None) -> torch.Tensor:
+                       *, temperature: float, batch_size: int, ref_adapter: str | None = None,
+                       memory_bytes: int = LOGITS_MEMORY_BYTES) -> torch.Tensor:
     """Reference log-probs (B, R): the frozen `ref_model`, or with `ref_model=None` the policy with its reference
     adapter `ref_adapter` active, or (None) with its adapter disabled."""
     if ref_model is not None:
         return policy_forward(ref_model, queries, query_mask, responses, response_mask, temperature=temperature,
-                              batch_size=batch_size, with_values=False)[0]
+                              batch_size=batch_size, with_values=False, memory_bytes=memory_bytes)[0]
     with reference_context(policy, ref_adapter):
         return policy_forward(getattr(policy, "pretrained_model", policy), queries, query_mask, responses,
-                              response_mask, temperature=temperature, batch_size=batch_size, with_values=False)[0]
+                              response_mask, temperature=temperature, batch_size=batch_size, with_values=False,
+                              memory_bytes=memory_bytes)[0]
 
 
 def pools_itself(reward_model: nn.Module) -> bool:
@@ -602,6 +607,7 @@ def rollout(
     kl_estimator: str, gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool,
     gather: Callable | None = None, overlong_buffer_length: int | None = None, overlong_penalty_factor: float = 1.0,
     advantage_estimator: str = "gae", num_generations: int = 1, scale_rewards: bool = True,
+    memory_bytes: int = LOGITS_MEMORY_BYTES,
 ) -> Rollout:
     """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
 
@@ -626,10 +632,11 @@ def rollout(
     has_critic = policy.has_critic
     logprobs, values, entropy = policy_forward(policy, queries, query_mask, responses, response_mask,
                                                temperature=temperature, batch_size=batch_size, with_entropy=True,
-                                               with_values=has_critic)
+                                               with_values=has_critic, memory_bytes=memory_bytes)
     # 6. Reference log-probs.
     ref_logprobs = reference_logprobs(policy, ref_model, queries, query_mask, responses, response_mask,
-                                      temperature=temperature, batch_size=batch_size, ref_adapter=ref_adapter)
+                                      temperature=temperature, batch_size=batch_size, ref_adapter=ref_adapter,
+                                      memory_bytes=memory_bytes)
     scored = time.perf_counter()
     # 7-8. Shaped scores -> rewards and advantages (the advantage estimator).
     kl, rewards = compute_advantages(logprobs, ref_logprobs, values, response_mask, shape_scores(scores),

@@ -231,7 +231,7 @@ class PPOLMTrainer(Trainer):
             out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch.responses,
             batch.logprobs, batch.values, batch.advantages, batch.returns, batch.response_mask, inputs["normalizer"],
             temperature=args.temperature, cliprange=args.cliprange, cliprange_value=args.cliprange_value,
-            vf_coef=args.vf_coef,
+            vf_coef=args.vf_coef, memory_bytes=args.logits_memory_bytes,
             entropy_coef=args.entropy_coef, loss_aggregation=args.loss_aggregation, max_length=args.response_length,
             cliprange_low=args.cliprange_low, cliprange_high=args.cliprange_high, dual_clip=args.dual_clip,
             ref_logprobs=batch.ref_logprobs, kl_loss_coef=kl_loss_coef(args.advantage_estimator, self.kl_ctl.value))

@@ -10,6 +10,7 @@ import statistics
 
 import pytest
 import torch
+import torch.utils._python_dispatch
 
 from hf_ppo.ppo_math import (
     AdaptiveKLController,
@@ -29,6 +30,7 @@ from hf_ppo.ppo_math import (
     masked_var,
     masked_whiten,
     policy_loss,
+    ppo_loss,
     reinforce_pp_advantages,
     rloo_advantages,
     sequence_to_token_advantages,
@@ -131,6 +133,69 @@ def test_logprobs_hand_example_and_temperature():
     close(logprobs_from_logits(logits, tokens, temperature=2.0), [[math.log(1.0 / 3.0)]], atol=1e-6)
     # temperature 2 on token 2: p = 3/6
     close(logprobs_from_logits(logits, torch.tensor([[2]]), temperature=2.0), [[math.log(0.5)]], atol=1e-6)
+
+
+def test_chunked_logprobs_entropy_and_loss_equal_the_whole_computation():
+    """A budget of one position per chunk gives the numbers and the gradients of one chunk for everything."""
+    torch.manual_seed(0)
+    B, R, V = 3, 7, 50
+    base = torch.randn(B, R, V)
+    tokens = torch.randint(0, V, (B, R))
+    mask = torch.rand(B, R) > 0.2
+    rollout = dict(old_logprobs=torch.randn(B, R) - 3, old_values=torch.randn(B, R), advantages=torch.randn(B, R),
+                   returns=torch.randn(B, R), mask=mask, normalizer=mask.sum().float())
+    results = []
+    for budget in (1, 2**30):  # 1 byte: one position per chunk; 1 GiB: one chunk
+        logits = base.clone().requires_grad_(True)
+        values = torch.zeros(B, R, requires_grad=True)
+        lp = logprobs_from_logits(logits, tokens, 0.7, memory_bytes=budget)
+        ent = entropy_from_logits(logits, 0.7, memory_bytes=budget)
+        loss, _ = ppo_loss(logits, values, tokens, **rollout, temperature=0.7, cliprange=0.2, cliprange_value=0.2,
+                           vf_coef=0.1, entropy_coef=0.05, memory_bytes=budget)
+        (loss + lp.sum() + ent.sum()).backward()
+        results.append((lp.detach(), ent.detach(), loss.detach(), logits.grad))
+    for chunked, whole in zip(*results):
+        torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
+
+
+class _LargestFloat32(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the size of the largest float32 tensor any operation makes (forward and backward alike)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                self.largest = max(self.largest, t.numel() * 4)
+        return out
+
+
+def test_no_whole_fp32_logits_tensor_is_made_in_the_forward_or_the_backward():
+    """bf16 logits (what a bf16 model returns): the log-probs, entropy and loss with their backward never make an
+    fp32 tensor larger than the budget, where the whole computation makes one of (batch, len, vocab)."""
+    torch.manual_seed(0)
+    B, R, V = 2, 64, 4096
+    whole_fp32 = B * R * V * 4  # 2 MiB
+    budget = 128 * 2**10
+    tokens = torch.randint(0, V, (B, R))
+    mask = torch.ones(B, R, dtype=torch.bool)
+    rollout = dict(old_logprobs=torch.full((B, R), -8.0), old_values=torch.zeros(B, R),
+                   advantages=torch.randn(B, R), returns=torch.randn(B, R), mask=mask, normalizer=mask.sum().float())
+
+    def largest(memory_bytes):
+        logits = torch.randn(B, R, V).bfloat16().requires_grad_(True)
+        with _LargestFloat32() as mode:
+            loss, _ = ppo_loss(logits, None, tokens, **rollout, temperature=0.9, cliprange=0.2, cliprange_value=0.2,
+                               vf_coef=0.0, entropy_coef=0.01, memory_bytes=memory_bytes)
+            loss.backward()
+        assert logits.grad.dtype == torch.bfloat16
+        return mode.largest
+
+    assert largest(2**30) >= whole_fp32  # the measure sees the whole tensor when nothing is chunked
+    assert largest(budget) <= budget
 
 
 def test_entropy_uniform_is_log_vocab():
