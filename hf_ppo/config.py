@@ -98,6 +98,13 @@ class PPOConfig(TrainingArguments):
     )
     top_k: int | None = field(default=None, metadata={"help": "Top-k sampling (None: off)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0: off)."})
+    rollout_engine: Literal["kv_cache", "static"] = field(
+        default="kv_cache",
+        metadata={"help": "How responses are sampled. 'kv_cache': hf_ppo's eager decode loop with a growing KV cache "
+                  "(the default). 'static': a preallocated KV cache and a torch.compile'd fixed-shape decode step "
+                  "(CUDA graphs on a GPU); the same tokens, for GPUs, where the eager loop is bound by kernel "
+                  "launches. Its first rollout pays the compilation."},
+    )
     stop_token: Literal["eos"] | None = field(
         default="eos",
         metadata={"help": "'eos': responses end at the tokenizer's EOS or any id of the policy's "
@@ -353,6 +360,8 @@ class PPOConfig(TrainingArguments):
         if never_stops and self.missing_eos_penalty is not None:
             errors.append("missing_eos_penalty needs a stop token: set stop_token='eos', stop_token_ids or "
                           "stop_token_id.")
+        if self.rollout_engine not in ("kv_cache", "static"):
+            errors.append(f"rollout_engine={self.rollout_engine!r}: choose 'kv_cache' (the default) or 'static'.")
         if self.loss_aggregation not in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
             errors.append(f"loss_aggregation={self.loss_aggregation!r}: choose 'token_mean', 'seq_mean_token_mean' "
                           "or 'seq_mean_token_sum_norm'.")

@@ -2,11 +2,14 @@
 
 `RolloutEngine` is the interface: `generate(model, queries, query_mask) -> responses` and `weights_changed()`, the
 hook an engine that keeps its own copy of the weights (a vLLM server, say) needs after each optimizer step.
-`KVCacheSampler`, the default, samples with the policy's own KV cache in a lean decode loop (`generate`).
+`KVCacheSampler`, the default, samples with the policy's own KV cache in a lean decode loop (`generate`);
+`StaticCacheSampler` (`rollout_engine="static"`) samples the same way with a preallocated cache and a compiled,
+fixed-shape decode step, for a GPU.
 """
 
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import torch
@@ -44,6 +47,93 @@ class KVCacheSampler(RolloutEngine):
 
     def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
         return generate(model, queries, query_mask, **self.settings)
+
+
+def make_rollout_engine(kind: str, **settings) -> RolloutEngine:
+    """The engine `PPOConfig.rollout_engine` names ('kv_cache' or 'static'), with the sampling settings."""
+    return StaticCacheSampler(**settings) if kind == "static" else KVCacheSampler(**settings)
+
+
+class StaticCacheSampler(KVCacheSampler):
+    """The same sampling as `KVCacheSampler`, built for a GPU: a preallocated KV cache (transformers' `StaticCache`,
+    prompt + `response_length` slots, made once per micro-batch) and a fixed-shape single-token decode step, compiled
+    with `torch.compile` (`mode="reduce-overhead"`, CUDA graphs, on a GPU), stop checks every `check_every` tokens
+    instead of a host sync per token.
+
+    Every decode step has the same shapes: the attention mask covers all slots from the start (a slot not yet written
+    is hidden by causality), and prompts are left-padded to a multiple of `prompt_bucket` so that a run compiles once
+    per bucket, not once per prompt length. Rows that stopped ride along at no extra cost to the batch's shapes and
+    get padding. If the step cannot be compiled (a 4-bit layer that some bitsandbytes version cannot trace, say) it
+    runs eagerly, after one warning.
+    """
+
+    def __init__(self, *, compile: bool = True, check_every: int = 8, prompt_bucket: int = 64, **settings):
+        super().__init__(**settings)
+        self.compile, self.check_every, self.prompt_bucket = compile, check_every, prompt_bucket
+        self._compiled = None
+
+    def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+        pad = -queries.shape[1] % self.prompt_bucket  # left padding up to the bucket: masked, so nothing changes
+        if pad:
+            queries = torch.cat([queries.new_full((queries.shape[0], pad), self.settings["pad_token_id"]), queries], 1)
+            query_mask = torch.cat([query_mask.new_zeros((query_mask.shape[0], pad)), query_mask], 1)
+        outputs = []
+        for rows in chunks(queries.shape[0], self.settings["batch_size"]):
+            if self.compile:
+                try:
+                    outputs.append(self._sample(model, queries[rows], query_mask[rows], self._compiled_step()))
+                    continue
+                except Exception as error:  # noqa: BLE001 - any compile failure; a real error recurs eagerly below
+                    if not _is_compile_error(error):
+                        raise
+                    warnings.warn(f"The rollout's decode step could not be compiled ({type(error).__name__}: "
+                                  f"{str(error).splitlines()[0][:200]}); it runs without torch.compile.", stacklevel=2)
+                    self.compile = False
+            outputs.append(self._sample(model, queries[rows], query_mask[rows], decode_step))
+        return torch.cat(outputs)
+
+    def _compiled_step(self):
+        if self._compiled is None:
+            mode = "reduce-overhead" if torch.cuda.is_available() else None
+            self._compiled = torch.compile(decode_step, mode=mode, dynamic=False)
+        return self._compiled
+
+    @torch.no_grad()
+    def _sample(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor, step) -> torch.Tensor:
+        from transformers import StaticCache
+
+        s = self.settings
+        rows, length, R = queries.shape[0], queries.shape[1], s["response_length"]
+        stops = stop_tensor(s["stop_token_ids"], queries.device)
+        cache = StaticCache(config=model.config, max_cache_len=length + R)
+        attention = torch.cat([query_mask.long(), query_mask.new_ones((rows, R), dtype=torch.long)], dim=1)
+        positions = (query_mask.long().cumsum(1) - 1).clamp(min=0)
+        logits = model(input_ids=queries, attention_mask=attention, position_ids=positions, use_cache=True,
+                       logits_to_keep=1, **{CACHE: cache}).logits[:, -1]
+        response = queries.new_full((rows, R), s["pad_token_id"])
+        done = torch.zeros(rows, dtype=torch.bool, device=queries.device)
+        position = positions[:, -1:]
+        for t in range(R):
+            token = sample_token(logits, s["temperature"], s["top_k"], s["top_p"]).masked_fill(done, s["pad_token_id"])
+            response[:, t] = token
+            if stops.numel():
+                done |= torch.isin(token, stops)
+            if t == R - 1 or ((t + 1) % self.check_every == 0 and bool(done.all())):
+                break
+            position = position + 1
+            logits = step(model, token[:, None], attention, position, cache)
+        return response
+
+
+def decode_step(model: nn.Module, token: torch.Tensor, attention: torch.Tensor, position: torch.Tensor, cache):
+    """One cached forward of one token per row -> the next-token logits (rows, vocab): the function compiled."""
+    return model(input_ids=token, attention_mask=attention, position_ids=position, use_cache=True, logits_to_keep=1,
+                 **{CACHE: cache}).logits[:, -1]
+
+
+def _is_compile_error(error: Exception) -> bool:
+    """An error raised by torch.compile's tracing or code generation (not by the model's own computation)."""
+    return type(error).__module__.startswith(("torch._dynamo", "torch._inductor", "torch.fx"))
 
 
 def chunks(n: int, size: int):

@@ -24,7 +24,7 @@ from . import checkpoint, hub, loading
 from .config import PPOConfig
 from .data import PromptCollator, RolloutRepeatSampler, prepare_datasets
 from .estimators import kl_loss_coef
-from .generation import KVCacheSampler, WeightsChangedCallback
+from .generation import WeightsChangedCallback, make_rollout_engine
 from .guard import NonFiniteGuard, check_finite_weights, nonfinite_problem, score_hint
 from .ppo_math import AdaptiveKLController, FixedKLController, RunningMoments, ppo_loss
 from .reporting import PPOProgressCallback, maybe_log_samples
@@ -99,8 +99,8 @@ class PPOLMTrainer(Trainer):
             self.add_callback(PPOProgressCallback(self.args.optimizer_steps_per_iteration, self.args.print_metrics))
 
         # The default rollout engine; another one is a `generation.RolloutEngine` assigned here.
-        self.rollout_engine = KVCacheSampler(
-            response_length=args.response_length,
+        self.rollout_engine = make_rollout_engine(
+            args.rollout_engine, response_length=args.response_length,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             pad_token_id=tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
             batch_size=args.local_rollout_forward_batch_size)

@@ -5,13 +5,15 @@ A custom engine assigned as `trainer.rollout_engine` is what training and evalua
 loop of full forwards would, whatever the left padding, and stops rows at their stop tokens.
 """
 
+import warnings
+
 import pytest
 import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.generation import KVCacheSampler, RolloutEngine
+from hf_ppo.generation import KVCacheSampler, RolloutEngine, StaticCacheSampler
 from scripted_engine import ScriptedEngine, fingerprint
 
 PROMPTS = ["the movie was", "the food was great", "bad", "the show was"]
@@ -234,3 +236,98 @@ def test_rows_stop_at_any_stop_token_and_the_rest_is_padding(policy, tokenizer):
         assert torch.equal(out[row, :end], free[row, :end]), row  # up to and including the first stop token
         assert (out[row, end:] == tokenizer.pad_token_id).all(), row
     assert stopped_rows >= 2
+
+
+# ---- StaticCacheSampler (rollout_engine="static") ------------------------------------------------------------------
+def static(tokenizer, compile=False, **overrides) -> StaticCacheSampler:
+    settings = dict(response_length=12, temperature=1.0, top_k=None, top_p=1.0, pad_token_id=tokenizer.pad_token_id,
+                    stop_token_ids=None, batch_size=8)
+    settings.update(overrides)
+    return StaticCacheSampler(compile=compile, **settings)
+
+
+def lora_model(name: str):
+    """A tiny model of architecture `name` (tests/test_architectures.py) with a LoRA adapter whose B is not zero (so
+    the adapter changes the tokens), and its tokenizer."""
+    from peft import LoraConfig, get_peft_model
+    from test_architectures import BY_NAME, build_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    arch = BY_NAME[name]
+    tok = build_tokenizer(arch)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(arch.config(len(tok) + arch.extra_rows, tok))
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.2)
+    return model.eval(), tok
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen2", "gpt2", "gemma2"])
+def test_static_engine_samples_the_kv_engines_tokens(name):
+    """Greedy: the same tokens; sampling with one seed: the same draws (the same distribution at every step). With
+    a LoRA adapter, left padding, a stop token and prompts padded up to the bucket."""
+    model, tok = lora_model(name)
+    ids, mask = encode(tok, PROMPTS)
+    assert not mask.all()
+    free = sampler(tok, top_k=1, response_length=12).generate(model, ids, mask)
+    stop = int(free[0, 3])
+    for settings in (dict(top_k=1), dict(temperature=0.9), dict(temperature=0.9, top_p=0.8, stop_token_ids=[stop])):
+        torch.manual_seed(5)
+        expected = sampler(tok, response_length=12, **settings).generate(model, ids, mask)
+        torch.manual_seed(5)
+        out = static(tok, prompt_bucket=16, **settings).generate(model, ids, mask)
+        assert torch.equal(out, expected), settings
+    with model.disable_adapter():  # the reference's context: the base alone
+        base = static(tok, top_k=1).generate(model, ids, mask)
+        assert torch.equal(base, sampler(tok, top_k=1, response_length=12).generate(model, ids, mask))
+    assert not torch.equal(base, free)  # the adapter matters, so the check above has teeth
+
+
+@pytest.mark.slow
+def test_compiled_static_engine_gives_the_same_tokens():
+    model, tok = lora_model("llama3")
+    ids, mask = encode(tok, PROMPTS)
+    engine = static(tok, compile=True, top_k=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no fallback: the step compiled
+        out = engine.generate(model, ids, mask)
+    assert engine.compile and engine._compiled is not None
+    assert torch.equal(out, sampler(tok, top_k=1, response_length=12).generate(model, ids, mask))
+
+
+def test_a_step_that_cannot_be_compiled_runs_eagerly_after_one_warning(policy, tokenizer, monkeypatch):
+    from torch._dynamo.exc import Unsupported
+
+    def cannot(*args, **kwargs):
+        raise Unsupported("Params4bit cannot be traced")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: cannot)
+    ids, mask = encode(tokenizer, PROMPTS)
+    engine = static(tokenizer, compile=True, top_k=1, batch_size=2)
+    with pytest.warns(UserWarning, match="could not be compiled .*Params4bit") as caught:
+        out = engine.generate(policy, ids, mask)
+    assert len([w for w in caught if "compiled" in str(w.message)]) == 1  # once, not once per micro-batch
+    assert torch.equal(out, sampler(tokenizer, top_k=1, response_length=12).generate(policy, ids, mask))
+    # An error of the model's own computation is not a compile error: it is raised, not hidden.
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        static(tokenizer, compile=True).generate(policy, ids, mask)
+
+
+def test_trainer_with_the_static_engine_starts_at_ratio_1_and_kl_0(tiny_models, tokenizer, prompts_dataset,
+                                                                   lora_config, tmp_path):
+    """A QLoRA policy (4-bit base) with the adapter-disabled reference, sampled by the compiled static engine."""
+    args = PPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_mini_batches=1, num_ppo_epochs=1,
+                     max_steps=2, response_length=6, learning_rate=1e-3, report_to="none", save_strategy="no",
+                     logging_steps=1, rollout_engine="static", policy_quantization="4bit", seed=0)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer,
+                           reward_model=lambda p, c: [float(len(x)) for x in c], train_dataset=prompts_dataset,
+                           peft_config=lora_config)
+    assert isinstance(trainer.rollout_engine, StaticCacheSampler)
+    trainer.train()
+    first = trainer.state.log_history[0]
+    assert first["objective/kl"] == 0.0 and first["val/ratio"] == 1.0
