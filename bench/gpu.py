@@ -1,0 +1,256 @@
+"""The single-GPU table: memory of one PPO iteration per model size, and rollout tokens/s per engine.
+
+    python bench/gpu.py                       # on a CUDA machine: every size, then bench.py --gpu (s/iter vs trl 1.12)
+    python bench/gpu.py --sizes qwen2.5-0.5b --skip-peer
+    python bench/gpu.py --dry-run             # CPU, tiny shapes, under a minute: everything runs, numbers mean nothing
+    python bench/gpu.py --cpu-rows --reps 5   # CPU: the engines' tokens/s on bench.py's rows
+
+Per size (models built from the real configs below with random weights; nothing is downloaded):
+- **memory**: peak `torch.cuda.max_memory_allocated` over one full PPO iteration (rollout + num_ppo_epochs x
+  num_mini_batches optimizer steps): a 4-bit QLoRA policy, a 4-bit reward model of the same size, the
+  adapter-disabled reference; prompts of `--prompt` tokens, responses of `--response` tokens; gradient checkpointing
+  off and on.
+- **tokens/s**: generated tokens per second of each rollout engine ('kv_cache', 'static') and of transformers'
+  `generate` on the same 4-bit + LoRA policy, batch `--batch`, every row generating all `--response` tokens.
+Seconds per iteration against trl 1.12's PPOTrainer at the 0.5B size come from `bench.py --gpu` (its peer venv),
+run last unless `--skip-peer`. Results: a markdown table on stdout and `--json` (default bench/out/gpu.json).
+What it leaves out: multi-GPU, and real weights (random weights sample random tokens: speed and memory do not
+depend on what the tokens say, and every response runs to its full length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+# The real shapes (config.json of each Hub model), vocabulary included: the logits are where memory goes.
+SIZES = {
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         rope_theta=1000000.0, max_position_embeddings=32768),
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         rope_theta=1000000.0, max_position_embeddings=32768),
+    "llama-3.2-3b": dict(model_type="llama", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                         num_attention_heads=24, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True,
+                         rope_theta=500000.0, max_position_embeddings=131072),
+    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+                         rope_theta=500000.0, max_position_embeddings=131072),
+}
+# --dry-run: every size shrunk to this (architecture and tied embeddings kept).
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=1024)
+
+
+def config_of(name: str, dry_run: bool):
+    from transformers import AutoConfig
+
+    shape = {**SIZES[name], **(TINY if dry_run else {})}
+    model_type = shape.pop("model_type")
+    return AutoConfig.for_model(model_type, **shape, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def build(name: str, folder: Path, dry_run: bool) -> tuple[str, str]:
+    """Random-weight policy and reward model of size `name`, saved in bf16 (loaded back in 4-bit by the trainer)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    policy_dir, reward_dir = folder / name / "policy", folder / name / "reward"
+    if not (policy_dir / "config.json").exists():
+        config = config_of(name, dry_run)
+        torch.manual_seed(0)
+        dtype = torch.float32 if dry_run else torch.bfloat16
+        AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(policy_dir)
+        config.num_labels = 1
+        AutoModelForSequenceClassification.from_config(config, dtype=dtype).save_pretrained(reward_dir)
+        for folder in (policy_dir, reward_dir):  # one tokenizer: the reward model reads the policy's token ids
+            tokenizer_for(config.vocab_size).save_pretrained(folder)
+    return str(policy_dir), str(reward_dir)
+
+
+def tokenizer_for(vocab_size: int):
+    """A tokenizer whose ids all lie inside the model's vocabulary (prompts are random ids; nothing is decoded)."""
+    from hf_ppo.tiny import build_tokenizer
+
+    tok = build_tokenizer(vocab_size=min(512, vocab_size))
+    tok.padding_side = "left"
+    return tok
+
+
+def prompts(tokenizer_size: int, n: int, length: int):
+    """n random prompts of `length` ids of the tokenizer (which the trainer checks)."""
+    from datasets import Dataset
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, tokenizer_size, (n, length), generator=g)
+    return Dataset.from_dict({"input_ids": ids.tolist()})
+
+
+def lora():
+    from peft import LoraConfig
+
+    return LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def peak_memory(name: str, policy: str, reward: str, a, checkpointing: bool, out: Path) -> dict:
+    """One PPO iteration; peak allocated GiB and its seconds."""
+    from hf_ppo import PPOConfig, PPOLMTrainer
+    from hf_ppo.versions import CHECKPOINTING_ARG
+
+    cuda = torch.cuda.is_available()
+    args = PPOConfig(output_dir=str(out), per_device_train_batch_size=a.batch // a.mini_batches,
+                     num_mini_batches=a.mini_batches,
+                     num_ppo_epochs=a.epochs, max_steps=a.epochs * a.mini_batches, response_length=a.response,
+                     policy_quantization="4bit", reward_quantization="4bit", **{CHECKPOINTING_ARG: checkpointing},
+                     stop_token_ids=[], report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
+                     num_sample_generations=0, bf16=cuda, use_cpu=not cuda, learning_rate=1e-5, seed=0)
+    tokenizer = tokenizer_for(config_of(name, a.dry_run).vocab_size)
+    trainer = PPOLMTrainer(model=policy, args=args, processing_class=tokenizer, reward_model=reward,
+                           train_dataset=prompts(len(tokenizer), a.batch, a.prompt), peft_config=lora())
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    del trainer
+    release()
+    return {"peak_gib": peak, "seconds": seconds}
+
+
+def tokens_per_second(policy: str, a, quantization: str = "4bit", batch: int | None = None,
+                      prompt: int | None = None, response: int | None = None) -> dict:
+    """Generated tokens/s of each engine and of `generate` on the 4-bit + LoRA policy (all rows run to the end)."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from hf_ppo.generation import make_rollout_engine
+    from hf_ppo.loading import compute_dtype, quantization_config
+
+    batch, prompt, response = batch or a.batch, prompt or a.prompt, response or a.response
+    cuda = torch.cuda.is_available()
+    dtype = compute_dtype(cuda, False)
+    model = AutoModelForCausalLM.from_pretrained(
+        policy, dtype=dtype, quantization_config=quantization_config(quantization, dtype),
+        device_map={"": 0} if cuda else None)
+    model = get_peft_model(model, lora()).eval()
+    device = next(model.parameters()).device
+    queries = torch.tensor(prompts(256, batch, prompt)["input_ids"], device=device)
+    mask = torch.ones_like(queries, dtype=torch.bool)
+    settings = dict(response_length=response, temperature=0.7, top_k=None, top_p=1.0, pad_token_id=0,
+                    stop_token_ids=None, batch_size=batch)
+    runs = {kind: (lambda e=make_rollout_engine(kind, **settings): e.generate(model, queries, mask))
+            for kind in ("kv_cache", "static")}
+    runs["generate"] = lambda: model.generate(input_ids=queries, attention_mask=mask.long(), do_sample=True,
+                                              temperature=0.7, max_new_tokens=response,
+                                              min_new_tokens=response, pad_token_id=0)
+    result = {}
+    with torch.no_grad():
+        for kind, run in runs.items():
+            run()  # warm-up: compilation, CUDA graphs, allocator
+            sync()
+            start = time.perf_counter()
+            for _ in range(a.reps):
+                run()
+            sync()
+            result[kind] = batch * response * a.reps / (time.perf_counter() - start)
+    result["static_vs_generate"] = result["static"] / result["generate"]
+    del model
+    release()
+    return result
+
+
+def cpu_rows(a) -> int:
+    """The engines' tokens/s on bench.py's CPU rows (prompts of 16 tokens, each row's batch and response length)."""
+    from common import ROWS
+    from setup_models import build_row
+
+    print("| row | tok/s kv_cache | tok/s static | tok/s generate | static / kv_cache |\n|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as out:
+        for row in ROWS.values():
+            policy = build_row(row, Path(out)) / "policy"
+            t = tokens_per_second(str(policy), a, "4bit" if row.qlora else "none", row.batch, 16, row.response_length)
+            print(f"| {row.name} | {t['kv_cache']:.0f} | {t['static']:.0f} | {t['generate']:.0f} | "
+                  f"{t['static'] / t['kv_cache']:.2f}x |", flush=True)
+    return 0
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def release():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def table(results: dict) -> str:
+    lines = ["| size | peak GiB, no checkpointing | peak GiB, checkpointing | tok/s kv_cache | tok/s static | "
+             "tok/s generate | static / generate |", "|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        gib = [r[k]["peak_gib"] for k in ("memory", "memory_checkpointing")]
+        t = r["tokens_per_second"]
+        lines.append(f"| {name} | " + " | ".join("n/a (CPU)" if g is None else f"{g:.1f}" for g in gib)
+                     + f" | {t['kv_cache']:.0f} | {t['static']:.0f} | {t['generate']:.0f} | "
+                       f"{t['static_vs_generate']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, short sequences: checks the script")
+    p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    p.add_argument("--batch", type=int, default=8, help="prompts per rollout (a multiple of --mini-batches)")
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--response", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=1, help="num_ppo_epochs of the measured iteration")
+    p.add_argument("--mini-batches", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3, help="timed generations per engine")
+    p.add_argument("--models", type=Path, default=None, help="where the random models are saved (default: a temp dir)")
+    p.add_argument("--json", type=Path, default=HERE / "out" / "gpu.json")
+    p.add_argument("--skip-peer", action="store_true", help="skip bench.py --gpu (s/iter against trl 1.12)")
+    p.add_argument("--cpu-rows", action="store_true",
+                   help="tokens/s of the engines on bench.py's CPU rows (tiny models, LoRA; 4-bit for qlora rows)")
+    a = p.parse_args()
+    if a.cpu_rows:
+        return cpu_rows(a)
+    if a.dry_run:
+        a.batch, a.prompt, a.response, a.reps = 2, 16, 8, 1
+    elif not torch.cuda.is_available():
+        print("[gpu] no CUDA device: run with --dry-run to check the script on the CPU.")
+        return 1
+    models = a.models or Path(tempfile.mkdtemp(prefix="hf_ppo-gpu-"))
+    results = {}
+    for name in a.sizes:
+        policy, reward = build(name, models, a.dry_run)
+        with tempfile.TemporaryDirectory() as out:
+            results[name] = {"memory": peak_memory(name, policy, reward, a, False, Path(out)),
+                             "memory_checkpointing": peak_memory(name, policy, reward, a, True, Path(out)),
+                             "tokens_per_second": tokens_per_second(policy, a)}
+        print(f"[gpu] {name}: {json.dumps(results[name])}", flush=True)
+    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "batch": a.batch, "prompt": a.prompt, "response": a.response, "dry_run": a.dry_run}
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    print(table(results))
+    if not (a.dry_run or a.skip_peer):
+        return subprocess.call([sys.executable, str(HERE / "bench.py"), "--gpu", "--skip-8b"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
