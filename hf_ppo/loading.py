@@ -730,6 +730,24 @@ def _check_critic_vocab(tokenizer, critic_tokenizer, source, role: str, fix: str
     raise ValueError(f"The critic would start from the {role}, but {why}. {fix}")
 
 
+def trl_value_model(value_model, critic_model, args):
+    """TRL 1.12's `PPOTrainer(value_model=...)`, a critic model of its own: hf_ppo's `critic="separate"` started from
+    `critic_model`. Returns the critic model to use; with `critic="shared"` (the default) `args.critic` becomes
+    "separate", which is what TRL's argument meant."""
+    if value_model is None:
+        return critic_model
+    if critic_model is not None:
+        raise ValueError("Both value_model (TRL's name) and critic_model give the critic model: pass one of them.")
+    if not ESTIMATORS[args.advantage_estimator].needs_critic:
+        raise ValueError(f"value_model is given, but advantage_estimator={args.advantage_estimator!r} uses no critic: "
+                         "drop value_model, or use advantage_estimator='gae'.")
+    if args.critic == "reward_lora":
+        raise ValueError("value_model (TRL's separate critic) is given with critic='reward_lora', which puts the "
+                         "critic's adapter on the reward model: drop value_model, or set critic='separate'.")
+    args.critic = "separate"
+    return value_model
+
+
 def critic_reward(kind: str, reward_model, reward, reward_processing_class, critic_model) -> tuple:
     """(source, loaded model, tokenizer) of the reward model a critic starts from or sits on. With mixed rewards
     (a list) that is the list's one reward model; several (or none) leave the choice to the user, by error."""

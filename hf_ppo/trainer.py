@@ -62,11 +62,10 @@ class PPOLMTrainer(Trainer):
         processing_class=None,
         reward_model=None,
         ref_model=None,
-        train_dataset=None,
-        eval_dataset=None,
-        peft_config=None,
-        reward_processing_class=None,
+        train_dataset=None, eval_dataset=None,
+        peft_config=None, reward_processing_class=None,
         critic_model=None,
+        value_model=None,  # TRL 1.12's name for a critic model of its own: critic="separate" from it
         callbacks=None,
         optimizers=(None, None),
     ):
@@ -75,6 +74,7 @@ class PPOLMTrainer(Trainer):
             raise TypeError(f"args must be a PPOConfig, got {type(args).__name__}: PPOConfig(**args.to_dict()) converts it.")
         # Seed before any model is built: LoRA and value-head initialisation must follow `seed` too.
         set_seed(args.seed)
+        critic_model = loading.trl_value_model(value_model, critic_model, args)
         loaded = loading.load_models(model, processing_class, reward_model, ref_model, reward_processing_class,
                                      peft_config, args, args.device, critic_model)
         policy, tokenizer, self.ref_model, self.reward_model = (loaded.policy, loaded.tokenizer, loaded.ref_model,

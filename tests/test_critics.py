@@ -250,3 +250,39 @@ def test_reward_lora_with_a_fully_fine_tuned_policy_uses_the_default_adapter(tin
     ranks = {p.shape[0] for n, p in trainer.model.critic.named_parameters() if "lora_A" in n}
     assert ranks == {DEFAULT_CRITIC_LORA["r"]}
     assert all(p.requires_grad for p in trainer.model.policy_model.parameters())
+
+
+# ---- TRL 1.12's value_model= ------------------------------------------------------------------------------------------
+def test_trls_value_model_is_the_separate_critic(tiny_models, tokenizer, tmp_path):
+    """`PPOTrainer(value_model=...)` as TRL 1.12 code passes it (a model object or a path): hf_ppo's separate critic,
+    started from that model's score head; conflicting settings stop at construction."""
+    from transformers import AutoModelForSequenceClassification
+
+    value = AutoModelForSequenceClassification.from_pretrained(tiny_models["reward"], num_labels=1)
+    with torch.no_grad():
+        value.score.weight.mul_(-3.0)  # not the reward model's head: the critic must start from this one
+    dataset = Dataset.from_dict({"prompt": ["the movie was", "the food was"] * 4})
+    for source in (value, tiny_models["reward"]):
+        args = PPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_mini_batches=2,
+                         num_ppo_epochs=1, max_steps=2, response_length=4, report_to=[], save_strategy="no",
+                         num_sample_generations=0, disable_tqdm=True)
+        trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer,
+                               reward_model=tiny_models["reward"], value_model=source, train_dataset=dataset)
+        assert trainer.args.critic == "separate" and trainer.model.critic is not None
+        expected = value.score.weight if source is value else trainer.reward_model.score.weight
+        assert torch.equal(trainer.model.critic.head.weight.detach(), expected.detach().float())
+    trainer.train()
+    assert any("loss/value_avg" in e for e in trainer.state.log_history)
+
+    def build(**kwargs):
+        settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, report_to=[])
+        settings.update(kwargs.pop("config", {}))
+        return PPOLMTrainer(model=tiny_models["policy"], args=PPOConfig(**settings), processing_class=tokenizer,
+                            reward_model=tiny_models["reward"], train_dataset=dataset, **kwargs)
+
+    with pytest.raises(ValueError, match="Both value_model .* and critic_model"):
+        build(value_model=value, critic_model=value)
+    with pytest.raises(ValueError, match="uses no critic"):
+        build(value_model=value, config={"advantage_estimator": "rloo", "num_generations": 2})
+    with pytest.raises(ValueError, match="critic='reward_lora'"):
+        build(value_model=value, config={"critic": "reward_lora"})
