@@ -57,16 +57,31 @@ def quantization_config(kind: str, dtype: torch.dtype):
     raise ValueError(f"Unknown quantization {kind!r}: choose '4bit', '8bit' or 'none'.")
 
 
-def from_pretrained(auto_cls, name_or_path: str, role: str, **kwargs):
-    """`auto_cls.from_pretrained` with one clear error naming the model's role, its id and the remedies."""
+def from_pretrained(auto_cls, name_or_path: str, role: str, *, missing_fix: str | None = None, **kwargs):
+    """`auto_cls.from_pretrained` with one clear error naming the model's role, its id and the remedies.
+
+    `missing_fix` (for a frozen model, which nothing will train): weights the checkpoint lacks, which transformers
+    initialises at random and only logs, are an error instead, naming them and this fix.
+    """
     try:
-        return auto_cls.from_pretrained(name_or_path, **kwargs)
+        loaded = auto_cls.from_pretrained(name_or_path, **kwargs, **({"output_loading_info": True} if missing_fix
+                                                                     else {}))
     except OSError as err:
         raise OSError(
             f"Could not load the {role} {name_or_path!r}: {err}\n"
             f"Check the id or path (and `revision`), that you have access (log in with `hf auth login` or pass "
             f"`token`), and, offline (HF_HUB_OFFLINE=1), that the model is in the HF cache (download it once online)."
         ) from err
+    if not missing_fix:
+        return loaded
+    model, info = loaded
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise ValueError(f"The {role} {name_or_path!r} ({type(model).__name__}) lacks weights its class needs: "
+                         f"{shown}. transformers initialised them at random, and a frozen model is never trained, "
+                         f"so training would follow noise. {missing_fix}")
+    return model
 
 
 def load_tokenizer(name_or_path: str, role: str, init_kwargs: dict | None = None) -> PreTrainedTokenizerBase:
@@ -435,6 +450,8 @@ def load_reference(
         ref_model = ref_model.pretrained_model
     if isinstance(ref_model, str):
         ref_model = from_pretrained(AutoModelForCausalLM, ref_model, "reference model",
+                                    missing_fix="Pass the checkpoint the policy starts from as ref_model (or "
+                                    "ref_model=None for a frozen copy of the policy).",
                                     **_init_kwargs(init_kwargs, quantization, dtype, device))
     elif _shares_parameters(ref_model, policy_source):
         # The policy object or a part of it (e.g. the body of a value-head wrapper): freezing it would freeze the
@@ -454,6 +471,12 @@ def _shares_parameters(model: nn.Module, other) -> bool:
 
 
 
+# A checkpoint without a trained score head (a causal LM, a base encoder) is not a reward model.
+REWARD_HEAD_FIX = ("If a score head (`score` / `classifier`) is missing, this checkpoint is no reward model (a causal LM "
+                   "or a base encoder, say): train one first (e.g. trl's RewardTrainer with num_labels=1 on preference "
+                   "pairs) and pass that, or pass a reward function (prompts, completions) -> list[float].")
+
+
 def load_reward_model(
     reward_model, init_kwargs: dict | None, quantization: str, dtype: torch.dtype, device
 ):
@@ -462,7 +485,8 @@ def load_reward_model(
         return reward_model
     if isinstance(reward_model, str):
         reward_model = from_pretrained(AutoModelForSequenceClassification, reward_model, "reward model",
-                                       **_init_kwargs(init_kwargs, quantization, dtype, device))
+                                       missing_fix=REWARD_HEAD_FIX, **_init_kwargs(init_kwargs, quantization, dtype,
+                                                                                   device))
     if not isinstance(reward_model, PreTrainedModel):
         raise TypeError("reward_model must be a Hub id or path, an AutoModelForSequenceClassification, or a callable "
                         f"(prompts, completions) -> list[float]; got {type(reward_model).__name__}.")

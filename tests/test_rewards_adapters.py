@@ -435,3 +435,34 @@ def test_an_encoder_reward_cuts_the_question_or_names_the_fix(deberta, tiny_mode
     with pytest.raises(ValueError, match="more than the reward model's context of 12.*max_prompt_length"):
         score_responses(model, **batch, tokenizer=tokenizer, prompts=prompts, batch_size=1, reward_tokenizer=pair_tok,
                         input_format="concat")
+
+
+# ---- checkpoints that are not what their role needs ---------------------------------------------------------------------
+def test_a_checkpoint_without_a_trained_score_head_is_refused_as_the_reward_model(deberta, tiny_models, tokenizer,
+                                                                                  prompts_dataset, tmp_path):
+    """A causal LM (with or without num_labels=1, as the old message suggested) and a base encoder saved without
+    its classification head: transformers would initialise the head at random and only log it; hf_ppo stops before
+    training with the real cause and the fix."""
+    from transformers import AutoModel
+
+    encoder = tmp_path / "base_encoder"
+    AutoModel.from_pretrained(deberta).save_pretrained(encoder)  # the body alone: no `classifier`, no `pooler`
+    cases = [(tiny_models["policy"], None, "score.weight"), (tiny_models["policy"], {"num_labels": 1}, "score.weight"),
+             (str(encoder), {"num_labels": 1}, "classifier.weight")]
+    for reward, init, head in cases:
+        args = make_args(tmp_path, reward_model_init_kwargs=init)
+        with pytest.raises(ValueError, match="lacks weights") as caught:
+            PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer, reward_model=reward,
+                         train_dataset=prompts_dataset)
+        message = str(caught.value)
+        assert head in message and "no reward model" in message and "RewardTrainer" in message
+        assert "reward function" in message and "num_labels=2" not in message
+    # A trained reward model (every weight in its checkpoint) still loads.
+    PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path), processing_class=tokenizer,
+                 reward_model=tiny_models["reward"], train_dataset=prompts_dataset)
+
+
+def test_a_reference_checkpoint_without_an_lm_head_is_refused(tiny_models, tokenizer, prompts_dataset, tmp_path):
+    with pytest.raises(ValueError, match=r"reference model .* lacks weights .*lm_head"):
+        PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path), processing_class=tokenizer,
+                     reward_model=count_e, ref_model=tiny_models["reward"], train_dataset=prompts_dataset)
