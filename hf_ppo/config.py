@@ -17,6 +17,7 @@ Defaults follow the N+ implementation details paper (Huang et al. 2024) unless a
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -33,15 +34,15 @@ class PPOConfig(TrainingArguments):
     r"""Configuration for [`PPOLMTrainer`]. Every field below is PPO-specific; the rest are TrainingArguments'."""
 
     # ---- Models: how the policy, the reference and the reward model are loaded -----------------------------------
-    model_init_kwargs: dict | None = field(
+    model_init_kwargs: dict | str | None = field(
         default=None,
         metadata={"help": "Keyword arguments for the policy's `from_pretrained` when `model` is an id or a path "
                   "(e.g. `revision`, `dtype`, `attn_implementation`, `token`, `trust_remote_code`)."},
     )
-    ref_model_init_kwargs: dict | None = field(
+    ref_model_init_kwargs: dict | str | None = field(
         default=None, metadata={"help": "Like `model_init_kwargs`, for the reference model when given as id/path."}
     )
-    reward_model_init_kwargs: dict | None = field(
+    reward_model_init_kwargs: dict | str | None = field(
         default=None, metadata={"help": "Like `model_init_kwargs`, for the reward model when given as id/path."}
     )
     policy_quantization: Quantization = field(
@@ -168,7 +169,7 @@ class PPOConfig(TrainingArguments):
         default="none",
         metadata={"help": "Quantization of a 'separate' critic's base loaded by id/path ('4bit' needs LoRA)."},
     )
-    critic_model_init_kwargs: dict | None = field(
+    critic_model_init_kwargs: dict | str | None = field(
         default=None, metadata={"help": "Like `model_init_kwargs`, for a 'separate' critic loaded by id/path."}
     )
     critic_warmup_steps: int = field(
@@ -342,7 +343,23 @@ class PPOConfig(TrainingArguments):
         default=None, metadata={"help": "bf16 mixed precision. None: on when a CUDA GPU supports it, else off."}
     )
 
+    # Dict fields also take a JSON object as a string, as on the command line (`--reward_model_init_kwargs
+    # '{"num_labels": 1}'`): transformers' convention for TrainingArguments' own dict fields.
+    _VALID_DICT_FIELDS = [*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs", "ref_model_init_kwargs",
+                          "reward_model_init_kwargs", "critic_model_init_kwargs"]
+
     def __post_init__(self):
+        for name in self._VALID_DICT_FIELDS:
+            value = getattr(self, name, None)
+            if isinstance(value, str):
+                try:
+                    parsed = json.loads(value)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{name}={value!r} is not valid JSON ({err.msg}): give a JSON object, e.g. "
+                                     f"--{name} '{{\"num_labels\": 1}}'.") from None
+                if name.endswith("model_init_kwargs") and not isinstance(parsed, dict):
+                    raise ValueError(f"{name}={value!r}: give a JSON object ({{...}}), the keyword arguments of "
+                                     "from_pretrained.")
         if self.bf16 is None:
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()) and not self.fp16
         if self.exp_name is not None and self.run_name is None:

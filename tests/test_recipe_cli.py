@@ -121,3 +121,19 @@ def test_finished_run_saves_a_portable_policy_with_its_card_and_says_how_to_load
     monkeypatch.chdir(tmp_path)  # the adapter loads from another directory
     model = AutoPeftModelForCausalLM.from_pretrained(str(out))
     assert model.peft_config["default"].r == 4
+
+
+def test_dict_fields_take_json_on_the_command_line(tiny_models, tmp_path, monkeypatch):
+    """As TRL's scripts take them: every dict field of PPOConfig (and TrainingArguments') as a JSON object."""
+    root = _project(tmp_path, tiny_models)
+    monkeypatch.chdir(root)
+    flags = {"model_init_kwargs": {"attn_implementation": "eager"}, "ref_model_init_kwargs": {"revision": "main"},
+             "reward_model_init_kwargs": {"num_labels": 1}, "critic_model_init_kwargs": {"dtype": "float32"},
+             "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    argv = ["--config", "configs/run.yaml", "--critic", "separate"] + [x for k, v in flags.items()
+                                                                       for x in (f"--{k}", json.dumps(v))]
+    _, _, config = ppo.parse_args(argv)
+    for name, value in flags.items():
+        assert getattr(config, name) == value, name
+    with pytest.raises(ValueError, match=r"reward_model_init_kwargs=.* is not valid JSON .*--reward_model_init_kwargs"):
+        ppo.parse_args(["--config", "configs/run.yaml", "--reward_model_init_kwargs", '{"num_labels": 1'])
