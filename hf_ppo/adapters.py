@@ -14,9 +14,10 @@ import copy
 import json
 import os
 import shutil
-import warnings
 
 from torch import nn
+
+from .reporting import warn_user
 
 REFERENCE_ADAPTER = "reference"
 
@@ -104,9 +105,9 @@ def prepare_adapters(policy: nn.Module, *, fresh: bool, ref_model_given: bool, m
     if reference is None and not ref_model_given:
         reference = add_reference_copy(policy, trained)
     elif was_frozen:
-        warnings.warn(f"The policy's adapter {trained!r} was frozen (loaded for inference, e.g. PeftModel."
-                      "from_pretrained without is_trainable=True); it is made trainable, so PPO trains it and not only "
-                      "the value head.")
+        warn_user(f"The policy's adapter {trained!r} was frozen (loaded for inference, e.g. PeftModel."
+                  "from_pretrained without is_trainable=True); it is made trainable, so PPO trains it and not only "
+                  "the value head.")
     if reference is not None:
         for param in adapter_parameters(policy, reference):
             param.requires_grad_(False)

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import warnings
 import zipfile
 from dataclasses import dataclass
 
@@ -30,6 +29,7 @@ from transformers import TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .modeling import VALUE_HEAD_FILE
+from .reporting import warn_user
 from .rollout import MinibatchSchedule
 
 PPO_STATE_FILE = "ppo_state.json"
@@ -333,8 +333,8 @@ def load_policy_weights(policy, folder: str, peft: bool, device, adapter_name: s
 def skip_incomplete(run_dir: str) -> None:
     """`hide_incomplete`, with a warning naming each checkpoint moved aside."""
     for folder, moved_to, issues in hide_incomplete(run_dir):
-        warnings.warn(f"Skipping incomplete checkpoint {folder} ({'; '.join(issues)}): the run stopped while writing "
-                      f"it. Moved to {moved_to}.")
+        warn_user(f"Skipping incomplete checkpoint {folder} ({'; '.join(issues)}): the run stopped while writing "
+                  f"it. Moved to {moved_to}.")
 
 
 def resumed_schedule(saved: SavedPPOState, folder: str, args) -> MinibatchSchedule | None:
@@ -344,10 +344,10 @@ def resumed_schedule(saved: SavedPPOState, folder: str, args) -> MinibatchSchedu
     lists the changes, and a fresh rollout serves the iteration's remaining steps.
     """
     if saved.changed:
-        warnings.warn(f"Resuming from {folder} with changed settings (allow_config_change_on_resume): "
-                      + describe_changes(saved.changed, "; ") + ". The new values apply from now on"
-                      + ("; the interrupted iteration's rollout is discarded (a fresh one serves its remaining steps)."
-                         if saved.rollout_buffer is not None else "."))
+        warn_user(f"Resuming from {folder} with changed settings (allow_config_change_on_resume): "
+                  + describe_changes(saved.changed, "; ") + ". The new values apply from now on"
+                  + ("; the interrupted iteration's rollout is discarded (a fresh one serves its remaining steps)."
+                     if saved.rollout_buffer is not None else "."))
         return None
     if saved.rollout_buffer is None:
         return None

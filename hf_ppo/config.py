@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from transformers import TrainingArguments
+
+from .reporting import warn_user
 
 Quantization = Literal["4bit", "8bit", "none"]
 
@@ -485,9 +486,9 @@ class PPOConfig(TrainingArguments):
                               f"value): here it is {meaning}. Set per_device_train_batch_size, "
                               "gradient_accumulation_steps and num_mini_batches instead.")
         if self.ds3_gather_for_generation is not None:
-            warnings.warn("ds3_gather_for_generation is ignored: it is a DeepSpeed ZeRO-3 option and hf_ppo has no "
-                          "ZeRO-3 weight gathering for generation. Use DDP or ZeRO-2 (recipes/accelerate/); to fit a "
-                          "larger policy, load it in 4 bits with LoRA (policy_quantization='4bit').")
+            warn_user("ds3_gather_for_generation is ignored: it is a DeepSpeed ZeRO-3 option and hf_ppo has no "
+                      "ZeRO-3 weight gathering for generation. Use DDP or ZeRO-2 (recipes/accelerate/); to fit a "
+                      "larger policy, load it in 4 bits with LoRA (policy_quantization='4bit').")
         if self.total_episodes is None and self.num_total_batches is None:
             return errors
         if self.total_episodes is not None and self.num_total_batches is not None:
@@ -507,11 +508,11 @@ class PPOConfig(TrainingArguments):
             return errors + [f"{name} and max_steps={self.max_steps} both set the run length ({name} means "
                              f"max_steps={steps}): set only one."]
         if self.total_episodes is not None and self.num_mini_batches > 1:
-            warnings.warn(
-                f"num_mini_batches={self.num_mini_batches} multiplies the rollout batch here: one iteration samples "
-                "per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches prompts per device, "
-                "where TRL sampled per_device_train_batch_size x gradient_accumulation_steps and split them. To keep "
-                "TRL's batch sizes, divide gradient_accumulation_steps by num_mini_batches.")
+            warn_user(
+            f"num_mini_batches={self.num_mini_batches} multiplies the rollout batch here: one iteration samples "
+            "per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches prompts per device, "
+            "where TRL sampled per_device_train_batch_size x gradient_accumulation_steps and split them. To keep "
+            "TRL's batch sizes, divide gradient_accumulation_steps by num_mini_batches.")
         self.max_steps = steps
         return errors
 

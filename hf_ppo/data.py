@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 
 import torch
 from torch.utils.data import Sampler
+
+from .reporting import warn_user
 
 
 class PromptCollator:
@@ -112,8 +113,8 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
                          f"{name}.filter(lambda x: {keep}).")
     too_long = sum(length > budget for length in tokenized["_length"]) if budget else 0
     if too_long:
-        warnings.warn(f"{too_long} prompt(s) of {name} are longer than {budget} tokens (max_prompt_length, capped so "
-                      f"prompt + response_length fits the model's context); they are truncated from the left.")
+        warn_user(f"{too_long} prompt(s) of {name} are longer than {budget} tokens (max_prompt_length, capped so "
+                  f"prompt + response_length fits the model's context); they are truncated from the left.")
         tokenized = tokenized.map(lambda x: {"input_ids": x["input_ids"][-budget:]}, num_proc=num_proc)
     tokenized = tokenized.remove_columns(["_empty", "_length"])
     if key != "prompt" and not pretokenized:
@@ -202,8 +203,8 @@ def check_rollout_batch(args, train_dataset) -> None:
             f"has {len(train_dataset)}. Add prompts or lower one of those factors."
         )
     if args.max_steps > 0 and args.max_steps % args.optimizer_steps_per_iteration:
-        warnings.warn(f"max_steps={args.max_steps} is not a multiple of num_ppo_epochs x num_mini_batches = "
-                      f"{args.optimizer_steps_per_iteration}: the last PPO iteration will stop part-way.")
+        warn_user(f"max_steps={args.max_steps} is not a multiple of num_ppo_epochs x num_mini_batches = "
+                  f"{args.optimizer_steps_per_iteration}: the last PPO iteration will stop part-way.")
 
 
 def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, context: int | None):

@@ -9,13 +9,13 @@ fixed-shape decode step, for a GPU.
 
 from __future__ import annotations
 
-import warnings
 import weakref
 
 import torch
 from torch import nn
 from transformers import TrainerCallback
 
+from .reporting import warn_user
 from .versions import CACHE
 
 
@@ -86,8 +86,8 @@ class StaticCacheSampler(KVCacheSampler):
                 except Exception as error:  # noqa: BLE001 - any compile failure; a real error recurs eagerly below
                     if not _is_compile_error(error):
                         raise
-                    warnings.warn(f"The rollout's decode step could not be compiled ({type(error).__name__}: "
-                                  f"{str(error).splitlines()[0][:200]}); it runs without torch.compile.", stacklevel=2)
+                    warn_user(f"The rollout's decode step could not be compiled ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0][:200]}); it runs without torch.compile.")
                     self.compile = False
             outputs.append(self._sample(model, queries[rows], query_mask[rows], decode_step))
         return torch.cat(outputs)

@@ -14,9 +14,10 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
+
+from .reporting import warn_user
 
 # Scores beyond this magnitude overflow float32 in the squared value loss long before they mean anything.
 SCORE_WARN_MAGNITUDE = 1e4
@@ -67,14 +68,14 @@ class NonFiniteGuard:
         self.max_abs_score = max(self.max_abs_score, _max_abs(scores))
         if self.score_hint and not self._warned_scale and self.max_abs_score > SCORE_WARN_MAGNITUDE:
             self._warned_scale = True
-            warnings.warn(f"Reward scores reach {self.max_abs_score:.3g}: at this scale the value loss overflows "
-                          f"and advantages lose precision. {self.score_hint}")
+            warn_user(f"Reward scores reach {self.max_abs_score:.3g}: at this scale the value loss overflows "
+                      f"and advantages lose precision. {self.score_hint}")
         for name, raw in (reward_scores or {}).items():
             top = _max_abs(raw)
             if self.score_hint and name not in self._warned_rewards and top > SCORE_WARN_MAGNITUDE:
                 self._warned_rewards.add(name)
-                warnings.warn(f"Reward {name!r} scores reach {top:.3g}: at this scale the value loss overflows and "
-                              f"advantages lose precision. {self.score_hint}")
+                warn_user(f"Reward {name!r} scores reach {top:.3g}: at this scale the value loss overflows and "
+                          f"advantages lose precision. {self.score_hint}")
 
     def dropped_rollout(self, cause: str, last_checkpoint) -> None:
         self.dropped_rollouts += 1
@@ -103,8 +104,8 @@ class NonFiniteGuard:
     def _record(self, what: str, last_checkpoint) -> None:
         self.consecutive += 1
         if self.consecutive < self.max_consecutive:
-            warnings.warn(f"Non-finite numbers: {what}. {self.consecutive} in a row; training stops at "
-                          f"max_consecutive_nonfinite={self.max_consecutive}.")
+            warn_user(f"Non-finite numbers: {what}. {self.consecutive} in a row; training stops at "
+                      f"max_consecutive_nonfinite={self.max_consecutive}.")
             return
         hint = (f" Scores reached {self.max_abs_score:.3g}: {self.score_hint}"
                 if self.score_hint and self.max_abs_score > SCORE_WARN_MAGNITUDE else "")

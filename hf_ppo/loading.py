@@ -12,7 +12,6 @@ import copy
 import os
 from dataclasses import dataclass
 import re
-import warnings
 
 import torch
 from torch import nn
@@ -29,6 +28,7 @@ from . import gguf
 from .adapters import adapter_config, prepare_adapters
 from .estimators import ESTIMATORS
 from .modeling import AutoModelForCausalLMWithValueHead, PolicyAndCritic, ValueModel, mark_scoring_context
+from .reporting import warn_user
 from .rollout import (RewardSet, naming_reward, pools_itself, probe_reward_callable, reward_input_format, reward_name,
                       unique_names)
 
@@ -178,9 +178,9 @@ def choose_pad_token(
                          + _pad_fix(tokenizer, rows, model_given_as))
     token_id, token = choice
     tokenizer.pad_token = token
-    warnings.warn(f"The tokenizer {why}: padding with {token!r} (id {token_id}), an existing special token with an "
-                  "embedding row that ordinary text never encodes to (no token added, no resize). Pass a "
-                  "processing_class with pad_token set to choose another.", stacklevel=3)
+    warn_user(f"The tokenizer {why}: padding with {token!r} (id {token_id}), an existing special token with an "
+              "embedding row that ordinary text never encodes to (no token added, no resize). Pass a "
+              "processing_class with pad_token set to choose another.")
     return tokenizer
 
 
@@ -425,10 +425,9 @@ def without_critic(policy: AutoModelForCausalLMWithValueHead, estimator: str,
     head is in memory, in the optimizer or in a checkpoint. A model the user passed with a value head
     (`given_with_head`) keeps its causal LM (and adapter); its head is dropped with a warning."""
     if given_with_head:
-        warnings.warn(f"advantage_estimator={estimator!r} uses no critic: the value head of the "
-                      "AutoModelForCausalLMWithValueHead you passed is not used or trained (its causal LM is the "
-                      "policy). Pass the causal LM itself to silence this, or use advantage_estimator='gae'.",
-                      stacklevel=4)
+        warn_user(f"advantage_estimator={estimator!r} uses no critic: the value head of the "
+                  "AutoModelForCausalLMWithValueHead you passed is not used or trained (its causal LM is the "
+                  "policy). Pass the causal LM itself to silence this, or use advantage_estimator='gae'.")
     return PolicyAndCritic(policy.policy_model, None)
 
 
@@ -932,6 +931,9 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
                                             processing_class, body)
     check_stop_token_ids(stop_token_ids, body, needs_stop=args.missing_eos_penalty is not None)
     tokenizer = choose_pad_token(processing_class, body, stop_token_ids, "id" if isinstance(model, str) else "object")
+    for config in (body.config, getattr(body, "generation_config", None)):  # said once, by hf_ppo: Trainer need not
+        if config is not None:                                               # align (and announce) it again
+            config.pad_token_id = tokenizer.pad_token_id
     # The trained adapter and, with ref_model=None, the reference adapter beside it (continuing from an adapter).
     trained_adapter, ref_adapter = prepare_adapters(
         body, fresh=peft_config is not None, ref_model_given=ref_model is not None,
@@ -946,8 +948,8 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
                          tokenizer, body, peft_config, args, dtype, device)
     if critic is not None:  # the critic has a body of its own: the shared value head is not used
         if isinstance(model, AutoModelForCausalLMWithValueHead):
-            warnings.warn(f"critic={args.critic!r}: the value head of the model passed is not used (the critic has "
-                          "its own). Pass the causal LM alone, or use critic='shared' to train that head.", stacklevel=3)
+            warn_user(f"critic={args.critic!r}: the value head of the model passed is not used (the critic has "
+                      "its own). Pass the causal LM alone, or use critic='shared' to train that head.")
         policy = PolicyAndCritic(body, critic)
     models = [m for m in (policy, ref, *(reward if isinstance(reward, list) else [reward])) if isinstance(m, nn.Module)]
     for m in models:

@@ -15,7 +15,6 @@ import functools
 import json
 import os
 import tempfile
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +24,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 from transformers.utils import ModelOutput
 
+from .reporting import warn_user
 from .versions import CACHE, checkpointing_disable, checkpointing_enable, supports_checkpointing
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -161,8 +161,8 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
             raise ValueError(f"v_head_init_strategy={v_head_init_strategy!r}: use None (a zero-initialised head, "
                              "hf_ppo's default) or 'normal' (with v_head_initializer_range as the std).")
         elif v_head_initializer_range is not None:
-            warnings.warn("v_head_initializer_range is used only with v_head_init_strategy='normal' (as in TRL); the "
-                          "head stays zero-initialised. Pass v_head_init_strategy='normal' to use it.", stacklevel=3)
+            warn_user("v_head_initializer_range is used only with v_head_init_strategy='normal' (as in TRL); the "
+                      "head stays zero-initialised. Pass v_head_init_strategy='normal' to use it.")
         if summary_dropout_prob is not None and not 0 <= summary_dropout_prob < 1:
             raise ValueError(f"summary_dropout_prob={summary_dropout_prob}: must be in [0, 1).")
         # A module (not a functional call), so that disable_dropout() finds it and sets p=0 for PPO like any other.
@@ -226,8 +226,7 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
                 model = prepare_model_for_kbit_training(model, **{"use_gradient_checkpointing": False, **kbit_kwargs})
             model = get_peft_model(model, peft_config)
         elif kbit_kwargs and not hasattr(model, "peft_config"):
-            warnings.warn(f"{sorted(kbit_kwargs)} apply only with peft_config on a quantized model; ignored.",
-                          stacklevel=2)
+            warn_user(f"{sorted(kbit_kwargs)} apply only with peft_config on a quantized model; ignored.")
         wrapper = cls(model, **head_kwargs)
         if isinstance(source, str):
             head = _find_value_head(source, **_hub_kwargs(kwargs))
@@ -355,10 +354,10 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
 def _warn_if_frozen_adapter(model: nn.Module) -> None:
     """Warn when a PeftModel has no trainable parameter: PPO would then train the value head alone."""
     if hasattr(model, "peft_config") and not any(p.requires_grad for p in model.parameters()):
-        warnings.warn(
-            "The policy's PEFT adapter is frozen (loaded without is_trainable=True): PPO would train ONLY the value "
-            "head. Load it with AutoModelForCausalLMWithValueHead.from_pretrained(path, is_trainable=True) (or "
-            "PeftModel.from_pretrained(base, path, is_trainable=True)) to train the adapter.", stacklevel=3)
+        warn_user(
+        "The policy's PEFT adapter is frozen (loaded without is_trainable=True): PPO would train ONLY the value "
+        "head. Load it with AutoModelForCausalLMWithValueHead.from_pretrained(path, is_trainable=True) (or "
+        "PeftModel.from_pretrained(base, path, is_trainable=True)) to train the adapter.")
 
 
 def _hub_kwargs(kwargs: dict) -> dict:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import numbers
 import time
-import warnings
 from dataclasses import dataclass, field, fields
 from typing import Callable, NamedTuple
 
@@ -49,6 +48,7 @@ from .ppo_math import (
     masked_sum,
     overlong_penalty,
 )
+from .reporting import warn_user
 
 @dataclass
 class RolloutBatch:
@@ -240,9 +240,9 @@ def fit_context(attention_mask: torch.Tensor, context: int | None, own_pooling: 
         raise ValueError(f"A reward input has {int(lengths.max())} tokens, more than the reward model's context of "
                          f"{context} (max_position_embeddings): {fix}; with reward_input_format='pair' the question "
                          "is truncated instead.")
-    warnings.warn(f"{int((lengths > context).sum())} reward input(s) have up to {int(lengths.max())} tokens, more than "
-                  f"the reward model's context of {context}: each is scored on its last {context} tokens (the "
-                  f"prompt's start is cut). To score whole inputs, {fix}.", stacklevel=3)
+    warn_user(f"{int((lengths > context).sum())} reward input(s) have up to {int(lengths.max())} tokens, more than "
+              f"the reward model's context of {context}: each is scored on its last {context} tokens (the "
+              f"prompt's start is cut). To score whole inputs, {fix}.")
     mask = attention_mask.bool()
     tokens_after = mask.flip(1).long().cumsum(1).flip(1)  # real tokens at or after each position
     return (mask & (tokens_after <= context)).to(attention_mask.dtype)

@@ -358,3 +358,30 @@ def test_seq_mean_aggregation_accumulates_exactly(tiny_models, tokenizer, prompt
 def test_loss_variant_fields_are_range_checked(tmp_path, field, value, message):
     with pytest.raises(ValueError, match=message):
         make_args(tmp_path, **{field: value})
+
+
+def test_warnings_name_the_line_of_the_users_code(tiny_models, tokenizer, prompts_dataset, tmp_path):
+    """hf_ppo's warnings point at the line that constructed the trainer or called train(), not at hf_ppo's own
+    code (nor Trainer's loop in between)."""
+    import copy
+    import inspect
+
+    no_pad = copy.deepcopy(tokenizer)
+    no_pad.pad_token = None  # hf_ppo picks a pad token, and says so
+    calls = {"n": 0}
+
+    def nan_once(prompts, completions):
+        calls["n"] += 1
+        return [math.nan if calls["n"] == 2 else 1.0] * len(completions)  # call 1: the construction probe
+
+    with pytest.warns(UserWarning) as built:
+        line = inspect.currentframe().f_lineno + 1
+        trainer = PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path, max_steps=1), processing_class=no_pad,
+                               reward_model=nan_once, train_dataset=prompts_dataset)
+    pad = [w for w in built if "pad" in str(w.message)]
+    assert pad and all((w.filename, w.lineno) == (__file__, line) for w in pad)
+    with pytest.warns(UserWarning, match="Non-finite") as trained:
+        line = inspect.currentframe().f_lineno + 1
+        trainer.train()
+    guard = [w for w in trained if "Non-finite" in str(w.message)]
+    assert guard and all((w.filename, w.lineno) == (__file__, line) for w in guard)
