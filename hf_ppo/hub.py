@@ -65,7 +65,7 @@ PLOT_FILE = "training_curves.png"
 CARD_TAGS = ["hf_ppo", "ppo", "rlhf"]
 # (log-history key, label) of the metrics the card reports; the first one defines "best".
 CARD_METRICS = [
-    ("objective/scores", "reward (reward-model score)"),
+    ("objective/scores", "reward (score)"),  # a reward model's, a function's or the weighted sum of several
     ("objective/kl", "KL to the reference"),
     ("rollout/response_length", "response length (tokens)"),
 ]

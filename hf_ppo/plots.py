@@ -6,7 +6,7 @@ from pathlib import Path
 
 # Metric name -> axis label, in the order panels are drawn.
 DEFAULT_PANELS = {
-    "objective/scores": "reward-model score",
+    "objective/scores": "reward (score)",  # a reward model's, a function's or a weighted sum
     "objective/kl": "KL(policy || reference)",
     "rollout/response_length": "response length (tokens)",
     "objective/entropy": "entropy (nats per response)",

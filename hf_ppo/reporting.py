@@ -69,16 +69,18 @@ class StageProgressCallback(ProgressCallback):
 class PPOProgressCallback(StageProgressCallback):
     """Trainer's progress bar (it counts optimizer steps), captioned with the PPO iteration, reward and KL."""
 
-    def __init__(self, steps_per_iteration: int, print_metrics: bool = False):
-        super().__init__("PPO", print_metrics)
-        self.steps_per_iteration = steps_per_iteration
+    def __init__(self, args):
+        super().__init__("PPO", args.print_metrics)
+        self.steps_per_iteration = args.optimizer_steps_per_iteration
+        # k1's batch mean can be negative (an unbiased estimate of a non-negative KL): the bar says which it shows.
+        self.kl_label = "kl" if args.kl_estimator in ("k2", "k3") else "kl_k1"
 
     def caption(self, state, logs: dict) -> None:
         if "objective/scores" in logs:
             total = max(1, state.max_steps // self.steps_per_iteration)
             self.training_bar.set_description(f"PPO iteration {logs.get('iteration', 0)}/{total}")
-            self.training_bar.set_postfix(reward=f"{logs['objective/scores']:.3f}", kl=f"{logs['objective/kl']:.3f}",
-                                          refresh=False)
+            self.training_bar.set_postfix(reward=f"{logs['objective/scores']:.3f}",
+                                          **{self.kl_label: f"{logs['objective/kl']:.3f}"}, refresh=False)
 
 
 def log_samples_table(rows: list[tuple[str, str, float]], iteration: int, step: int, report_to: list[str]) -> None:
@@ -99,8 +101,12 @@ def log_samples_table(rows: list[tuple[str, str, float]], iteration: int, step: 
         return
     if [r for r in report_to if r not in ("none",)]:
         return  # other trackers (tensorboard, ...) have no table type: the scalars are logged as usual
+    import io
+    import shutil
+
     from rich.console import Console
     from rich.table import Table
+    from tqdm.auto import tqdm
 
     table = Table(title=f"Samples at PPO iteration {iteration} (step {step})", show_lines=True)
     table.add_column("prompt", overflow="fold")
@@ -108,7 +114,9 @@ def log_samples_table(rows: list[tuple[str, str, float]], iteration: int, step: 
     table.add_column("score", justify="right")
     for prompt, completion, score in rows:
         table.add_row(prompt, completion, f"{score:.3f}")
-    Console().print(table)
+    text = io.StringIO()
+    Console(file=text, width=min(120, shutil.get_terminal_size().columns), force_terminal=False).print(table)
+    tqdm.write(text.getvalue().rstrip("\n"))  # above the progress bar, which is drawn again below it
 
 
 def maybe_log_samples(tokenizer, batch, iteration: int, step: int, max_steps: int, args) -> None:

@@ -96,7 +96,7 @@ class PPOLMTrainer(Trainer):
             callbacks=callbacks, optimizers=optimizers,
         )
         if self.pop_callback(ProgressCallback) is not None:
-            self.add_callback(PPOProgressCallback(self.args.optimizer_steps_per_iteration, self.args.print_metrics))
+            self.add_callback(PPOProgressCallback(self.args))
 
         # The default rollout engine; another one is a `generation.RolloutEngine` assigned here.
         self.rollout_engine = make_rollout_engine(

@@ -329,7 +329,7 @@ def test_model_card_content_and_metadata(tmp_path, tiny_base):
     assert "| reward model | a local model |" in text and "a local dataset" in text
     # Final metrics at step 6, the best reward (0.45) at step 4 with its KL and length.
     assert "final (step 6)" in text and "at best reward (step 4)" in text
-    assert "| reward (reward-model score) | 0.3 | 0.45 | 0.1 | 0.45 |" in text
+    assert "| reward (score) | 0.3 | 0.45 | 0.1 | 0.45 |" in text
     assert "| KL to the reference | 0.05 | 0.02 | 0 | 0.05 |" in text
     assert "| response length (tokens) | 9 | 10.5 | 9 | 12 |" in text
     assert "| `r` | `4` |" in text and "| `target_modules` | `q_proj, v_proj` |" in text
