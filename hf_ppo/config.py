@@ -399,8 +399,40 @@ class PPOConfig(TrainingArguments):
                           "adapter must be another adapter than the trained one.")
         errors += self._critic_and_estimator_errors()
         errors += self._mixed_reward_errors()
+        errors += self._no_op_errors()
         if errors:
             raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(errors))
+
+    def _no_op_errors(self) -> list[str]:
+        """Settings each legal alone that together make a part of the objective a no-op: the run would train
+        nothing, or not what was asked, without a word (README, "Errors at construction")."""
+        errors = []
+        if self.kl_estimator not in ("k1", "k2", "k3"):
+            errors.append(f"kl_estimator={self.kl_estimator!r}: choose 'k1', 'k2' or 'k3'.")
+        low = self.cliprange if self.cliprange_low is None else self.cliprange_low
+        if isinstance(low, (int, float)) and low >= 1:
+            name = "cliprange" if self.cliprange_low is None else "cliprange_low"
+            errors.append(f"{name}={low}: the lower clip bound 1 - {low} <= 0 can never bind (a ratio is > 0), so "
+                          "negative-advantage updates are never clipped. Use a value below 1 (e.g. 0.2).")
+        warmup = self.critic_warmup_steps
+        if isinstance(warmup, int) and warmup > 0 and self.max_steps > 0 and warmup >= self.max_steps:
+            # A critic-only run can be meant (train the critic, then resume with a longer max_steps): said, not refused.
+            warn_user(f"critic_warmup_steps={warmup} covers the whole run (max_steps={self.max_steps}): only the "
+                      "critic trains and the policy ends where it started. Lower critic_warmup_steps or raise "
+                      "max_steps if the policy should train.")
+        if self.adaptive_kl and self.kl_coef == 0:
+            errors.append("adaptive_kl=True with kl_coef=0: the adaptive controller scales the coefficient, so it "
+                          "stays 0 and the KL penalty never acts. Start from kl_coef > 0, or set adaptive_kl=False.")
+        weights = self.reward_weights
+        if isinstance(weights, (list, tuple)) and weights and all(
+                isinstance(w, (int, float)) and w == 0 for w in weights):
+            errors.append(f"reward_weights={list(weights)}: every weight is 0, so every score is 0 and PPO learns "
+                          "from the KL penalty alone. Give at least one reward a non-zero weight.")
+        if self.vf_coef == 0 and self.advantage_estimator == "gae" and not self.critic_warmup_steps:
+            warn_user("vf_coef=0 with advantage_estimator='gae': the critic is never trained, so GAE uses the "
+                      "values of an untrained critic. Set vf_coef > 0 (e.g. 0.1), or use a critic-free estimator "
+                      "(advantage_estimator='rloo' / 'grpo' / 'reinforce_pp').")
+        return errors
 
     def _mixed_reward_errors(self) -> list[str]:
         """Check the mixed-reward fields (their count against the rewards is checked by the trainer)."""
@@ -561,7 +593,9 @@ _RANGES = [
     ("top_k", True, lambda v: v >= 0, "None or 0 (off), or an integer >= 1"),
     ("top_p", False, lambda v: 0 < v <= 1, "in (0, 1]"),
     ("stop_token_id", True, lambda v: v >= 0, "None or a token id >= 0"),
-    ("missing_eos_penalty", True, math.isfinite, "None or a finite number"),
+    ("missing_eos_penalty", True, lambda v: 0 <= v < math.inf,
+     "None or >= 0 (it is subtracted from the score of a response that never stops: a negative one pays the "
+     "policy for never stopping)"),
     ("gamma", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("lam", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("logits_memory_mb", False, lambda v: 0 < v < math.inf, "> 0 (MiB, e.g. 256)"),

@@ -165,7 +165,9 @@ def test_critic_is_never_saved_or_pushed_with_the_policy(run, tmp_path, local_hu
 # ---- warm-up: value-only updates ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("critic", ["shared", "reward_lora"])
 def test_warmup_moves_only_the_critic(critic, tiny_models, tokenizer, tmp_path):
-    trainer = make_trainer(tiny_models, tokenizer, tmp_path, lora(), critic=critic, critic_warmup_steps=2, max_steps=2)
+    with pytest.warns(UserWarning, match="covers the whole run"):  # a critic-only run, on purpose here
+        trainer = make_trainer(tiny_models, tokenizer, tmp_path, lora(), critic=critic, critic_warmup_steps=2,
+                               max_steps=2)
     model = trainer.model
     critic_ids = {id(p) for p in model.critic_parameters()}
     policy = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) not in critic_ids}

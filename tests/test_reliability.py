@@ -352,8 +352,34 @@ def test_all_config_errors_listed_at_once(tmp_path):
 
 
 def test_good_edge_values_are_accepted(tmp_path):
-    PPOConfig(output_dir=str(tmp_path), report_to=[], gamma=0.0, lam=1.0, kl_coef=0.0, top_k=0, max_prompt_length=None,
-              reward_clip=None, entropy_coef=-0.01, vf_coef=0.0)
+    with pytest.warns(UserWarning, match="vf_coef=0 with advantage_estimator='gae'"):  # legal, but said
+        PPOConfig(output_dir=str(tmp_path), report_to=[], gamma=0.0, lam=1.0, kl_coef=0.0, top_k=0,
+                  max_prompt_length=None, reward_clip=None, entropy_coef=-0.01, vf_coef=0.0)
+    PPOConfig(output_dir=str(tmp_path), report_to=[], missing_eos_penalty=0.0, cliprange=0.99, reward_weights=[0, 1],
+              critic_warmup_steps=9, max_steps=10)
+
+
+# Settings each legal alone that together would make a part of the objective a no-op or invert it (the README's
+# "Errors at construction" lists each): an error when PPOConfig is built, before any model loads.
+@pytest.mark.parametrize("settings, message", [
+    ({"missing_eos_penalty": -1.0}, r"missing_eos_penalty=-1.0: must be None or >= 0 .*pays the policy"),
+    ({"reward_weights": [0, 0.0]}, r"every weight is 0"),
+    ({"cliprange_low": 1.0}, r"cliprange_low=1.0: the lower clip bound .* can never bind"),
+    ({"cliprange": 1.5}, r"cliprange=1.5: the lower clip bound"),
+    ({"kl_estimator": "k4"}, r"kl_estimator='k4': choose 'k1', 'k2' or 'k3'"),
+    ({"adaptive_kl": True, "kl_coef": 0.0}, r"adaptive_kl=True with kl_coef=0: .*never acts"),
+], ids=["negative-eos-penalty", "zero-weights", "clip-low-never-binds",
+        "cliprange-never-binds", "unknown-kl-estimator", "adaptive-kl-from-zero"])
+def test_settings_that_would_silently_train_nothing_fail_at_construction(tmp_path, settings, message):
+    with pytest.raises(ValueError, match=message):
+        PPOConfig(output_dir=str(tmp_path), report_to=[], **settings)
+
+
+@pytest.mark.parametrize("warmup", [10, 50])
+def test_a_warmup_covering_the_whole_run_says_the_policy_will_not_train(tmp_path, warmup):
+    """A critic-only run can be meant (the critic first, then a resume with a longer max_steps): a warning."""
+    with pytest.warns(UserWarning, match=rf"critic_warmup_steps={warmup} covers the whole run .*policy ends where"):
+        PPOConfig(output_dir=str(tmp_path), report_to=[], critic_warmup_steps=warmup, max_steps=10)
 
 
 @pytest.mark.parametrize("rows, message", [
