@@ -37,6 +37,9 @@ ROLLOUT_BUFFER_FILE = "rollout_buffer.safetensors"
 TRAINER_STATE_FILE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME: the last file Trainer writes
 FORMAT_VERSION = 1
 INCOMPLETE_PREFIX = "incomplete-"
+# Written first into every checkpoint folder hf_ppo creates: what proves a `checkpoint-N` is hf_ppo's to move or
+# replace. A folder without it (another program's) is never renamed, moved or deleted.
+MARKER_FILE = "hf_ppo_checkpoint.json"
 
 # PPOConfig fields that do not change what training computes (or may hold secrets, like a `token` in the init
 # kwargs): never compared on resume.
@@ -91,8 +94,12 @@ def save_ppo_state(folder: str, *, state: dict, value_head: dict[str, torch.Tens
     removed first, so nothing stale can pass for part of this checkpoint.
     """
     if os.path.isdir(folder):
+        if not written_by_hf_ppo(folder):
+            raise CheckpointError(f"{folder} exists and was not written by hf_ppo (no {MARKER_FILE}): hf_ppo will not "
+                                  "replace another program's files. Choose another output_dir, or move that folder.")
         shutil.rmtree(folder)
     os.makedirs(folder)
+    _atomic_write(os.path.join(folder, MARKER_FILE), json.dumps({"writer": "hf_ppo", "format": FORMAT_VERSION}).encode())
     _atomic_safetensors(os.path.join(folder, VALUE_HEAD_FILE), value_head)
     if rollout_buffer is not None:
         _atomic_safetensors(os.path.join(folder, ROLLOUT_BUFFER_FILE), rollout_buffer)
@@ -132,6 +139,11 @@ def _atomic_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
 
 
 # ---- checking ----------------------------------------------------------------------------------------------------
+def written_by_hf_ppo(folder: str) -> bool:
+    """Whether hf_ppo created `folder` (its marker, or the PPO state of a checkpoint written before the marker)."""
+    return os.path.isfile(os.path.join(folder, MARKER_FILE)) or os.path.isfile(os.path.join(folder, PPO_STATE_FILE))
+
+
 def problems(folder: str) -> list[str]:
     """What keeps `folder` from being a complete hf_ppo checkpoint: one line per missing or unreadable file."""
     if not os.path.isdir(folder):
@@ -220,6 +232,8 @@ def hide_incomplete(run_dir: str) -> list[tuple[str, str, list[str]]]:
     """
     moved = []
     for folder in reversed(checkpoints_by_step(run_dir)):
+        if not written_by_hf_ppo(folder):
+            continue  # another program's: never moved (a resume from it says it is not an hf_ppo checkpoint)
         issues = problems(folder)
         if not issues:
             break
@@ -245,6 +259,10 @@ def check_complete(folder: str) -> None:
             f"writing it, and it was moved to {hidden}. Resume from the last complete checkpoint "
             f"({last_complete(os.path.dirname(os.path.normpath(folder))) or 'none found'}), or pass "
             "resume_from_checkpoint=True.")
+    if os.path.isdir(folder) and not written_by_hf_ppo(folder):
+        raise CheckpointError(f"Cannot resume from {folder}: hf_ppo did not write it (no {MARKER_FILE} or "
+                              f"{PPO_STATE_FILE}; another program's checkpoint?). Resume from an hf_ppo checkpoint, or "
+                              "train in another output_dir.")
     issues = problems(folder)
     if issues:
         latest = last_complete(os.path.dirname(os.path.normpath(folder)))

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -419,3 +420,39 @@ def test_bad_reward_outputs_say_what_came_back(values, message):
 def test_good_reward_outputs(values):
     scores = check_reward_values(values, 2)
     assert scores.shape == (2,) and scores.dtype == torch.float32
+
+
+# ---- only hf_ppo's files --------------------------------------------------------------------------------------------
+def _foreign_checkpoint(out, step: int) -> dict:
+    """Another program's `checkpoint-N` in the output folder: its files and their bytes."""
+    folder = out / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "weights.bin").write_bytes(b"not hf_ppo's")
+    (folder / "notes.txt").write_text("written by another trainer")
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_another_programs_checkpoints_are_never_moved_or_replaced(tiny_models, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    before = _foreign_checkpoint(out, 100)
+    trainer = make_trainer(tiny_models, tokenizer, out, max_steps=2, save_strategy="steps", save_steps=2)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*incomplete checkpoint")  # it claims no cause it did not see
+        trainer.train()  # a fresh run: the foreign folder stays as it is, where it is
+    assert {p.name: p.read_bytes() for p in (out / "checkpoint-100").iterdir()} == before
+    assert not (out / "incomplete-checkpoint-100").exists()
+    assert (out / "checkpoint-2" / "hf_ppo_checkpoint.json").is_file()  # hf_ppo's own carry its marker
+    # Resuming "from the latest" when the latest is not hf_ppo's: an error naming it, the folder untouched.
+    resumed = make_trainer(tiny_models, tokenizer, out, max_steps=4, save_strategy="steps", save_steps=2)
+    with pytest.raises(ValueError, match=r"checkpoint-100: hf_ppo did not write it"):
+        resumed.train(resume_from_checkpoint=True)
+    assert {p.name: p.read_bytes() for p in (out / "checkpoint-100").iterdir()} == before
+
+
+def test_a_save_never_replaces_another_programs_checkpoint_of_the_same_step(tiny_models, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    before = _foreign_checkpoint(out, 2)
+    trainer = make_trainer(tiny_models, tokenizer, out, max_steps=2, save_strategy="steps", save_steps=2)
+    with pytest.raises(ValueError, match=r"checkpoint-2 exists and was not written by hf_ppo"):
+        trainer.train()
+    assert {p.name: p.read_bytes() for p in (out / "checkpoint-2").iterdir()} == before
