@@ -303,6 +303,10 @@ def load_ppo_state(folder: str, args, device) -> SavedPPOState:
         raise CheckpointError(
             f"{folder} was written with other settings:\n- " + describe_changes(changed) + "\nResume with the "
             "checkpoint's values, or set allow_config_change_on_resume=True to train on with the new ones.")
+    if not state.get("optimizer_saved", True):
+        warn_user(f"{folder} was saved with save_only_model=True (no optimizer.pt, scheduler.pt, rng_state.pth): the "
+                  "weights and the PPO state resume, but the optimizer's moments and the learning-rate schedule start "
+                  "afresh, so the run does not continue exactly. Save with save_only_model=False for exact resumes.")
     value_head = load_file(os.path.join(folder, VALUE_HEAD_FILE), device=str(device))
     buffer = (load_file(os.path.join(folder, ROLLOUT_BUFFER_FILE), device=str(device))
               if state["rollout_buffer"] else None)
@@ -338,14 +342,40 @@ def load_policy_weights(policy, folder: str, peft: bool, device, adapter_name: s
     `adapter_name`: the trained adapter of a PeftModel that holds several (a reference adapter beside it)."""
     from safetensors.torch import load_file
 
+    adapter = os.path.join(folder, "adapter_model.safetensors")
+    if not peft and os.path.isfile(adapter):
+        raise CheckpointError(f"{folder} holds a LoRA adapter (adapter_model.safetensors), but this run trains the "
+                              "whole model: pass the peft_config the run started with (PPOLMTrainer(..., "
+                              "peft_config=LoraConfig(...))) to resume it.")
+    if peft and not os.path.isfile(adapter):
+        raise CheckpointError(f"{folder} holds full model weights (no adapter_model.safetensors), but this run trains "
+                              "a LoRA adapter: resume it without peft_config.")
     if peft:
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(policy, load_file(os.path.join(folder, "adapter_model.safetensors"),
-                                                    device=str(device)), adapter_name=adapter_name or "default")
+        _check_adapter_config(folder, policy.peft_config[adapter_name or "default"])
+        set_peft_model_state_dict(policy, load_file(adapter, device=str(device)), adapter_name=adapter_name or "default")
         return
     for name in policy_files(folder, False, []):
         policy.load_state_dict(load_file(os.path.join(folder, name)), strict=False)
+
+
+def _check_adapter_config(folder: str, current) -> None:
+    """The LoRA shape the checkpoint was trained with must be this run's: another rank or other target modules
+    cannot hold its weights (a raw size mismatch otherwise)."""
+    saved = _read_json(folder, "adapter_config.json", [])
+    if saved is None:
+        return
+    differ = []
+    for name in ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora"):
+        mine, theirs = getattr(current, name, None), saved.get(name)
+        if isinstance(mine, (set, list, tuple)) and isinstance(theirs, (list, tuple)):
+            mine, theirs = sorted(mine), sorted(theirs)
+        if name in saved and mine != theirs:
+            differ.append(f"{name}: checkpoint {theirs!r}, this run {mine!r}")
+    if differ:
+        raise CheckpointError(f"{folder} was trained with another LoRA configuration ({'; '.join(differ)}): resume "
+                              "with the checkpoint's LoraConfig, or start a new run.")
 
 
 def skip_incomplete(run_dir: str) -> None:

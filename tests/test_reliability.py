@@ -244,7 +244,8 @@ def test_killed_process_mid_save_resumes(tiny_models, tokenizer, lora_config, tm
         PPOLMTrainer(model={tiny_models["policy"]!r}, args=args,
                      processing_class=AutoTokenizer.from_pretrained({tiny_models["policy"]!r}),
                      reward_model=lambda p, c: [float(x.count("e")) for x in c], train_dataset=dataset,
-                     peft_config=LoraConfig(r=8, target_modules="all-linear", task_type="CAUSAL_LM")).train()
+                     peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                            task_type="CAUSAL_LM")).train()  # the lora_config fixture's
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
@@ -456,3 +457,41 @@ def test_a_save_never_replaces_another_programs_checkpoint_of_the_same_step(tiny
     with pytest.raises(ValueError, match=r"checkpoint-2 exists and was not written by hf_ppo"):
         trainer.train()
     assert {p.name: p.read_bytes() for p in (out / "checkpoint-2").iterdir()} == before
+
+
+# ---- resume tells the truth ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lora_checkpoint(tiny_models, tokenizer, tmp_path_factory):
+    """checkpoint-2 of a LoRA run (r=8), saved with the optimizer and without it."""
+    folders = {}
+    for only_model in (False, True):
+        out = tmp_path_factory.mktemp("lora_run")
+        make_trainer(tiny_models, tokenizer, out, lora(), max_steps=2, num_ppo_epochs=1, num_mini_batches=2,
+                     save_strategy="steps", save_steps=2, save_only_model=only_model).train()
+        folders[only_model] = str(out / "checkpoint-2")
+    return folders
+
+
+def test_a_checkpoint_saved_without_optimizer_resumes_with_a_warning_that_says_so(lora_checkpoint, tiny_models,
+                                                                                 tokenizer, tmp_path):
+    resumed = make_trainer(tiny_models, tokenizer, tmp_path, lora(), max_steps=4, num_ppo_epochs=1,
+                           num_mini_batches=2, save_only_model=True)
+    with pytest.warns(UserWarning, match=r"save_only_model=True .*optimizer's moments and the learning-rate "):
+        resumed.train(resume_from_checkpoint=lora_checkpoint[True])
+    assert resumed.state.global_step == 4
+
+
+def test_a_lora_checkpoint_resumed_without_peft_config_names_the_missing_argument(lora_checkpoint, tiny_models,
+                                                                                 tokenizer, tmp_path):
+    resumed = make_trainer(tiny_models, tokenizer, tmp_path, None, max_steps=4, num_ppo_epochs=1, num_mini_batches=2)
+    with pytest.raises(CheckpointError, match=r"holds a LoRA adapter .*pass the peft_config the run started with"):
+        resumed.train(resume_from_checkpoint=lora_checkpoint[False])
+
+
+def test_another_lora_rank_on_resume_is_named(lora_checkpoint, tiny_models, tokenizer, tmp_path):
+    from peft import LoraConfig
+
+    other = LoraConfig(r=4, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    resumed = make_trainer(tiny_models, tokenizer, tmp_path, other, max_steps=4, num_ppo_epochs=1, num_mini_batches=2)
+    with pytest.raises(CheckpointError, match=r"another LoRA configuration \(r: checkpoint 8, this run 4\)"):
+        resumed.train(resume_from_checkpoint=lora_checkpoint[False])
