@@ -407,6 +407,12 @@ class PPOConfig(TrainingArguments):
         """Settings each legal alone that together make a part of the objective a no-op: the run would train
         nothing, or not what was asked, without a word (README, "Errors at construction")."""
         errors = []
+        for name in _BOOL_FIELDS:  # "false" is a true value: a flag given as text would silently be on
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                errors.append(f"{name}={value!r}: must be True or False.")
+        if self.stop_token not in (None, "eos"):
+            errors.append(f"stop_token={self.stop_token!r}: choose 'eos' or None (other stop tokens: stop_token_ids).")
         if self.kl_estimator not in ("k1", "k2", "k3"):
             errors.append(f"kl_estimator={self.kl_estimator!r}: choose 'k1', 'k2' or 'k3'.")
         low = self.cliprange if self.cliprange_low is None else self.cliprange_low
@@ -598,6 +604,7 @@ _RANGES = [
      "policy for never stopping)"),
     ("gamma", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("lam", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("dataset_num_proc", True, lambda v: v >= 1, "None or an integer >= 1 (processes that tokenize the prompts)"),
     ("logits_memory_mb", False, lambda v: 0 < v < math.inf, "> 0 (MiB, e.g. 256)"),
     ("cliprange", False, lambda v: 0 < v < math.inf, "> 0 (e.g. 0.2)"),
     ("cliprange_value", False, lambda v: 0 < v < math.inf, "> 0 (e.g. 0.2)"),
@@ -615,6 +622,12 @@ _RANGES = [
     ("num_sample_generations", False, lambda v: v >= 0, "an integer >= 0 (0: never)"),
     ("max_consecutive_nonfinite", False, lambda v: v >= 1, "an integer >= 1"),
 ]
+
+
+# The PPO fields that are flags (TrainingArguments checks its own).
+_BOOL_FIELDS = ("disable_dropout", "whiten_advantages", "whiten_rewards", "scale_rewards", "adaptive_kl",
+                "normalize_rewards", "normalize_each_reward", "push_merged_model", "allow_config_change_on_resume",
+                "print_metrics")
 
 
 def _range_errors(config) -> list[str]:

@@ -495,3 +495,55 @@ def test_another_lora_rank_on_resume_is_named(lora_checkpoint, tiny_models, toke
     resumed = make_trainer(tiny_models, tokenizer, tmp_path, other, max_steps=4, num_ppo_epochs=1, num_mini_batches=2)
     with pytest.raises(CheckpointError, match=r"another LoRA configuration \(r: checkpoint 8, this run 4\)"):
         resumed.train(resume_from_checkpoint=lora_checkpoint[False])
+
+
+# ---- every PPOConfig field, walked ---------------------------------------------------------------------------------
+# A bad value for each PPO field (derived from the dataclass below, so a new field cannot be forgotten): each must be
+# refused when PPOConfig is built, before any model loads.
+BAD_VALUES = {
+    "model_init_kwargs": "[1]", "ref_model_init_kwargs": "{not json", "reward_model_init_kwargs": "[1]",
+    "critic_model_init_kwargs": "[1]", "policy_quantization": "3bit", "ref_quantization": "fp8",
+    "reward_quantization": "2bit", "critic_quantization": "3bit", "disable_dropout": "false",
+    "reward_input_format": "xml", "rollout_engine": "vllm", "stop_token": "eot", "stop_token_ids": [-1],
+    "whiten_advantages": "no", "whiten_rewards": "yes", "critic": "twin", "advantage_estimator": "ppo2",
+    "scale_rewards": "false", "loss_aggregation": "sum", "cliprange_low": 0.0, "cliprange_high": -0.1,
+    "dual_clip": 1.0, "kl_estimator": "k4", "adaptive_kl": "true", "normalize_rewards": "on", "reward_weights": [],
+    "normalize_each_reward": "off", "overlong_buffer_length": 0, "push_merged_model": "yes",
+    "total_episodes": 0, "num_total_batches": 0, "local_batch_size": 8, "micro_batch_size": 8, "batch_size": 8,
+    "local_mini_batch_size": 8, "mini_batch_size": 8, "allow_config_change_on_resume": "yes", "print_metrics": "1",
+    "max_prompt_length": 0, "kl_coef": -0.1, "reward_clip": 0.0, "cliprange": 0.0, "cliprange_value": 0.0,
+    "gamma": 1.5, "lam": 1.01, "kl_target": 0.0, "kl_horizon": 0, "top_k": -1, "vf_coef": -1.0,
+    "entropy_coef": float("inf"), "missing_eos_penalty": -1.0, "value_head_learning_rate": 0.0,
+    "critic_learning_rate": -1.0, "critic_warmup_steps": -1, "num_generations": 0, "overlong_penalty_factor": -1.0,
+    "local_rollout_forward_batch_size": 0, "num_ppo_epochs": 0, "num_mini_batches": 0, "response_length": 0,
+    "temperature": 0.0, "top_p": 0.0, "max_consecutive_nonfinite": 0, "num_sample_generations": -1,
+    "stop_token_id": -2, "logits_memory_mb": 0, "dataset_num_proc": 0,
+}
+# Reviewed: fields for which every value of their type is legal (a name, a label).
+ACCEPTS_ANY_VALUE = {
+    "model_adapter_name": "the name of one of the policy's adapters (checked against the policy when it loads)",
+    "ref_adapter_name": "likewise, for the reference adapter",
+    "exp_name": "TRL's run label, used as run_name",
+    "ds3_gather_for_generation": "TRL's ZeRO-3 option: any value is ignored with a warning",
+}
+
+
+def ppo_fields() -> list[str]:
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    base = {f.name for f in fields(TrainingArguments)}
+    return [f.name for f in fields(PPOConfig) if f.name not in base]
+
+
+def test_every_ppo_field_has_a_bad_value_or_a_reviewed_reason():
+    missing = [n for n in ppo_fields() if n not in BAD_VALUES and n not in ACCEPTS_ANY_VALUE]
+    assert not missing, f"PPOConfig fields without a bad value in BAD_VALUES nor a reason in ACCEPTS_ANY_VALUE: {missing}"
+    assert not set(BAD_VALUES) - set(ppo_fields()) and not set(ACCEPTS_ANY_VALUE) - set(ppo_fields())
+
+
+@pytest.mark.parametrize("name", sorted(BAD_VALUES))
+def test_each_ppo_field_refuses_its_bad_value_at_construction(tmp_path, name):
+    with pytest.raises(ValueError, match=name):
+        PPOConfig(output_dir=str(tmp_path), report_to=[], **{name: BAD_VALUES[name]})
