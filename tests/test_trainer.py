@@ -385,3 +385,33 @@ def test_warnings_name_the_line_of_the_users_code(tiny_models, tokenizer, prompt
         trainer.train()
     guard = [w for w in trained if "Non-finite" in str(w.message)]
     assert guard and all((w.filename, w.lineno) == (__file__, line) for w in guard)
+
+
+def test_a_chosen_pad_token_is_announced_once(tiny_models, tokenizer, prompts_dataset, tmp_path):
+    """hf_ppo's warning says which pad it chose; transformers then finds the model's configs already aligned and
+    does not announce the pad again (its message may still list other tokens it aligns)."""
+    import copy
+    import logging
+
+    logging.Logger.warning_once.cache_clear()
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("transformers").addHandler(handler)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["policy"])
+    model.config.pad_token_id = model.generation_config.pad_token_id = None  # a checkpoint that names no pad
+    model.save_pretrained(tmp_path / "no_pad")
+    no_pad = copy.deepcopy(tokenizer)
+    no_pad.pad_token = None
+    try:
+        with pytest.warns(UserWarning, match="has no pad token: padding with"):
+            trainer = PPOLMTrainer(model=str(tmp_path / "no_pad"), args=make_args(tmp_path), processing_class=no_pad,
+                                   reward_model=count_e, train_dataset=prompts_dataset)
+        trainer.train()  # where Trainer aligns the model's special tokens with the tokenizer's, and says so
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert not [line for line in lines if "pad_token_id" in line], lines
+    policy = trainer.model.pretrained_model
+    assert policy.config.pad_token_id == policy.generation_config.pad_token_id == trainer.processing_class.pad_token_id
