@@ -554,6 +554,11 @@ class PPOConfig(TrainingArguments):
         self.max_steps = steps
         return errors
 
+    def to_dict(self) -> dict:
+        """TrainingArguments' dict, with `stop_token` as it is: Trainer hides every field named `*_token` as a
+        secret, and a config rebuilt from that dict would read '<STOP_TOKEN>' as its stop token."""
+        return {**super().to_dict(), "stop_token": self.stop_token}
+
     @property
     def minibatch_size(self) -> int:
         """Sequences per optimizer step on one device: per_device_train_batch_size * gradient_accumulation_steps."""
