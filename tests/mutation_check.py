@@ -5,8 +5,8 @@
     python tests/mutation_check.py --list       # the mutations, without running anything
 
 Each mutation replaces an exact snippet of today's code (rollout.py, estimators.py, generation.py, trainer.py,
-modeling.py, loading.py, ppo_math.py, data.py, config.py) with a
-bug of a kind a refactor introduces. It is applied to a temporary COPY of the repository (the working tree is never
+modeling.py, loading.py, ppo_math.py, data.py, config.py, guard.py, checkpoint.py) with
+a bug of a kind a refactor introduces. It is applied to a temporary COPY of the repository (the working tree is never
 touched), and a fast subset of the suite (`SUBSET`) runs against the copy with `-x`. The score is caught / total;
 it must stay at 100%. A snippet that no longer appears exactly once in the code is reported STALE: when code moves,
 move the mutation with it (same bug, new snippet). The script exits non-zero if a mutation is MISSED or STALE, or if
@@ -35,6 +35,9 @@ SUBSET = [
     "tests/test_estimators.py",
     "tests/test_critics.py",
     "tests/test_mixed_rewards.py",
+    "tests/test_resume_settings.py",
+    "tests/test_objective_wiring.py",
+    "tests/test_guard_wiring.py",
 ]
 COPIED = ["hf_ppo", "tests", "model_cards", "pyproject.toml"]
 
@@ -47,7 +50,7 @@ class Mutation:
 
 
 R, T, M, L, G, P = "rollout.py", "trainer.py", "modeling.py", "loading.py", "generation.py", "ppo_math.py"
-E, D, C = "estimators.py", "data.py", "config.py"
+E, D, C, GU, CK = "estimators.py", "data.py", "config.py", "guard.py", "checkpoint.py"
 ARANGE = "torch.arange({0}.shape[1], device={0}.device).expand_as({0})"
 MUTATIONS = [
     # -- the reference ------------------------------------------------------------------------------------------------
@@ -199,6 +202,49 @@ MUTATIONS = [
              [(R, "term = self.weights[i] * scores", "term = scores")]),
     Mutation("reward_stats_not_restored", "a dropped NaN rollout moves the per-reward statistics",
              [(T, "            self.rewards.load_state_dict(each_moments)\n", "")]),
+    # -- the objective's options on their way from PPOConfig to the loss -------------------------------------------------
+    Mutation("clip_higher_swapped", "clip-higher wired backwards (low and high bounds swapped on the way to the loss)",
+             [(T, "cliprange_low=args.cliprange_low, cliprange_high=args.cliprange_high,",
+               "cliprange_low=args.cliprange_high, cliprange_high=args.cliprange_low,")]),
+    Mutation("dual_clip_dropped", "the dual-clip setting never reaches the loss",
+             [(T, "dual_clip=args.dual_clip,", "dual_clip=None,")]),
+    Mutation("loss_aggregation_ignored", "loss_aggregation not passed to the loss (token_mean always)",
+             [(T, "loss_aggregation=args.loss_aggregation, max_length", 'loss_aggregation="token_mean", max_length')]),
+    Mutation("normalizer_token_count", "the minibatch normalizer always counts tokens, whatever the aggregation",
+             [(T, "                loss_aggregation=self.args.loss_aggregation)",
+               '                loss_aggregation="token_mean")')]),
+    Mutation("cliprange_value_is_cliprange", "the value loss clipped with the policy's clip range",
+             [(T, "cliprange_value=args.cliprange_value,", "cliprange_value=args.cliprange,")]),
+    Mutation("entropy_coef_dropped", "entropy_coef never reaches the loss",
+             [(T, "entropy_coef=args.entropy_coef,", "entropy_coef=0.0,")]),
+    Mutation("kl_loss_initial_coef", "grpo's KL loss term at the initial kl_coef, not the controller's",
+             [(T, "kl_loss_coef(args.advantage_estimator, self.kl_ctl.value)",
+               "kl_loss_coef(args.advantage_estimator, args.kl_coef)")]),
+    Mutation("whiten_rewards_ignored", "whiten_rewards never reaches the estimator",
+             [(C, "whiten_rewards=self.whiten_rewards", "whiten_rewards=False")]),
+    Mutation("reward_clip_ignored", "reward_clip not applied to normalised scores",
+             [(T, "reward_clip=args.reward_clip,", "reward_clip=None,")]),
+    Mutation("normalize_rewards_ignored", "normalize_rewards builds no running moments",
+             [(T, "RunningMoments() if args.normalize_rewards else None", "None")]),
+    # -- the non-finite guard -------------------------------------------------------------------------------------------
+    Mutation("guard_grad_norm_nan_only", "the guard checks the gradient norm for NaN but not for infinities",
+             [(GU, "return value is None or math.isfinite(float(value))",
+               "return value is None or not math.isnan(float(value))")]),
+    Mutation("guard_rollout_nan_only", "the guard checks the rollout for NaN but not for infinities",
+             [(GU, "counts = [(~torch.isfinite(batch.scores)).sum()]", "counts = [torch.isnan(batch.scores).sum()]"),
+              (GU, "(~torch.isfinite(getattr(batch, name)) & mask)", "(torch.isnan(getattr(batch, name)) & mask)")]),
+    Mutation("skipped_step_zero_grads", "a skipped step zeroes the gradients: Adam's moments, step and weight decay "
+             "still move the weights", [(T, "model.zero_grad(set_to_none=True)", "model.zero_grad(set_to_none=False)")]),
+    Mutation("skipped_step_steps", "a non-finite step is counted but the optimizer still steps",
+             [(T, "            model.zero_grad(set_to_none=True)\n", "            pass\n")]),
+    Mutation("reward_moments_not_restored", "a dropped rollout's scores stay in the reward normalisation's moments",
+             [(T, "                self.reward_moments.load_state_dict(moments)\n", "                pass\n")]),
+    # -- the resume comparison ------------------------------------------------------------------------------------------
+    Mutation("resume_skips_a_field", "the resume comparison skips a field that changes the run",
+             [(CK, '_NOT_COMPARED = {"model_init_kwargs",', '_NOT_COMPARED = {"cliprange_high", "model_init_kwargs",')]),
+    Mutation("resume_skips_seed", "the resume comparison skips the seed (the prompt order)",
+             [(CK, '_GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed")',
+               '_GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps")')]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""
@@ -229,10 +275,10 @@ def check_snippets(mutation: Mutation) -> str | None:
     return None
 
 
-def run_subset(copy: Path, timeout: int) -> tuple[int, str, float]:
+def run_subset(copy: Path, timeout: int, tests: list[str] = SUBSET) -> tuple[int, str, float]:
     env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1", TOKENIZERS_PARALLELISM="false")
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "_mutation_threads",
-               "-W", "ignore", *SUBSET]
+               "-W", "ignore", *tests]
     start = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
@@ -249,7 +295,7 @@ def first_failure(output: str) -> str:
     return "TIMEOUT" if output == "TIMEOUT" else "(no test named: see the run's output)"
 
 
-def run_mutation(mutation: Mutation, copy: Path, timeout: int) -> tuple[str, str, float]:
+def run_mutation(mutation: Mutation, copy: Path, timeout: int, tests: list[str] = SUBSET) -> tuple[str, str, float]:
     originals = {}
     try:
         for file, old, new in mutation.edits:
@@ -257,7 +303,7 @@ def run_mutation(mutation: Mutation, copy: Path, timeout: int) -> tuple[str, str
             text = originals.setdefault(path, path.read_text())
             current = path.read_text()
             path.write_text(current.replace(old, new, 1))
-        code, output, seconds = run_subset(copy, timeout)
+        code, output, seconds = run_subset(copy, timeout, tests)
     finally:
         for path, text in originals.items():
             path.write_text(text)
@@ -270,6 +316,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="mutations run in parallel (each in its own copy)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per run of the subset")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--tests", nargs="+", default=SUBSET,
+                        help="run these tests instead of SUBSET (quicker; caught by them is caught by SUBSET)")
     args = parser.parse_args()
     mutations = [m for m in MUTATIONS if any(k in m.name for k in args.k.split(","))]
     if args.list:
@@ -285,7 +333,7 @@ def main() -> int:
         for copy in copies:
             copy.mkdir()
             make_copy(copy)
-        code, output, seconds = run_subset(copies[0], args.timeout)
+        code, output, seconds = run_subset(copies[0], args.timeout, args.tests)
         if code != 0:
             print(output[-4000:])
             print(f"The unmutated subset fails ({seconds:.0f} s): fix the suite before checking mutations.")
@@ -297,7 +345,7 @@ def main() -> int:
         def work(mutation):
             copy = free.pop()
             try:
-                result = run_mutation(mutation, copy, args.timeout)
+                result = run_mutation(mutation, copy, args.timeout, args.tests)
             finally:
                 free.append(copy)
             print(f"  {mutation.name}: {result[0]} ({result[2]:.0f} s)", flush=True)
