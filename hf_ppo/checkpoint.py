@@ -111,7 +111,7 @@ def save_trainer_state(folder: str, *, args, iteration: int, kl_controller, rewa
                        metrics: dict[str, list[torch.Tensor]], critic_state: dict[str, torch.Tensor],
                        rollout_buffer: dict[str, torch.Tensor] | None, rewards=None) -> None:
     """Assemble the PPO trainer's state (iteration, KL controller, reward statistics, each reward's statistics of a
-    `rollout.RewardSet` `rewards`, non-finite guard, metrics not yet logged, the settings) and write it with the
+    `rewards.RewardSet` `rewards`, non-finite guard, metrics not yet logged, the settings) and write it with the
     critic and an unfinished iteration's rollout (`save_ppo_state`)."""
     state = {"iteration": iteration, "kl_controller": kl_controller.state_dict(),
              "reward_moments": reward_moments.state_dict() if reward_moments else None,

@@ -136,6 +136,14 @@ def _is_compile_error(error: Exception) -> bool:
     return type(error).__module__.startswith(("torch._dynamo", "torch._inductor", "torch.fx"))
 
 
+def sequence_inputs(queries, query_mask, responses, response_mask) -> dict[str, torch.Tensor]:
+    """input_ids / attention_mask / position_ids of prompt + response; positions count real tokens only."""
+    attention_mask = torch.cat([query_mask, response_mask], dim=1).long()
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    return {"input_ids": torch.cat([queries, responses], dim=1), "attention_mask": attention_mask,
+            "position_ids": position_ids}
+
+
 def chunks(n: int, size: int):
     """Slices of `range(n)` of at most `size` rows: the micro-batches of every no-grad pass."""
     for start in range(0, n, size):

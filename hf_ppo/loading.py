@@ -29,7 +29,7 @@ from .adapters import adapter_config, prepare_adapters
 from .estimators import ESTIMATORS
 from .modeling import AutoModelForCausalLMWithValueHead, PolicyAndCritic, ValueModel, mark_scoring_context
 from .reporting import warn_user
-from .rollout import (RewardSet, naming_reward, pools_itself, probe_reward_callable, reward_input_format, reward_name,
+from .rewards import (RewardSet, naming_reward, pools_itself, probe_reward_callable, reward_input_format, reward_name,
                       unique_names)
 
 

@@ -122,7 +122,7 @@ def log_samples_table(rows: list[tuple[str, str, float]], iteration: int, step: 
 def maybe_log_samples(tokenizer, batch, iteration: int, step: int, max_steps: int, args) -> None:
     """Every so many iterations (`num_sample_generations` tables over the run), a table of up to 8 (prompt,
     completion, score) rows of the rollout `batch`."""
-    from .rollout import decode_masked
+    from .rewards import decode_masked
 
     n = args.num_sample_generations
     if n <= 0:

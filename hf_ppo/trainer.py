@@ -20,15 +20,15 @@ import torch
 from transformers import Trainer, set_seed
 from transformers.trainer_callback import ProgressCallback
 
-from . import checkpoint, hub, loading
+from . import checkpoint, hub, loading, rewards
 from .config import PPOConfig
 from .data import PromptCollator, RolloutRepeatSampler, prepare_datasets
 from .estimators import kl_loss_coef
-from .generation import WeightsChangedCallback, make_rollout_engine
+from .generation import WeightsChangedCallback, make_rollout_engine, sequence_inputs
 from .guard import NonFiniteGuard, check_finite_weights, nonfinite_problem, score_hint
 from .ppo_math import AdaptiveKLController, FixedKLController, RunningMoments, ppo_loss
 from .reporting import PPOProgressCallback, maybe_log_samples
-from .rollout import MinibatchSchedule, RolloutBatch, rollout, sample_and_score, sequence_inputs, shape_scores
+from .rollout import MinibatchSchedule, RolloutBatch, rollout, sample_and_score
 
 
 class PPOLMTrainer(Trainer):
@@ -188,7 +188,7 @@ class PPOLMTrainer(Trainer):
                          engine=self.rollout_engine, ref_model=self.ref_model, ref_adapter=self.ref_adapter,
                          reward=self.rewards, tokenizer=tokenizer, stop_token_ids=self.stop_token_ids,
                          gather=self.accelerator.gather, shape_scores=functools.partial(
-                             shape_scores, reward_moments=self.reward_moments, reward_clip=args.reward_clip,
+                             rewards.shape_scores, reward_moments=self.reward_moments, reward_clip=args.reward_clip,
                              gather=self.accelerator.gather), kl_coef=self.kl_ctl.value, **args.rollout_settings)
         if toggle:
             model.train()

@@ -4,7 +4,7 @@
     python tests/mutation_check.py -k shuffle   # only mutations whose name contains "shuffle"
     python tests/mutation_check.py --list       # the mutations, without running anything
 
-Each mutation replaces an exact snippet of today's code (rollout.py, estimators.py, generation.py, trainer.py,
+Each mutation replaces an exact snippet of today's code (rollout.py, rewards.py, estimators.py, generation.py, trainer.py,
 modeling.py, loading.py, ppo_math.py, data.py, config.py, guard.py, checkpoint.py) with
 a bug of a kind a refactor introduces. It is applied to a temporary COPY of the repository (the working tree is never
 touched), and a fast subset of the suite (`SUBSET`) runs against the copy with `-x`. The score is caught / total;
@@ -50,7 +50,7 @@ class Mutation:
 
 
 R, T, M, L, G, P = "rollout.py", "trainer.py", "modeling.py", "loading.py", "generation.py", "ppo_math.py"
-E, D, C, GU, CK = "estimators.py", "data.py", "config.py", "guard.py", "checkpoint.py"
+E, D, C, GU, CK, W = "estimators.py", "data.py", "config.py", "guard.py", "checkpoint.py", "rewards.py"
 ARANGE = "torch.arange({0}.shape[1], device={0}.device).expand_as({0})"
 MUTATIONS = [
     # -- the reference ------------------------------------------------------------------------------------------------
@@ -69,20 +69,20 @@ MUTATIONS = [
                "response_mask, temperature=1.0, batch_size=batch_size, with_values=False,\n")]),
     # -- the score ----------------------------------------------------------------------------------------------------
     Mutation("score_at_pad_slot", "reward model's score read at a pad slot instead of the last real token",
-             [(R, "last = last_token_index(mask)",
+             [(W, "last = last_token_index(mask)",
                "last = torch.full_like(last_token_index(mask), mask.shape[1] - 1)")]),
     Mutation("score_attends_padding", "reward model attends the padding after the stop token",
-             [(R, "attention_mask = torch.cat([query_mask, response_mask], dim=1).long()",
+             [(G, "attention_mask = torch.cat([query_mask, response_mask], dim=1).long()",
                "attention_mask = torch.cat([query_mask, torch.ones_like(response_mask)], dim=1).long()")]),
     Mutation("reward_tokenizer_ignored", "reward model with another tokenizer fed the policy's token ids",
              [(L, 'if formats == {"concat"} and same_tokenizer(tokenizer, chosen):', "if True:")]),
     Mutation("reward_text_without_prompt", "reward model with another tokenizer scores the completion alone",
-             [(R, "encoded = reward_tokenizer([p + c for p, c in zip(prompt_texts, completions)], padding=True,",
+             [(W, "encoded = reward_tokenizer([p + c for p, c in zip(prompt_texts, completions)], padding=True,",
                "encoded = reward_tokenizer(list(completions), padding=True,")]),
     Mutation("eos_penalty_to_stopped", "missing-EOS penalty given to responses that did stop",
-             [(R, "missing_eos_penalty * (~contains_stop).float()", "missing_eos_penalty * contains_stop.float()")]),
+             [(W, "missing_eos_penalty * (~contains_stop).float()", "missing_eos_penalty * contains_stop.float()")]),
     Mutation("eos_penalty_to_all", "missing-EOS penalty given to responses that did stop",
-             [(R, "scores = scores - missing_eos_penalty * (~contains_stop).float()",
+             [(W, "scores = scores - missing_eos_penalty * (~contains_stop).float()",
                "scores = scores - missing_eos_penalty")]),
     Mutation("stop_token_not_real", "the stop token left out of the response mask",
              [(R, "stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()",
@@ -108,12 +108,12 @@ MUTATIONS = [
              [(M, "lambda module, args: head_input.append(args[0]))",
                "lambda module, args: head_input.append(args[0].roll(1, dims=1)))")]),
     Mutation("positions_scoring", "position ids not derived from the attention mask (policy/reference passes)",
-             [(R, "position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)",
+             [(G, "position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)",
                "position_ids = " + ARANGE.format("attention_mask"))]),
     Mutation("positions_generation", "position ids not derived from the attention mask (sampling)",
              [(G, "positions = (attention.cumsum(1) - 1).clamp(min=0)", "positions = " + ARANGE.format("attention"))]),
     Mutation("positions_reward", "position ids not derived from the attention mask (reward model)",
-             [(R, "position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)", "position_ids = " + ARANGE.format("mask"))]),
+             [(W, "position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)", "position_ids = " + ARANGE.format("mask"))]),
     # -- temperature --------------------------------------------------------------------------------------------------
     Mutation("sampler_ignores_temperature", "the sampler ignoring temperature",
              [(G, "logits = logits.float() / temperature\n    if top_k:", "logits = logits.float()\n    if top_k:")]),
@@ -200,7 +200,7 @@ MUTATIONS = [
     Mutation("warmup_moves_policy", "the critic warm-up lets the policy move",
              [(T, "critic_only=self.state.global_step < args.critic_warmup_steps)", "critic_only=False)")]),
     Mutation("reward_weights_ignored", "mixed rewards summed without their weights",
-             [(R, "term = self.weights[i] * scores", "term = scores")]),
+             [(W, "term = self.weights[i] * scores", "term = scores")]),
     Mutation("reward_stats_not_restored", "a dropped NaN rollout moves the per-reward statistics",
              [(T, "            self.rewards.load_state_dict(each_moments)\n", "")]),
     # -- the objective's options on their way from PPOConfig to the loss -------------------------------------------------

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.hub import POLICY_IGNORE_PATTERNS
 from hf_ppo.modeling import PolicyAndCritic, ValueModel
-from hf_ppo.rollout import reward_model_scores
+from hf_ppo.rewards import reward_model_scores
 from hub_fixtures import TEST_USER
 
 TEXTS = ["the movie was great and the plot was fun", "the food was bad", "the book was lovely ."]

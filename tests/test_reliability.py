@@ -15,7 +15,7 @@ from datasets import Dataset
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.checkpoint import CheckpointError, problems
 from hf_ppo.guard import NonFiniteError
-from hf_ppo.rollout import check_reward_values
+from hf_ppo.rewards import check_reward_values
 
 
 def count_e(prompts, completions):

@@ -130,7 +130,7 @@ def test_missing_model_id_names_it(tmp_path, prompts_dataset, request, monkeypat
 
 def test_reward_model_with_a_different_tokenizer(tiny_models, tokenizer, tmp_path):
     """The reward model reads text in its own vocabulary and chat template: decode, re-template, re-tokenize."""
-    from hf_ppo.rollout import score_responses
+    from hf_ppo.rewards import score_responses
     from hf_ppo.tiny import CHAT_TEMPLATE, build_reward_model, build_tokenizer
 
     reward_tok = build_tokenizer(vocab_size=300)
