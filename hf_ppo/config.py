@@ -426,6 +426,9 @@ class PPOConfig(TrainingArguments):
             warn_user(f"critic_warmup_steps={warmup} covers the whole run (max_steps={self.max_steps}): only the "
                       "critic trains and the policy ends where it started. Lower critic_warmup_steps or raise "
                       "max_steps if the policy should train.")
+        if isinstance(self.entropy_coef, (int, float)) and self.entropy_coef < 0:
+            warn_user(f"entropy_coef={self.entropy_coef} is negative: the loss pays the policy for lower entropy, which "
+                      "speeds up collapse to a few responses. Use entropy_coef >= 0 unless that is what you want.")
         if self.adaptive_kl and self.kl_coef == 0:
             errors.append("adaptive_kl=True with kl_coef=0: the adaptive controller scales the coefficient, so it "
                           "stays 0 and the KL penalty never acts. Start from kl_coef > 0, or set adaptive_kl=False.")

@@ -331,11 +331,11 @@ class PPOLMTrainer(Trainer):
         super()._save_checkpoint(model, trial)
 
     def _hp_search_setup(self, trial) -> None:
-        """The first call in `train()`, before it resolves `resume_from_checkpoint=True` to the highest checkpoint:
-        incomplete checkpoints above the last complete one are moved aside (with a warning), so it resolves to that."""
+        """The first call in `train()`, before it resolves `resume_from_checkpoint=True`: a rotation that would delete
+        others' checkpoints is refused; incomplete ones above the last complete one are moved aside (`prepare_run_dir`)."""
         super()._hp_search_setup(trial)
         if self.args.should_save:
-            checkpoint.skip_incomplete(self.args.output_dir)
+            checkpoint.prepare_run_dir(self.args.output_dir, self.args.save_total_limit)
         self.accelerator.wait_for_everyone()
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
