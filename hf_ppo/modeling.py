@@ -169,7 +169,8 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
     """Wraps `pretrained_model` (a causal LM or a `PeftModel` around one) and adds `v_head: Linear(hidden, 1)`.
 
     `generate`, gradient checkpointing and `save_pretrained` pass through to the wrapped model; the head is saved and
-    loaded on its own (`value_head.safetensors`), so the saved policy stays a plain model or adapter.
+    loaded on its own (`value_head.safetensors`, plus TRL's `pytorch_model.bin` beside an adapter), so the saved
+    policy stays a plain model or adapter. State keys are TRL's: `pretrained_model.*` and `v_head.summary.*`.
 
     TRL's keyword arguments are accepted: `v_head_init_strategy` (None: hf_ppo's zero head, unlike TRL's random one;
     "normal": N(0, `v_head_initializer_range`), default 0.2, bias 0) and `summary_dropout_prob` (dropout on the
