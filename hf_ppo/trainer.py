@@ -35,7 +35,7 @@ class PPOLMTrainer(Trainer):
     """PPO for causal LMs with a value head, on `transformers.Trainer`.
 
     Args:
-        model: Hub id, local path, `PreTrainedModel`, `PeftModel` or `AutoModelForCausalLMWithValueHead`.
+        model: id/path, `PreTrainedModel`, `PeftModel`, `AutoModelForCausalLMWithValueHead` (None: args.sft_model_path).
         args: a `PPOConfig`.
         processing_class: the policy's tokenizer (loaded with the model when `model` is an id/path and this is None).
         reward_model: Hub id / path / `AutoModelForSequenceClassification` with num_labels=1 / callable
@@ -57,7 +57,7 @@ class PPOLMTrainer(Trainer):
 
     def __init__(
         self,
-        model,
+        model=None,
         args: PPOConfig | None = None,
         processing_class=None,
         reward_model=None,
@@ -74,7 +74,7 @@ class PPOLMTrainer(Trainer):
             raise TypeError(f"args must be a PPOConfig, got {type(args).__name__}: PPOConfig(**args.to_dict()) converts it.")
         # Seed before any model is built: LoRA and value-head initialisation must follow `seed` too.
         set_seed(args.seed)
-        critic_model = loading.trl_value_model(value_model, critic_model, args)
+        model, reward_model, critic_model = loading.trl_inputs(model, reward_model, value_model, critic_model, args)
         loaded = loading.load_models(model, processing_class, reward_model, ref_model, reward_processing_class,
                                      peft_config, args, args.device, critic_model)
         policy, tokenizer, self.ref_model, self.reward_model = (loaded.policy, loaded.tokenizer, loaded.ref_model,
