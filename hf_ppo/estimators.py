@@ -51,17 +51,23 @@ class EstimatorSettings(NamedTuple):
     whiten_rewards: bool = False
     whiten_advantages: bool = True
     scale_rewards: bool = True
+    lam_critic: float | None = None  # None: lam
 
 
 def gae(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tensor]:
     """PPO's estimator: KL-penalised per-token rewards, optional reward whitening (no mean shift), GAE with the
-    critic's values, advantage whitening over the batch's real tokens (returns keep the raw advantages)."""
+    critic's values, advantage whitening over the batch's real tokens (returns keep the raw advantages).
+
+    Decoupled GAE (VAPO, Yue et al. 2025): the critic's returns are GAE(`lam_critic`) advantages + values, the actor's
+    advantages GAE(`lam`); with `lam_critic` None (or equal to `lam`) one GAE serves both."""
     if values is None:
         raise ValueError("advantage_estimator='gae' needs a critic's values: this model has no critic.")
     rewards, non_score_rewards = compute_rewards(scores, kl, mask, s.kl_coef)
     if s.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
     advantages, returns = compute_gae(rewards, values, mask, s.gamma, s.lam)
+    if s.lam_critic is not None and s.lam_critic != s.lam:
+        returns = compute_gae(rewards, values, mask, s.gamma, s.lam_critic)[1]
     whitened = masked_whiten(advantages, mask) if s.whiten_advantages else advantages
     return {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": whitened, "returns": returns}
 

@@ -153,7 +153,7 @@ def reference_logprobs(policy: nn.Module, ref_model: nn.Module | None, queries, 
 def compute_advantages(
     logprobs, ref_logprobs, values, response_mask, shaped_scores: torch.Tensor, *, kl_coef: float, kl_estimator: str,
     gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool, advantage_estimator: str = "gae",
-    num_generations: int = 1, scale_rewards: bool = True,
+    num_generations: int = 1, scale_rewards: bool = True, lam_critic: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Step 8: the per-token KL (B, R) and {rewards, non_score_rewards, advantages, returns} (B, R) of a rollout,
     from `advantage_estimator` (see `estimators.py`: where its KL penalty enters, what it normalises).
@@ -162,7 +162,8 @@ def compute_advantages(
     consecutive responses per prompt.
     """
     kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
-    settings = EstimatorSettings(kl_coef, num_generations, gamma, lam, whiten_rewards, whiten_advantages, scale_rewards)
+    settings = EstimatorSettings(kl_coef, num_generations, gamma, lam, whiten_rewards, whiten_advantages, scale_rewards,
+                                 lam_critic)
     return kl, ESTIMATORS[advantage_estimator].compute(shaped_scores, kl, response_mask, values, settings)
 
 
@@ -257,7 +258,7 @@ def rollout(
     kl_estimator: str, gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool,
     gather: Callable | None = None, overlong_buffer_length: int | None = None, overlong_penalty_factor: float = 1.0,
     advantage_estimator: str = "gae", num_generations: int = 1, scale_rewards: bool = True,
-    memory_bytes: int = LOGITS_MEMORY_BYTES,
+    memory_bytes: int = LOGITS_MEMORY_BYTES, lam_critic: float | None = None,
 ) -> Rollout:
     """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
 
@@ -293,7 +294,7 @@ def rollout(
                                      kl_coef=kl_coef, kl_estimator=kl_estimator, gamma=gamma, lam=lam,
                                      whiten_rewards=whiten_rewards, whiten_advantages=whiten_advantages,
                                      advantage_estimator=advantage_estimator, num_generations=num_generations,
-                                     scale_rewards=scale_rewards)
+                                     scale_rewards=scale_rewards, lam_critic=lam_critic)
     values = values if has_critic else torch.zeros_like(logprobs)
     batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
                          contains_stop, **rewards)
@@ -306,26 +307,31 @@ def rollout(
 
 class MinibatchSchedule:
     """The PPO update over one rollout: `num_ppo_epochs` shuffled passes, each split into `num_mini_batches`
-    minibatches of gradient-accumulation micro-batches, handed out one micro-batch at a time.
+    minibatches of gradient-accumulation micro-batches, handed out one micro-batch at a time. With `critic_passes`
+    c > 1 each policy pass is followed by c - 1 critic-only passes (shuffled anew): pass p updates the policy only
+    when p % c == 0 (`critic_updates_per_step`).
 
-    The rollout, the shuffles (`orders`, (num_ppo_epochs, B) long) and the `position` (micro-batches handed out) are
+    The rollout, the shuffles (`orders`, (passes, B) long) and the `position` (micro-batches handed out) are
     the whole state, so a checkpoint taken part-way through an iteration resumes with exactly the rest of it.
     """
 
     def __init__(self, batch: RolloutBatch, orders: torch.Tensor, *, num_mini_batches: int,
-                 gradient_accumulation_steps: int, position: int = 0, loss_aggregation: str = "token_mean"):
+                 gradient_accumulation_steps: int, position: int = 0, loss_aggregation: str = "token_mean",
+                 critic_passes: int = 1):
         self.batch, self.orders, self.position = batch, orders, position
-        self.loss_aggregation = loss_aggregation
+        self.loss_aggregation, self.critic_passes = loss_aggregation, critic_passes
         self.num_mini_batches, self.gradient_accumulation_steps = num_mini_batches, gradient_accumulation_steps
         self.minibatch_size = len(batch) // num_mini_batches
         self.micro_batch_size = self.minibatch_size // gradient_accumulation_steps
 
     @classmethod
     def shuffled(cls, batch: RolloutBatch, *, num_ppo_epochs: int, num_mini_batches: int,
-                 gradient_accumulation_steps: int, loss_aggregation: str = "token_mean") -> "MinibatchSchedule":
-        """A new schedule over `batch`: one permutation per PPO epoch from the global torch RNG."""
-        orders = torch.stack([torch.randperm(len(batch), device=batch.queries.device) for _ in range(num_ppo_epochs)])
-        return cls(batch, orders, num_mini_batches=num_mini_batches,
+                 gradient_accumulation_steps: int, loss_aggregation: str = "token_mean",
+                 critic_passes: int = 1) -> "MinibatchSchedule":
+        """A new schedule over `batch`: one permutation per pass from the global torch RNG."""
+        orders = torch.stack([torch.randperm(len(batch), device=batch.queries.device)
+                              for _ in range(num_ppo_epochs * critic_passes)])
+        return cls(batch, orders, num_mini_batches=num_mini_batches, critic_passes=critic_passes,
                    gradient_accumulation_steps=gradient_accumulation_steps, loss_aggregation=loss_aggregation)
 
     def __len__(self) -> int:
@@ -337,13 +343,15 @@ class MinibatchSchedule:
 
     def next(self) -> dict:
         """The next micro-batch: {"batch": RolloutBatch, "normalizer": what its whole minibatch's loss divides by
-        (real tokens, or sequences for the seq-mean aggregations: `loss_normalizer`)}."""
+        (real tokens, or sequences for the seq-mean aggregations: `loss_normalizer`), "critic_only": whether it
+        belongs to a critic-only pass}."""
         epoch, rest = divmod(self.position, self.num_mini_batches * self.gradient_accumulation_steps)
         m, k = divmod(rest, self.gradient_accumulation_steps)
         minibatch = self.orders[epoch, m * self.minibatch_size:(m + 1) * self.minibatch_size]
         self.position += 1
         return {"batch": self.batch.select(minibatch[k * self.micro_batch_size:(k + 1) * self.micro_batch_size]),
-                "normalizer": loss_normalizer(self.batch.response_mask[minibatch], self.loss_aggregation)}
+                "normalizer": loss_normalizer(self.batch.response_mask[minibatch], self.loss_aggregation),
+                "critic_only": epoch % self.critic_passes != 0}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every tensor of the rollout, the orders and the position (as a 0-d tensor): what a checkpoint stores."""
@@ -352,10 +360,12 @@ class MinibatchSchedule:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, torch.Tensor], *, num_mini_batches: int,
-                        gradient_accumulation_steps: int, loss_aggregation: str = "token_mean") -> "MinibatchSchedule":
+                        gradient_accumulation_steps: int, loss_aggregation: str = "token_mean",
+                        critic_passes: int = 1, num_ppo_epochs: int | None = None) -> "MinibatchSchedule":
+        """The schedule `state_dict` stored; `num_ppo_epochs` (the `schedule_settings` key) is in the orders."""
         state = dict(state)
         orders, position = state.pop("orders"), int(state.pop("position"))
-        return cls(RolloutBatch(**state), orders, num_mini_batches=num_mini_batches,
+        return cls(RolloutBatch(**state), orders, num_mini_batches=num_mini_batches, critic_passes=critic_passes,
                    gradient_accumulation_steps=gradient_accumulation_steps, position=position,
                    loss_aggregation=loss_aggregation)
 

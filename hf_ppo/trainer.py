@@ -146,10 +146,7 @@ class PPOLMTrainer(Trainer):
             batch = self._rollout(prompts)
             while batch is None:  # a non-finite rollout was dropped: sample again (the guard stops after too many)
                 batch = self._rollout(prompts)
-            self._schedule = MinibatchSchedule.shuffled(
-                batch, num_ppo_epochs=self.args.num_ppo_epochs, num_mini_batches=self.args.num_mini_batches,
-                gradient_accumulation_steps=self.args.gradient_accumulation_steps,
-                loss_aggregation=self.args.loss_aggregation)
+            self._schedule = MinibatchSchedule.shuffled(batch, **self.args.schedule_settings)
             # Resumed part-way through an iteration without its rollout (settings changed on resume): a fresh
             # rollout serves only the micro-batches still to do.
             self._schedule.position = position
@@ -226,7 +223,7 @@ class PPOLMTrainer(Trainer):
         # The critic warm-up: the policy runs without gradients, so its weights stay exactly as they are.
         out = model(**sequence_inputs(batch.queries, batch.query_mask, batch.responses, batch.response_mask),
                     logits_to_keep=batch.responses.shape[1] + 1,
-                    critic_only=self.state.global_step < args.critic_warmup_steps)
+                    critic_only=inputs.get("critic_only") or self.state.global_step < args.critic_warmup_steps)
         loss, stats = ppo_loss(
             out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch.responses,
             batch.logprobs, batch.values, batch.advantages, batch.returns, batch.response_mask, inputs["normalizer"],

@@ -10,6 +10,7 @@ import pytest
 import torch
 from datasets import Dataset
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.hub import POLICY_IGNORE_PATTERNS
@@ -179,6 +180,72 @@ def test_warmup_moves_only_the_critic(critic, tiny_models, tokenizer, tmp_path):
     after = model.critic_state_dict()
     assert any(not torch.equal(critic_before[k], after[k]) for k in after)
     assert trainer.state.log_history[1]["val/ratio"] == 1  # the policy is where it sampled from
+
+
+# ---- critic_updates_per_step: critic-only passes between the policy's ---------------------------------------------------
+def test_schedule_interleaves_critic_only_passes_and_keeps_them_on_resume():
+    from hf_ppo.rollout import MinibatchSchedule, RolloutBatch
+
+    B, R = 4, 2
+    batch = RolloutBatch(torch.zeros(B, 1, dtype=torch.long), torch.ones(B, 1, dtype=torch.bool),
+                         torch.zeros(B, R, dtype=torch.long), torch.ones(B, R, dtype=torch.bool),
+                         *[torch.zeros(B, R)] * 3, torch.zeros(B), torch.ones(B, dtype=torch.bool),
+                         *[torch.zeros(B, R)] * 4)
+    # 2 epochs x 3 critic passes x 2 minibatches x 1 micro-batch = 12 micro-batches; passes 0 and 3 move the policy.
+    schedule = MinibatchSchedule.shuffled(batch, num_ppo_epochs=2, num_mini_batches=2, gradient_accumulation_steps=1,
+                                          critic_passes=3)
+    assert schedule.orders.shape == (6, B) and len(schedule) == 12
+    flags = [schedule.next()["critic_only"] for _ in range(5)]
+    resumed = MinibatchSchedule.from_state_dict(schedule.state_dict(), num_mini_batches=2,
+                                                gradient_accumulation_steps=1, critic_passes=3)
+    flags += [resumed.next()["critic_only"] for _ in range(7)]
+    assert flags == [False] * 2 + [True] * 4 + [False] * 2 + [True] * 4 and resumed.done
+
+
+def test_critic_only_passes_move_the_critic_and_never_the_policy(tiny_models, tokenizer, tmp_path):
+    # 1 epoch x 2 critic passes x 2 minibatches = 4 optimizer steps: steps 1-2 policy + critic, steps 3-4 critic only.
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, lora(), critic="reward_lora", critic_updates_per_step=2)
+    assert trainer.args.optimizer_steps_per_iteration == 4
+    model = trainer.model
+    critic_ids = {id(p) for p in model.critic_parameters()}
+    snapshots = []
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            snapshots.append(({n: p.detach().clone() for n, p in model.named_parameters() if id(p) not in critic_ids},
+                              critic_state(trainer)))
+
+    trainer.add_callback(Snapshot())
+    trainer.train()
+    assert len(snapshots) == 4 and trainer.iteration == 1
+
+    def moved(a, b):
+        return any(not torch.equal(a[k], b[k]) for k in a)
+
+    (policy_1, critic_1), (policy_2, critic_2), (policy_3, critic_3), (policy_4, critic_4) = snapshots
+    assert moved(policy_1, policy_2), "the policy trains in the policy pass"
+    assert not moved(policy_2, policy_3) and not moved(policy_3, policy_4), "the policy moved in a critic-only pass"
+    assert moved(critic_2, critic_3) and moved(critic_3, critic_4), "the critic trains in its own passes"
+
+
+def test_resume_inside_a_critic_only_pass_is_exact(tiny_models, tokenizer, tmp_path):
+    # 4 optimizer steps per iteration, 2 iterations, saved at step 3: in the critic-only pass of the first iteration.
+    kwargs = dict(critic_updates_per_step=2, lam_critic=1.0, max_steps=8)
+    straight = make_trainer(tiny_models, tokenizer, tmp_path / "straight", lora(), save_strategy="steps",
+                            save_steps=3, **kwargs)
+    straight.train()
+    resumed = make_trainer(tiny_models, tokenizer, tmp_path / "resumed", lora(), **kwargs)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-3"))
+    for (name, x), y in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(x, y), name
+    assert logged(straight) == logged(resumed) and resumed.iteration == 2
+
+
+def test_critic_updates_need_a_value_loss(tmp_path):
+    with pytest.raises(ValueError, match="critic_updates_per_step=2 adds critic-only passes"):
+        PPOConfig(output_dir=str(tmp_path), critic_updates_per_step=2, vf_coef=0.0, report_to=[])
+    with pytest.raises(ValueError, match="critic_updates_per_step=0: must be an integer >= 1"):
+        PPOConfig(output_dir=str(tmp_path), critic_updates_per_step=0, report_to=[])
 
 
 # ---- construction errors --------------------------------------------------------------------------------------------

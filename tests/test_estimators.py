@@ -93,6 +93,24 @@ def test_reinforce_pp_and_gae_through_the_interface():
         ESTIMATORS["gae"].compute(SCORES, KL, MASK, None, SETTINGS)
 
 
+def test_decoupled_gae_lambda_gives_the_critic_its_own_returns():
+    # rewards [0, 0, 1] (the score at the last token, no KL), V = 0.5, gamma 1. Deltas: [0, 0, 0.5].
+    # lam 0.95 (actor): A = [0.95^2 * 0.5, 0.95 * 0.5, 0.5] = [0.45125, 0.475, 0.5], returns = A + V.
+    # lam_critic 1.0: A = [0.5, 0.5, 0.5], so the critic learns returns [1, 1, 1] (the Monte-Carlo return).
+    scores, kl, mask, values = torch.tensor([1.0]), torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool), \
+        torch.full((1, 3), 0.5)
+    s = EstimatorSettings(kl_coef=0.0, lam=0.95, whiten_advantages=False)
+    coupled = ESTIMATORS["gae"].compute(scores, kl, mask, values, s)
+    torch.testing.assert_close(coupled["advantages"], torch.tensor([[0.45125, 0.475, 0.5]]))
+    torch.testing.assert_close(coupled["returns"], torch.tensor([[0.95125, 0.975, 1.0]]))
+    decoupled = ESTIMATORS["gae"].compute(scores, kl, mask, values, s._replace(lam_critic=1.0))
+    torch.testing.assert_close(decoupled["advantages"], coupled["advantages"])  # the actor's lam is unchanged
+    torch.testing.assert_close(decoupled["returns"], torch.tensor([[1.0, 1.0, 1.0]]))
+    # lam_critic 0 (one-step TD targets): returns = r_t + V_{t+1} = [0.5, 0.5, 1.0].
+    td = ESTIMATORS["gae"].compute(scores, kl, mask, values, s._replace(lam_critic=0.0))
+    torch.testing.assert_close(td["returns"], torch.tensor([[0.5, 0.5, 1.0]]))
+
+
 def test_ppo_loss_without_critic_and_with_the_kl_loss_term():
     torch.manual_seed(0)
     logits, responses = torch.randn(2, 3, 5), torch.randint(0, 5, (2, 3))
@@ -223,6 +241,9 @@ def test_grpo_resume_mid_iteration_is_bitwise_exact(tiny_models, tokenizer, tmp_
     (dict(advantage_estimator="grpo", num_generations=3), "must be a multiple of num_generations=3"),
     (dict(advantage_estimator="rloo", critic_learning_rate=1e-3), "critic_learning_rate is set"),
     (dict(advantage_estimator="reinforce_pp", whiten_rewards=True), "whiten_rewards is set"),
+    (dict(advantage_estimator="grpo", lam_critic=1.0), "lam_critic is set"),
+    (dict(advantage_estimator="rloo", critic_updates_per_step=2), "critic_updates_per_step is set"),
+    (dict(num_generations=1, lam_critic=1.5), r"lam_critic=1.5: must be None \(lam\) or in \[0, 1\]"),
     (dict(advantage_estimator="ppo"), "advantage_estimator='ppo'"),
     (dict(num_generations=0), "num_generations"),
     (dict(advantage_estimator="rloo", scale_rewards=False), "scale_rewards=False applies to advantage_estimator='grpo'"),
