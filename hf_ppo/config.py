@@ -235,6 +235,13 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "Upper clip range of the ratio: clip to 1 + cliprange_high (None: cliprange). Larger than "
                   "cliprange_low is DAPO's 'clip-higher' (e.g. 0.2 / 0.28), against entropy collapse."},
     )
+    importance_sampling_level: Literal["token", "sequence"] = field(
+        default="token",
+        metadata={"help": "The policy ratio of the clipped loss (TRL GRPO's name). 'token': PPO's per-token ratio. "
+                  "'sequence': GSPO (Zheng et al. 2025): one ratio per response, exp(mean over its tokens of "
+                  "logp - logp_old), on every token; GSPO clips it far tighter (e.g. cliprange_low=3e-4, "
+                  "cliprange_high=4e-4)."},
+    )
     dual_clip: float | None = field(
         default=None,
         metadata={"help": "Dual clip c > 1 (Ye et al. 2020; e.g. 3): for negative advantages the policy loss of a "
@@ -247,6 +254,18 @@ class PPOConfig(TrainingArguments):
         default="k1",
         metadata={"help": "Per-token KL estimator: k1 = logp - logp_ref; k2 = (logp - logp_ref)^2 / 2; "
                   "k3 = (r - 1) - log r with r = p_ref / p (unbiased, non-negative)."},
+    )
+    use_kl_loss: bool = field(
+        default=False,
+        metadata={"help": "The KL to the reference as a loss term in the update, kl_coef x k3 per token aggregated "
+                  "like the policy loss, instead of -kl_coef x KL in the reward (verl's and OpenRLHF's name; grpo "
+                  "always does this). `kl_estimator` still picks the logged KL and the KL controller's input."},
+    )
+    use_bias_correction_kl: bool = field(
+        default=False,
+        metadata={"help": "Multiply the KL loss term's k3 by the per-token importance ratio pi / pi_old (TRL GRPO's "
+                  "name; DeepSeek-V3.2 sec. 3.1): its gradient becomes the unbiased gradient of KL(pi || pi_ref). "
+                  "Needs a KL loss term (use_kl_loss=True or advantage_estimator='grpo')."},
     )
     adaptive_kl: bool = field(
         default=False, metadata={"help": "Adapt kl_coef towards `kl_target` (Ziegler et al. 2019)."}
@@ -429,6 +448,16 @@ class PPOConfig(TrainingArguments):
             errors.append(f"stop_token={self.stop_token!r}: choose 'eos' or None (other stop tokens: stop_token_ids).")
         if self.kl_estimator not in ("k1", "k2", "k3"):
             errors.append(f"kl_estimator={self.kl_estimator!r}: choose 'k1', 'k2' or 'k3'.")
+        if self.importance_sampling_level not in ("token", "sequence"):
+            errors.append(f"importance_sampling_level={self.importance_sampling_level!r}: choose 'token' or "
+                          "'sequence' (GSPO).")
+        if self.use_bias_correction_kl is True and not (self.use_kl_loss is True
+                                                        or self.advantage_estimator == "grpo"):
+            errors.append("use_bias_correction_kl=True corrects the KL loss term, and this run has none (its KL is in "
+                          "the reward): set use_kl_loss=True, or unset use_bias_correction_kl.")
+        if self.use_kl_loss is True and self.kl_coef == 0 and not self.adaptive_kl:
+            errors.append("use_kl_loss=True with kl_coef=0: the KL loss term is multiplied by kl_coef, so it never "
+                          "acts. Set kl_coef > 0, or use_kl_loss=False.")
         low = self.cliprange if self.cliprange_low is None else self.cliprange_low
         if isinstance(low, (int, float)) and low >= 1:
             name = "cliprange" if self.cliprange_low is None else "cliprange_low"
@@ -600,6 +629,7 @@ class PPOConfig(TrainingArguments):
                     gamma=self.gamma, lam=self.lam, lam_critic=self.lam_critic, whiten_rewards=self.whiten_rewards,
                     whiten_advantages=self.whiten_advantages, advantage_estimator=self.advantage_estimator,
                     num_generations=self.num_generations, scale_rewards=self.scale_rewards,
+                    use_kl_loss=self.use_kl_loss,
                     memory_bytes=self.logits_memory_bytes)
 
     @property
@@ -662,6 +692,7 @@ _RANGES = [
 
 # The PPO fields that are flags (TrainingArguments checks its own).
 _BOOL_FIELDS = ("disable_dropout", "whiten_advantages", "whiten_rewards", "scale_rewards", "adaptive_kl",
+                "use_kl_loss", "use_bias_correction_kl",
                 "normalize_rewards", "normalize_each_reward", "push_merged_model", "allow_config_change_on_resume",
                 "print_metrics")
 

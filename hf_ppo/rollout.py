@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .adapters import adapter_active
-from .estimators import ESTIMATORS, EstimatorSettings
+from .estimators import EstimatorSettings, estimate
 from .generation import RolloutEngine, chunks, sequence_inputs, stop_tensor
 from .ppo_math import (
     LOGITS_MEMORY_BYTES,
@@ -153,7 +153,7 @@ def reference_logprobs(policy: nn.Module, ref_model: nn.Module | None, queries, 
 def compute_advantages(
     logprobs, ref_logprobs, values, response_mask, shaped_scores: torch.Tensor, *, kl_coef: float, kl_estimator: str,
     gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool, advantage_estimator: str = "gae",
-    num_generations: int = 1, scale_rewards: bool = True, lam_critic: float | None = None,
+    num_generations: int = 1, scale_rewards: bool = True, lam_critic: float | None = None, use_kl_loss: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Step 8: the per-token KL (B, R) and {rewards, non_score_rewards, advantages, returns} (B, R) of a rollout,
     from `advantage_estimator` (see `estimators.py`: where its KL penalty enters, what it normalises).
@@ -164,7 +164,7 @@ def compute_advantages(
     kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
     settings = EstimatorSettings(kl_coef, num_generations, gamma, lam, whiten_rewards, whiten_advantages, scale_rewards,
                                  lam_critic)
-    return kl, ESTIMATORS[advantage_estimator].compute(shaped_scores, kl, response_mask, values, settings)
+    return kl, estimate(advantage_estimator, shaped_scores, kl, response_mask, values, settings, use_kl_loss)
 
 
 ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
@@ -258,7 +258,7 @@ def rollout(
     kl_estimator: str, gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool,
     gather: Callable | None = None, overlong_buffer_length: int | None = None, overlong_penalty_factor: float = 1.0,
     advantage_estimator: str = "gae", num_generations: int = 1, scale_rewards: bool = True,
-    memory_bytes: int = LOGITS_MEMORY_BYTES, lam_critic: float | None = None,
+    memory_bytes: int = LOGITS_MEMORY_BYTES, lam_critic: float | None = None, use_kl_loss: bool = False,
 ) -> Rollout:
     """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
 
@@ -294,7 +294,7 @@ def rollout(
                                      kl_coef=kl_coef, kl_estimator=kl_estimator, gamma=gamma, lam=lam,
                                      whiten_rewards=whiten_rewards, whiten_advantages=whiten_advantages,
                                      advantage_estimator=advantage_estimator, num_generations=num_generations,
-                                     scale_rewards=scale_rewards, lam_critic=lam_critic)
+                                     scale_rewards=scale_rewards, lam_critic=lam_critic, use_kl_loss=use_kl_loss)
     values = values if has_critic else torch.zeros_like(logprobs)
     batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
                          contains_stop, **rewards)

@@ -231,7 +231,9 @@ class PPOLMTrainer(Trainer):
             vf_coef=args.vf_coef, memory_bytes=args.logits_memory_bytes,
             entropy_coef=args.entropy_coef, loss_aggregation=args.loss_aggregation, max_length=args.response_length,
             cliprange_low=args.cliprange_low, cliprange_high=args.cliprange_high, dual_clip=args.dual_clip,
-            ref_logprobs=batch.ref_logprobs, kl_loss_coef=kl_loss_coef(args.advantage_estimator, self.kl_ctl.value))
+            ref_logprobs=batch.ref_logprobs, importance_sampling_level=args.importance_sampling_level,
+            use_bias_correction_kl=args.use_bias_correction_kl,
+            kl_loss_coef=kl_loss_coef(args.advantage_estimator, self.kl_ctl.value, args.use_kl_loss))
         finite = torch.isfinite(loss.detach())
         self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
         self._record(stats)

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.data import RolloutRepeatSampler
-from hf_ppo.estimators import ESTIMATORS, EstimatorSettings, kl_loss_coef
+from hf_ppo.estimators import ESTIMATORS, EstimatorSettings, estimate, kl_loss_coef
 from hf_ppo.modeling import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
 from hf_ppo.ppo_math import logprobs_from_logits, ppo_loss, reinforce_pp_advantages
 
@@ -109,6 +109,30 @@ def test_decoupled_gae_lambda_gives_the_critic_its_own_returns():
     # lam_critic 0 (one-step TD targets): returns = r_t + V_{t+1} = [0.5, 0.5, 1.0].
     td = ESTIMATORS["gae"].compute(scores, kl, mask, values, s._replace(lam_critic=0.0))
     torch.testing.assert_close(td["returns"], torch.tensor([[0.5, 0.5, 1.0]]))
+
+
+def test_use_kl_loss_takes_the_kl_out_of_the_reward_for_every_estimator():
+    # One response [score 1 at the last of 2 tokens], KL [0.5, 0.5], kl_coef 1, V = 0, gamma = lam = 1:
+    # in the reward, returns are [1 - 1, 1 - 0.5] = [0, 0.5]; as a loss term, the reward is the score alone: [1, 1].
+    scores, kl, mask, values = torch.tensor([1.0]), torch.full((1, 2), 0.5), torch.ones(1, 2, dtype=torch.bool), \
+        torch.zeros(1, 2)
+    s = EstimatorSettings(kl_coef=1.0, lam=1.0, whiten_advantages=False, num_generations=1)
+    torch.testing.assert_close(estimate("gae", scores, kl, mask, values, s)["returns"], torch.tensor([[0.0, 0.5]]))
+    out = estimate("gae", scores, kl, mask, values, s, use_kl_loss=True)
+    torch.testing.assert_close(out["returns"], torch.tensor([[1.0, 1.0]]))
+    torch.testing.assert_close(out["rewards"], torch.tensor([[0.0, 1.0]]))
+    torch.testing.assert_close(out["non_score_rewards"], torch.tensor([[-0.5, -0.5]]))  # still reported
+    assert kl_loss_coef("gae", 0.3) == 0.0 and kl_loss_coef("gae", 0.3, use_kl_loss=True) == 0.3
+    assert kl_loss_coef("grpo", 0.3) == 0.3
+    # Step 8 as the rollout runs it (log-probs in, the KL measured with kl_estimator k1 = log 2 per token).
+    from hf_ppo.rollout import compute_advantages
+
+    logp, ref = torch.full((1, 2), -1.0), torch.full((1, 2), -1.0 - math.log(2.0))
+    settings = dict(kl_coef=1.0, kl_estimator="k1", gamma=1.0, lam=1.0, whiten_rewards=False, whiten_advantages=False)
+    _, in_reward = compute_advantages(logp, ref, values, mask, scores, **settings)
+    _, in_loss = compute_advantages(logp, ref, values, mask, scores, **settings, use_kl_loss=True)
+    torch.testing.assert_close(in_reward["returns"], torch.tensor([[1 - 2 * math.log(2.0), 1 - math.log(2.0)]]))
+    torch.testing.assert_close(in_loss["returns"], torch.tensor([[1.0, 1.0]]))
 
 
 def test_ppo_loss_without_critic_and_with_the_kl_loss_term():
@@ -242,6 +266,9 @@ def test_grpo_resume_mid_iteration_is_bitwise_exact(tiny_models, tokenizer, tmp_
     (dict(advantage_estimator="rloo", critic_learning_rate=1e-3), "critic_learning_rate is set"),
     (dict(advantage_estimator="reinforce_pp", whiten_rewards=True), "whiten_rewards is set"),
     (dict(advantage_estimator="grpo", lam_critic=1.0), "lam_critic is set"),
+    (dict(use_bias_correction_kl=True), "use_bias_correction_kl=True corrects the KL loss term"),
+    (dict(use_kl_loss=True, kl_coef=0.0), "use_kl_loss=True with kl_coef=0"),
+    (dict(importance_sampling_level="group"), "importance_sampling_level='group'"),
     (dict(advantage_estimator="rloo", critic_updates_per_step=2), "critic_updates_per_step is set"),
     (dict(num_generations=1, lam_critic=1.5), r"lam_critic=1.5: must be None \(lam\) or in \[0, 1\]"),
     (dict(advantage_estimator="ppo"), "advantage_estimator='ppo'"),
