@@ -218,6 +218,13 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "Responses sampled per prompt (k). Batch sizes count responses: a rollout batch holds "
                   "rollout_batch_size / k prompts, each sampled k times. rloo and grpo need k >= 2."},
     )
+    drop_uniform_groups: bool = field(
+        default=False,
+        metadata={"help": "DAPO's dynamic sampling without the refill: the responses of a prompt whose "
+                  "`num_generations` scores are all equal (no signal for a group baseline) leave the update: they "
+                  "are excluded from every loss term and its mean, and the batch is not refilled. "
+                  "`rollout/groups_dropped` logs how many. Needs num_generations >= 2."},
+    )
 
     # ---- Loss variants (defaults: the clipped PPO loss as above, a token mean) --------------------------------------
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = field(
@@ -448,6 +455,8 @@ class PPOConfig(TrainingArguments):
             errors.append(f"stop_token={self.stop_token!r}: choose 'eos' or None (other stop tokens: stop_token_ids).")
         if self.kl_estimator not in ("k1", "k2", "k3"):
             errors.append(f"kl_estimator={self.kl_estimator!r}: choose 'k1', 'k2' or 'k3'.")
+        if self.drop_uniform_groups is True and isinstance(self.num_generations, int) and self.num_generations < 2:
+            errors.append("drop_uniform_groups=True compares the responses to one prompt: set num_generations >= 2.")
         if self.importance_sampling_level not in ("token", "sequence"):
             errors.append(f"importance_sampling_level={self.importance_sampling_level!r}: choose 'token' or "
                           "'sequence' (GSPO).")
@@ -629,7 +638,7 @@ class PPOConfig(TrainingArguments):
                     gamma=self.gamma, lam=self.lam, lam_critic=self.lam_critic, whiten_rewards=self.whiten_rewards,
                     whiten_advantages=self.whiten_advantages, advantage_estimator=self.advantage_estimator,
                     num_generations=self.num_generations, scale_rewards=self.scale_rewards,
-                    use_kl_loss=self.use_kl_loss,
+                    use_kl_loss=self.use_kl_loss, drop_uniform_groups=self.drop_uniform_groups,
                     memory_bytes=self.logits_memory_bytes)
 
     @property
@@ -692,7 +701,7 @@ _RANGES = [
 
 # The PPO fields that are flags (TrainingArguments checks its own).
 _BOOL_FIELDS = ("disable_dropout", "whiten_advantages", "whiten_rewards", "scale_rewards", "adaptive_kl",
-                "use_kl_loss", "use_bias_correction_kl",
+                "use_kl_loss", "use_bias_correction_kl", "drop_uniform_groups",
                 "normalize_rewards", "normalize_each_reward", "push_merged_model", "allow_config_change_on_resume",
                 "print_metrics")
 

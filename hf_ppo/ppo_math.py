@@ -246,6 +246,15 @@ def group_centred(scores: torch.Tensor, k: int) -> torch.Tensor:
     return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(scores.shape)
 
 
+def uniform_groups(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """True on every row of a group whose k scores are all equal (no signal for a group baseline: DAPO's dynamic
+    sampling, Yu et al. 2025, drops them): (num_prompts * k,) -> (num_prompts * k,) bool.
+    Example: k = 2, R = [1, 1, 0, 2] -> [True, True, False, False]."""
+    grouped = _grouped(scores, k)
+    uniform = grouped.amax(dim=1) == grouped.amin(dim=1)
+    return uniform.repeat_interleave(k).reshape(scores.shape)
+
+
 def rloo_advantages(scores: torch.Tensor, k: int) -> torch.Tensor:
     """REINFORCE leave-one-out advantages (Ahmadian et al. 2024, "Back to Basics").
 

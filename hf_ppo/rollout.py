@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, NamedTuple
 
 import torch
@@ -42,6 +42,7 @@ from .ppo_math import (
     loss_normalizer,
     masked_mean,
     masked_sum,
+    uniform_groups,
 )
 from .rewards import RewardSet, penalize
 
@@ -259,6 +260,7 @@ def rollout(
     gather: Callable | None = None, overlong_buffer_length: int | None = None, overlong_penalty_factor: float = 1.0,
     advantage_estimator: str = "gae", num_generations: int = 1, scale_rewards: bool = True,
     memory_bytes: int = LOGITS_MEMORY_BYTES, lam_critic: float | None = None, use_kl_loss: bool = False,
+    drop_uniform_groups: bool = False,
 ) -> Rollout:
     """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
 
@@ -266,7 +268,9 @@ def rollout(
     critic), unwrapped; `reward` a `RewardSet` or one reward (see `sample_and_score`; `gather` updates a RewardSet's
     per-reward statistics); `shape_scores` maps the penalised scores (B,) to the ones the rewards use (step 7). The B
     prompts come as `num_generations` consecutive copies of each (`data.RolloutRepeatSampler`); the group
-    estimators compare the responses of each group. Without a critic, `values` are zeros and unused.
+    estimators compare the responses of each group. Without a critic, `values` are zeros and unused. With
+    `drop_uniform_groups`, the groups whose shaped scores are all equal leave the update (`without_uniform_groups`)
+    after the statistics, which describe everything sampled.
     """
     if len(queries) % num_generations:
         raise ValueError(f"{len(queries)} prompts are not whole groups of num_generations={num_generations}.")
@@ -290,7 +294,8 @@ def rollout(
                                       memory_bytes=memory_bytes)
     scored = time.perf_counter()
     # 7-8. Shaped scores -> rewards and advantages (the advantage estimator).
-    kl, rewards = compute_advantages(logprobs, ref_logprobs, values, response_mask, shape_scores(scores),
+    shaped = shape_scores(scores)
+    kl, rewards = compute_advantages(logprobs, ref_logprobs, values, response_mask, shaped,
                                      kl_coef=kl_coef, kl_estimator=kl_estimator, gamma=gamma, lam=lam,
                                      whiten_rewards=whiten_rewards, whiten_advantages=whiten_advantages,
                                      advantage_estimator=advantage_estimator, num_generations=num_generations,
@@ -302,7 +307,18 @@ def rollout(
     stats = rollout_stats(batch, kl, entropy, stop_token_ids, has_critic)
     each = samples.reward_scores or {}
     stats.update({f"objective/scores/{name}": raw.mean() for name, raw in each.items()})
+    if drop_uniform_groups:
+        batch, stats["rollout/groups_dropped"] = without_uniform_groups(batch, shaped, num_generations)
     return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds, each)
+
+
+def without_uniform_groups(batch: RolloutBatch, scores: torch.Tensor, k: int) -> tuple[RolloutBatch, torch.Tensor]:
+    """DAPO's dynamic sampling without the refill: the rows of every group of `k` whose `scores` (B,) are all equal
+    get an all-False response_mask, so they leave every loss term and its normaliser (the minibatch's real tokens
+    or responses); the batch keeps its size. Returns the batch and the number of groups dropped (a float tensor)."""
+    uniform = uniform_groups(scores, k)
+    mask = batch.response_mask & ~uniform.unsqueeze(1)
+    return replace(batch, response_mask=mask), uniform.sum().float() / k
 
 
 class MinibatchSchedule:

@@ -236,11 +236,18 @@ def test_each_estimator_trains_lora_and_qlora(estimator, quantized, tiny_models,
     assert rollouts[-1]["objective/kl_coef"] != 0.1  # the adaptive controller moved on the measured KL
 
 
+def uniform_for_most(prompts, completions):
+    """0 for every response to a prompt ending in great / dull / fun (12 of the 16): those groups carry no signal."""
+    return [0.0 if p.endswith(("great", "dull", "fun")) else float(c.count("e")) for p, c in zip(prompts, completions)]
+
+
 # ---- exact resume of a critic-free run part-way through an iteration ------------------------------------------------
 def test_grpo_resume_mid_iteration_is_bitwise_exact(tiny_models, tokenizer, tmp_path):
     # 4 optimizer steps per iteration (2 epochs x 2 minibatches), 2 iterations, saved at step 3; adaptive KL, so the
-    # KL loss term's coefficient changes between iterations and must be restored too.
-    kwargs = dict(advantage_estimator="grpo", num_ppo_epochs=2, max_steps=8, adaptive_kl=True, kl_coef=0.1)
+    # KL loss term's coefficient changes between iterations and must be restored too. With drop_uniform_groups and a
+    # reward that gives most groups one score, so the dropped groups' masks must come back with the rollout.
+    kwargs = dict(advantage_estimator="grpo", num_ppo_epochs=2, max_steps=8, adaptive_kl=True, kl_coef=0.1,
+                  drop_uniform_groups=True, reward=uniform_for_most)
     straight = make_trainer(tiny_models, tokenizer, tmp_path / "straight", lora(), save_strategy="steps",
                             save_steps=3, **kwargs)
     straight.train()
@@ -257,6 +264,27 @@ def test_grpo_resume_mid_iteration_is_bitwise_exact(tiny_models, tokenizer, tmp_
                  and "runtime" not in k and k not in ("train_loss", "total_flos")} for e in trainer.state.log_history]
 
     assert len(logged(straight)) == 9 and logged(straight) == logged(resumed)
+    dropped = [e["rollout/groups_dropped"] for e in straight.state.log_history if "rollout/groups_dropped" in e]
+    assert len(dropped) == 2 and all(d == int(d) and 0 <= d <= 4 for d in dropped) and sum(dropped) > 0
+
+
+def test_uniform_groups_leave_the_loss_and_its_mean():
+    from hf_ppo.ppo_math import aggregate_loss, loss_normalizer, uniform_groups
+    from hf_ppo.rollout import RolloutBatch, without_uniform_groups
+
+    assert uniform_groups(torch.tensor([1.0, 1.0, 0.0, 2.0, 3.0, 3.0]), 2).tolist() == [True, True, False, False,
+                                                                                          True, True]
+    B, R = 4, 3
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False], [True, True, True]])
+    batch = RolloutBatch(torch.zeros(B, 1, dtype=torch.long), torch.ones(B, 1, dtype=torch.bool),
+                         torch.zeros(B, R, dtype=torch.long), mask, *[torch.zeros(B, R)] * 3, torch.zeros(B),
+                         torch.ones(B, dtype=torch.bool), *[torch.zeros(B, R)] * 4)
+    kept, dropped = without_uniform_groups(batch, torch.tensor([2.0, 2.0, 0.0, 1.0]), 2)  # group 0 is uniform
+    assert dropped.item() == 1.0 and not kept.response_mask[:2].any() and torch.equal(kept.response_mask[2:], mask[2:])
+    # Per-token losses [1, 2, 3] on every row: token mean over the kept rows' 4 real tokens = (1 + 1 + 2 + 3) / 4.
+    losses = torch.tensor([1.0, 2.0, 3.0]).expand(B, R)
+    assert aggregate_loss(losses, kept.response_mask, normalizer=loss_normalizer(kept.response_mask)).item() == 7 / 4
+    assert loss_normalizer(kept.response_mask, "seq_mean_token_mean").item() == 2  # responses, not 4
 
 
 # ---- construction errors ----------------------------------------------------------------------------------------
@@ -269,6 +297,7 @@ def test_grpo_resume_mid_iteration_is_bitwise_exact(tiny_models, tokenizer, tmp_
     (dict(use_bias_correction_kl=True), "use_bias_correction_kl=True corrects the KL loss term"),
     (dict(use_kl_loss=True, kl_coef=0.0), "use_kl_loss=True with kl_coef=0"),
     (dict(importance_sampling_level="group"), "importance_sampling_level='group'"),
+    (dict(num_generations=1, drop_uniform_groups=True), "drop_uniform_groups=True compares the responses"),
     (dict(advantage_estimator="rloo", critic_updates_per_step=2), "critic_updates_per_step is set"),
     (dict(num_generations=1, lam_critic=1.5), r"lam_critic=1.5: must be None \(lam\) or in \[0, 1\]"),
     (dict(advantage_estimator="ppo"), "advantage_estimator='ppo'"),
