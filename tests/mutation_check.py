@@ -166,9 +166,9 @@ MUTATIONS = [
     Mutation("rollout_every_step", "old log-probs recomputed every step (a fresh rollout per micro-batch)",
              [(T, "if position == 0 or self._schedule is None or self._schedule.done:", "if True:")]),
     Mutation("micro_batch_normalizer", "loss normalised by the micro-batch's tokens, not the minibatch's",
-             [(R, '"normalizer": loss_normalizer(self.batch.response_mask[minibatch], self.loss_aggregation)}',
+             [(R, '"normalizer": loss_normalizer(self.batch.response_mask[minibatch], self.loss_aggregation),',
                '"normalizer": loss_normalizer(self.batch.response_mask[minibatch[k * self.micro_batch_size:'
-               '(k + 1) * self.micro_batch_size]], self.loss_aggregation)}')]),
+               '(k + 1) * self.micro_batch_size]], self.loss_aggregation),')]),
     # -- frozen models, aliasing, dropout -----------------------------------------------------------------------------
     Mutation("dropout_kept", "dropout left on",
              [(L, "            module.p = 0.0\n", "            pass\n")]),
@@ -206,6 +206,10 @@ MUTATIONS = [
     Mutation("critic_passes_move_policy", "the critic-only passes (critic_updates_per_step) let the policy move",
              [(T, 'critic_only=inputs.get("critic_only") or self.state.global_step < args.critic_warmup_steps)',
                "critic_only=self.state.global_step < args.critic_warmup_steps)")]),
+    Mutation("saved_critic_state_not_loaded", "critic_model=<a saved critic> rebuilds the critic but drops its state",
+             [(L, "        policy.load_critic_state_dict(saved.state)\n", "        pass\n")]),
+    Mutation("uniform_groups_kept", "drop_uniform_groups never drops",
+             [(R, "mask = batch.response_mask & ~uniform.unsqueeze(1)", "mask = batch.response_mask")]),
     Mutation("lam_critic_ignored", "the critic's returns use lam, not lam_critic",
              [(E, "returns = compute_gae(rewards, values, mask, s.gamma, s.lam_critic)[1]",
                "returns = compute_gae(rewards, values, mask, s.gamma, s.lam)[1]")]),

@@ -248,6 +248,56 @@ def test_critic_updates_need_a_value_loss(tmp_path):
         PPOConfig(output_dir=str(tmp_path), critic_updates_per_step=0, report_to=[])
 
 
+# ---- a critic that outlives the run: save_critic, then critic_model=<that folder> -----------------------------------------
+SAVED_CASES = {  # name: (critic, LoRA, reward, critic_model the first run starts from)
+    "shared": ("shared", True, None, None),
+    "separate_lora": ("separate", True, None, None),
+    "separate_full": ("separate", False, count_e, "policy"),
+    "reward_lora": ("reward_lora", True, None, None),
+}
+
+
+def critic_values(trainer, tokenizer) -> torch.Tensor:
+    enc = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        return trainer.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).value
+
+
+@pytest.mark.parametrize("case", list(SAVED_CASES))
+def test_a_saved_critic_starts_the_next_run_with_its_values(case, tiny_models, tokenizer, tmp_path):
+    critic, with_lora, reward, start = SAVED_CASES[case]
+    start = tiny_models[start] if start else None
+    first = make_trainer(tiny_models, tokenizer, tmp_path / "first", lora() if with_lora else None, reward=reward,
+                         critic=critic, critic_model=start)
+    torch.manual_seed(0)
+    with torch.no_grad():  # as if trained: every trainable critic tensor moves
+        for p in first.model.critic_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    if case == "separate_full":
+        with pytest.raises(ValueError, match="pass the policy's tokenizer"):
+            first.model.save_critic(str(tmp_path / "critic"))
+    folder = first.model.save_critic(str(tmp_path / "critic"), first.processing_class)
+    second = make_trainer(tiny_models, tokenizer, tmp_path / "second", lora() if with_lora else None, reward=reward,
+                          critic=critic, critic_model=folder)
+    saved, loaded = critic_state(first), second.model.critic_state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
+    assert torch.equal(critic_values(first, tokenizer), critic_values(second, tokenizer))
+    if case == "separate_lora":  # also a PEFT adapter folder
+        assert os.path.isfile(os.path.join(folder, "critic", "adapter_config.json"))
+    if case == "separate_full":  # also a one-label sequence classifier: its score is the value without the bias
+        from transformers import AutoModelForSequenceClassification
+
+        classifier = AutoModelForSequenceClassification.from_pretrained(folder)
+        enc = tokenizer(TEXTS[:1], return_tensors="pt")
+        with torch.no_grad():
+            score = classifier(**enc).logits[0, 0]
+            value = first.model(**enc).value[0, -1]
+        torch.testing.assert_close(score + first.model.critic.head.bias[0], value)
+    with pytest.raises(ValueError, match=f"holds a critic='{critic}' critic, but this run has critic="):
+        make_trainer(tiny_models, tokenizer, tmp_path / "third", lora(), critic="shared" if critic != "shared"
+                     else "reward_lora", critic_model=folder)
+
+
 # ---- construction errors --------------------------------------------------------------------------------------------
 def test_reward_function_needs_critic_model_or_refuses(tiny_models, tokenizer, tmp_path):
     with pytest.raises(ValueError, match="reward is a function. Pass critic_model="):
