@@ -49,7 +49,7 @@ class PPOLMTrainer(Trainer):
         reward_processing_class: the reward model's tokenizer when the reward model is passed as an object and its
             tokenizer differs from the policy's (loaded automatically when `reward_model` is an id/path).
         critic_model: with `critic='separate'`, an id / path / model to start the critic from instead of the reward
-            model (needed with a reward callable); see `loading.load_critic`.
+            model (needed with a reward callable); with any critic, a folder `model.save_critic` wrote.
     """
 
     # compute_loss already divides by the minibatch's token (or sequence) count, so Trainer must not divide again.
