@@ -28,9 +28,10 @@ CRITIC_INFO_FILE = "hf_ppo_critic.json"
 
 def save_critic(model: nn.Module, folder: str, tokenizer=None) -> str:
     """Write the critic of `model` (an `AutoModelForCausalLMWithValueHead`: its shared value head, or a
-    `PolicyAndCritic`: its `ValueModel`) to `folder`; return the folder. Files of other names in `folder` are left
-    as they are. A fully fine-tuned critic is a model folder, which needs its tokenizer (the policy's: a critic reads
-    the policy's token ids): pass `tokenizer`."""
+    `PolicyAndCritic`: its `ValueModel`) to `folder`; return the folder. `folder` must be new, empty, or a critic
+    saved before (which is replaced): a critic's config.json and weights would overwrite a model saved there. A
+    fully fine-tuned critic is a model folder, which needs its tokenizer (the policy's: a critic reads the policy's
+    token ids): pass `tokenizer`."""
     state = model.critic_state_dict()
     if not state:
         raise ValueError("This run has no critic to save (a critic-free advantage_estimator).")
@@ -39,6 +40,10 @@ def save_critic(model: nn.Module, folder: str, tokenizer=None) -> str:
         raise ValueError("A fully fine-tuned critic is saved as a model folder, with the tokenizer a later run checks "
                          "its vocabulary against: pass the policy's tokenizer, "
                          "trainer.model.save_critic(folder, trainer.processing_class).")
+    if os.path.isdir(folder) and os.listdir(folder) and not os.path.isfile(os.path.join(folder, CRITIC_INFO_FILE)):
+        raise ValueError(f"save_critic: {folder!r} already holds files that no save_critic wrote (a policy saved there "
+                         "would be overwritten by the critic's config and weights). Give the critic a folder of its "
+                         "own, e.g. os.path.join(output_dir, 'critic').")
     os.makedirs(folder, exist_ok=True)
     info = {"critic": "shared", "base": None}
     if isinstance(model, PolicyAndCritic):

@@ -293,6 +293,11 @@ def test_a_saved_critic_starts_the_next_run_with_its_values(case, tiny_models, t
             score = classifier(**enc).logits[0, 0]
             value = first.model(**enc).value[0, -1]
         torch.testing.assert_close(score + first.model.critic.head.bias[0], value)
+    assert first.model.save_critic(folder, first.processing_class) == folder  # a saved critic may be replaced
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "config.json").write_text("{}")  # a model saved there: never overwritten
+    with pytest.raises(ValueError, match="already holds files that no save_critic wrote"):
+        first.model.save_critic(str(tmp_path / "policy"), first.processing_class)
     with pytest.raises(ValueError, match=f"holds a critic='{critic}' critic, but this run has critic="):
         make_trainer(tiny_models, tokenizer, tmp_path / "third", lora(), critic="shared" if critic != "shared"
                      else "reward_lora", critic_model=folder)
