@@ -416,6 +416,4 @@ def resumed_schedule(saved: SavedPPOState, folder: str, args) -> MinibatchSchedu
         return None
     if saved.rollout_buffer is None:
         return None
-    return MinibatchSchedule.from_state_dict(saved.rollout_buffer, num_mini_batches=args.num_mini_batches,
-                                             gradient_accumulation_steps=args.gradient_accumulation_steps,
-                                             loss_aggregation=args.loss_aggregation)
+    return MinibatchSchedule.from_state_dict(saved.rollout_buffer, **args.schedule_settings)

@@ -8,9 +8,10 @@ How Trainer's words map to PPO (the natural reading of each wins):
 - `num_mini_batches`: minibatches per rollout, so one rollout (one PPO *iteration*) samples
   `rollout_batch_size = minibatch_size * num_mini_batches` responses per device: rollout_batch_size /
   num_generations prompts, each sampled `num_generations` times.
-- One iteration makes `num_ppo_epochs * num_mini_batches` optimizer steps. `max_steps`, `logging_steps`,
-  `save_steps` and `eval_steps` count optimizer steps, exactly as in Trainer; `num_train_epochs` counts passes over
-  the prompt dataset. Set `max_steps` to a multiple of `optimizer_steps_per_iteration` to end on a whole iteration.
+- One iteration makes `num_ppo_epochs * num_mini_batches` optimizer steps (times `critic_updates_per_step`).
+  `max_steps`, `logging_steps`, `save_steps` and `eval_steps` count optimizer steps, exactly as in Trainer;
+  `num_train_epochs` counts passes over the prompt dataset. Set `max_steps` to a multiple of
+  `optimizer_steps_per_iteration` to end on a whole iteration.
 
 Defaults follow the N+ implementation details paper (Huang et al. 2024) unless a field says otherwise.
 """
@@ -141,7 +142,12 @@ class PPOConfig(TrainingArguments):
     num_ppo_epochs: int = field(default=4, metadata={"help": "Passes over each rollout batch."})
     num_mini_batches: int = field(default=1, metadata={"help": "Minibatches (optimizer steps) per PPO epoch."})
     gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE."})
-    lam: float = field(default=0.95, metadata={"help": "Lambda of GAE."})
+    lam: float = field(default=0.95, metadata={"help": "Lambda of GAE (the actor's advantages)."})
+    lam_critic: float | None = field(
+        default=None,
+        metadata={"help": "Lambda of the GAE returns the critic learns (decoupled GAE, VAPO: Yue et al. 2025; e.g. "
+                  "1.0, unbiased returns for the critic, with lam=0.95 for the actor). None: `lam`. gae only."},
+    )
     cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio (epsilon)."})
     cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value update around V_old."})
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss."})
@@ -178,6 +184,14 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "Optimizer steps at the start of training that update only the critic (the policy does not "
                   "move; with the shared critic only the value head trains). 0: off."},
     )
+    critic_updates_per_step: int = field(
+        default=1,
+        metadata={"help": "Critic passes over each rollout per policy pass: each of the `num_ppo_epochs` policy "
+                  "(and critic) passes is followed by critic_updates_per_step - 1 critic-only passes, during which the "
+                  "policy does not move (SAO's two critic updates per policy update: 2). They are optimizer steps "
+                  "too: an iteration makes num_ppo_epochs x critic_updates_per_step x num_mini_batches of them. 1: "
+                  "off. gae only; needs vf_coef > 0."},
+    )
     critic_learning_rate: float | None = field(
         default=None,
         metadata={"help": "Learning rate of the critic's own parameters (the shared value head, or a critic's "
@@ -204,6 +218,13 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "Responses sampled per prompt (k). Batch sizes count responses: a rollout batch holds "
                   "rollout_batch_size / k prompts, each sampled k times. rloo and grpo need k >= 2."},
     )
+    drop_uniform_groups: bool = field(
+        default=False,
+        metadata={"help": "DAPO's dynamic sampling without the refill: the responses of a prompt whose "
+                  "`num_generations` scores are all equal (no signal for a group baseline) leave the update: they "
+                  "are excluded from every loss term and its mean, and the batch is not refilled. "
+                  "`rollout/groups_dropped` logs how many. Needs num_generations >= 2."},
+    )
 
     # ---- Loss variants (defaults: the clipped PPO loss as above, a token mean) --------------------------------------
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = field(
@@ -221,6 +242,13 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "Upper clip range of the ratio: clip to 1 + cliprange_high (None: cliprange). Larger than "
                   "cliprange_low is DAPO's 'clip-higher' (e.g. 0.2 / 0.28), against entropy collapse."},
     )
+    importance_sampling_level: Literal["token", "sequence"] = field(
+        default="token",
+        metadata={"help": "The policy ratio of the clipped loss (TRL GRPO's name). 'token': PPO's per-token ratio. "
+                  "'sequence': GSPO (Zheng et al. 2025): one ratio per response, exp(mean over its tokens of "
+                  "logp - logp_old), on every token; GSPO clips it far tighter (e.g. cliprange_low=3e-4, "
+                  "cliprange_high=4e-4)."},
+    )
     dual_clip: float | None = field(
         default=None,
         metadata={"help": "Dual clip c > 1 (Ye et al. 2020; e.g. 3): for negative advantages the policy loss of a "
@@ -233,6 +261,18 @@ class PPOConfig(TrainingArguments):
         default="k1",
         metadata={"help": "Per-token KL estimator: k1 = logp - logp_ref; k2 = (logp - logp_ref)^2 / 2; "
                   "k3 = (r - 1) - log r with r = p_ref / p (unbiased, non-negative)."},
+    )
+    use_kl_loss: bool = field(
+        default=False,
+        metadata={"help": "The KL to the reference as a loss term in the update, kl_coef x k3 per token aggregated "
+                  "like the policy loss, instead of -kl_coef x KL in the reward (verl's and OpenRLHF's name; grpo "
+                  "always does this). `kl_estimator` still picks the logged KL and the KL controller's input."},
+    )
+    use_bias_correction_kl: bool = field(
+        default=False,
+        metadata={"help": "Multiply the KL loss term's k3 by the per-token importance ratio pi / pi_old (TRL GRPO's "
+                  "name; DeepSeek-V3.2 sec. 3.1): its gradient becomes the unbiased gradient of KL(pi || pi_ref). "
+                  "Needs a KL loss term (use_kl_loss=True or advantage_estimator='grpo')."},
     )
     adaptive_kl: bool = field(
         default=False, metadata={"help": "Adapt kl_coef towards `kl_target` (Ziegler et al. 2019)."}
@@ -427,6 +467,18 @@ class PPOConfig(TrainingArguments):
             errors.append(f"stop_token={self.stop_token!r}: choose 'eos' or None (other stop tokens: stop_token_ids).")
         if self.kl_estimator not in ("k1", "k2", "k3"):
             errors.append(f"kl_estimator={self.kl_estimator!r}: choose 'k1', 'k2' or 'k3'.")
+        if self.drop_uniform_groups is True and isinstance(self.num_generations, int) and self.num_generations < 2:
+            errors.append("drop_uniform_groups=True compares the responses to one prompt: set num_generations >= 2.")
+        if self.importance_sampling_level not in ("token", "sequence"):
+            errors.append(f"importance_sampling_level={self.importance_sampling_level!r}: choose 'token' or "
+                          "'sequence' (GSPO).")
+        if self.use_bias_correction_kl is True and not (self.use_kl_loss is True
+                                                        or self.advantage_estimator == "grpo"):
+            errors.append("use_bias_correction_kl=True corrects the KL loss term, and this run has none (its KL is in "
+                          "the reward): set use_kl_loss=True, or unset use_bias_correction_kl.")
+        if self.use_kl_loss is True and self.kl_coef == 0 and not self.adaptive_kl:
+            errors.append("use_kl_loss=True with kl_coef=0: the KL loss term is multiplied by kl_coef, so it never "
+                          "acts. Set kl_coef > 0, or use_kl_loss=False.")
         low = self.cliprange if self.cliprange_low is None else self.cliprange_low
         if isinstance(low, (int, float)) and low >= 1:
             name = "cliprange" if self.cliprange_low is None else "cliprange_low"
@@ -449,7 +501,8 @@ class PPOConfig(TrainingArguments):
                 isinstance(w, (int, float)) and w == 0 for w in weights):
             errors.append(f"reward_weights={list(weights)}: every weight is 0, so every score is 0 and PPO learns "
                           "from the KL penalty alone. Give at least one reward a non-zero weight.")
-        if self.vf_coef == 0 and self.advantage_estimator == "gae" and not self.critic_warmup_steps:
+        if self.vf_coef == 0 and self.advantage_estimator == "gae" and not self.critic_warmup_steps \
+                and self.critic_updates_per_step == 1:
             warn_user("vf_coef=0 with advantage_estimator='gae': the critic is never trained, so GAE uses the "
                       "values of an untrained critic. Set vf_coef > 0 (e.g. 0.1), or use a critic-free estimator "
                       "(advantage_estimator='rloo' / 'grpo' / 'reinforce_pp').")
@@ -493,6 +546,8 @@ class PPOConfig(TrainingArguments):
             # Options that only act through a critic or GAE: set, they would be silently ignored.
             for name, is_set in (("critic_learning_rate", self.critic_learning_rate is not None),
                                  ("critic_warmup_steps", bool(self.critic_warmup_steps)),
+                                 ("critic_updates_per_step", self.critic_updates_per_step != 1),
+                                 ("lam_critic", self.lam_critic is not None),
                                  ("whiten_rewards", self.whiten_rewards is True)):
                 if is_set:
                     errors.append(f"{name} is set, but advantage_estimator={self.advantage_estimator!r} has no critic "
@@ -511,6 +566,9 @@ class PPOConfig(TrainingArguments):
                 self.vf_coef == 0):
             errors.append(f"critic_warmup_steps={self.critic_warmup_steps} trains only the critic, so it needs a value "
                           "loss: vf_coef > 0 and advantage_estimator='gae'. Set critic_warmup_steps=0 otherwise.")
+        if isinstance(self.critic_updates_per_step, int) and self.critic_updates_per_step > 1 and self.vf_coef == 0:
+            errors.append(f"critic_updates_per_step={self.critic_updates_per_step} adds critic-only passes, so it "
+                          "needs a value loss: vf_coef > 0. Set critic_updates_per_step=1 otherwise.")
         if self.advantage_estimator in ("rloo", "grpo") and isinstance(self.num_generations, int) \
                 and self.num_generations < 2:
             errors.append(f"advantage_estimator={self.advantage_estimator!r} compares the responses to one prompt: "
@@ -562,7 +620,8 @@ class PPOConfig(TrainingArguments):
         for name in ("total_episodes", "num_total_batches"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 return errors + [f"{name}={getattr(self, name)}: set it to 1 or more."]
-        if self.num_ppo_epochs < 1 or self.num_mini_batches < 1:
+        if self.num_ppo_epochs < 1 or self.num_mini_batches < 1 or not (
+                isinstance(self.critic_updates_per_step, int) and self.critic_updates_per_step >= 1):
             return errors  # reported by the range checks
         if self.num_total_batches is not None:
             iterations = self.num_total_batches
@@ -598,9 +657,10 @@ class PPOConfig(TrainingArguments):
         return dict(temperature=self.temperature, batch_size=self.local_rollout_forward_batch_size,
                     missing_eos_penalty=self.missing_eos_penalty, overlong_buffer_length=self.overlong_buffer_length,
                     overlong_penalty_factor=self.overlong_penalty_factor, kl_estimator=self.kl_estimator,
-                    gamma=self.gamma, lam=self.lam, whiten_rewards=self.whiten_rewards,
+                    gamma=self.gamma, lam=self.lam, lam_critic=self.lam_critic, whiten_rewards=self.whiten_rewards,
                     whiten_advantages=self.whiten_advantages, advantage_estimator=self.advantage_estimator,
                     num_generations=self.num_generations, scale_rewards=self.scale_rewards,
+                    use_kl_loss=self.use_kl_loss, drop_uniform_groups=self.drop_uniform_groups,
                     memory_bytes=self.logits_memory_bytes)
 
     @property
@@ -609,8 +669,15 @@ class PPOConfig(TrainingArguments):
 
     @property
     def optimizer_steps_per_iteration(self) -> int:
-        """Optimizer steps per PPO iteration: num_ppo_epochs * num_mini_batches."""
-        return self.num_ppo_epochs * self.num_mini_batches
+        """Optimizer steps per PPO iteration: num_ppo_epochs * critic_updates_per_step * num_mini_batches."""
+        return self.num_ppo_epochs * self.critic_updates_per_step * self.num_mini_batches
+
+    @property
+    def schedule_settings(self) -> dict:
+        """The fields `rollout.MinibatchSchedule.shuffled` reads (the update order of one rollout)."""
+        return dict(num_ppo_epochs=self.num_ppo_epochs, num_mini_batches=self.num_mini_batches,
+                    gradient_accumulation_steps=self.gradient_accumulation_steps,
+                    loss_aggregation=self.loss_aggregation, critic_passes=self.critic_updates_per_step)
 
 
 # Fields only a config written for TRL 1.12 sets (hf_ppo has its own ways to say the same).
@@ -634,6 +701,7 @@ _RANGES = [
      "policy for never stopping)"),
     ("gamma", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("lam", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("lam_critic", True, lambda v: 0 <= v <= 1, "None (lam) or in [0, 1]"),
     ("dataset_num_proc", True, lambda v: v >= 1, "None or an integer >= 1 (processes that tokenize the prompts)"),
     ("logits_memory_mb", False, lambda v: 0 < v < math.inf, "> 0 (MiB, e.g. 256)"),
     ("cliprange", False, lambda v: 0 < v < math.inf, "> 0 (e.g. 0.2)"),
@@ -642,6 +710,8 @@ _RANGES = [
     ("value_head_learning_rate", True, lambda v: 0 < v < math.inf, "None (learning_rate) or > 0"),
     ("critic_learning_rate", True, lambda v: 0 < v < math.inf, "None (learning_rate) or > 0"),
     ("critic_warmup_steps", False, lambda v: v >= 0, "an integer >= 0 (optimizer steps; 0: off)"),
+    ("critic_updates_per_step", False, lambda v: isinstance(v, int) and v >= 1,
+     "an integer >= 1 (critic passes per policy pass; 1: off)"),
     ("num_generations", False, lambda v: v >= 1, "an integer >= 1 (responses per prompt)"),
     ("entropy_coef", False, math.isfinite, "a finite number (0: off)"),
     ("kl_coef", False, lambda v: 0 <= v < math.inf, ">= 0 (a negative beta rewards drifting from the reference)"),
@@ -656,6 +726,7 @@ _RANGES = [
 
 # The PPO fields that are flags (TrainingArguments checks its own).
 _BOOL_FIELDS = ("disable_dropout", "whiten_advantages", "whiten_rewards", "scale_rewards", "adaptive_kl",
+                "use_kl_loss", "use_bias_correction_kl", "drop_uniform_groups",
                 "normalize_rewards", "normalize_each_reward", "push_merged_model", "allow_config_change_on_resume",
                 "print_metrics")
 

@@ -204,7 +204,8 @@ def check_rollout_batch(args, train_dataset) -> None:
             f"has {len(train_dataset)}. Add prompts or lower one of those factors."
         )
     if args.max_steps > 0 and args.max_steps % args.optimizer_steps_per_iteration:
-        warn_user(f"max_steps={args.max_steps} is not a multiple of num_ppo_epochs x num_mini_batches = "
+        warn_user(f"max_steps={args.max_steps} is not a multiple of num_ppo_epochs x critic_updates_per_step x "
+                  f"num_mini_batches = "
                   f"{args.optimizer_steps_per_iteration}: the last PPO iteration will stop part-way.")
     check_run_length(args, len(train_dataset) // prompts)
 

@@ -10,6 +10,7 @@ Where the KL penalty enters, as each method's paper / reference implementation d
 - gae (PPO, Ziegler et al. 2019; Huang et al. 2024): -kl_coef * KL_t in every token's reward, GAE with the critic.
 - rloo (Ahmadian et al. 2024; TRL's RLOO): in the reward, at the sequence level: R_i = score_i - kl_coef *
   sum_t KL_t, then the leave-one-out baseline; every token of a response gets its R_i - baseline.
+- any of them with `use_kl_loss` (`estimate`): the KL leaves the reward and becomes grpo's loss term.
 - grpo (Shao et al. 2024): a loss term, kl_coef * KL_k3(policy || reference) per token, added to the PPO loss in
   the update (`kl_in_loss`); the advantages use the scores alone. `non_score_rewards` still holds -kl_coef * KL_t,
   so `objective/non_score_reward` and `objective/rlhf_reward` report the penalised objective (the KL measured with
@@ -51,17 +52,23 @@ class EstimatorSettings(NamedTuple):
     whiten_rewards: bool = False
     whiten_advantages: bool = True
     scale_rewards: bool = True
+    lam_critic: float | None = None  # None: lam
 
 
 def gae(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tensor]:
     """PPO's estimator: KL-penalised per-token rewards, optional reward whitening (no mean shift), GAE with the
-    critic's values, advantage whitening over the batch's real tokens (returns keep the raw advantages)."""
+    critic's values, advantage whitening over the batch's real tokens (returns keep the raw advantages).
+
+    Decoupled GAE (VAPO, Yue et al. 2025): the critic's returns are GAE(`lam_critic`) advantages + values, the actor's
+    advantages GAE(`lam`); with `lam_critic` None (or equal to `lam`) one GAE serves both."""
     if values is None:
         raise ValueError("advantage_estimator='gae' needs a critic's values: this model has no critic.")
     rewards, non_score_rewards = compute_rewards(scores, kl, mask, s.kl_coef)
     if s.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
     advantages, returns = compute_gae(rewards, values, mask, s.gamma, s.lam)
+    if s.lam_critic is not None and s.lam_critic != s.lam:
+        returns = compute_gae(rewards, values, mask, s.gamma, s.lam_critic)[1]
     whitened = masked_whiten(advantages, mask) if s.whiten_advantages else advantages
     return {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": whitened, "returns": returns}
 
@@ -116,6 +123,19 @@ ESTIMATORS: dict[str, Estimator] = {
 }
 
 
-def kl_loss_coef(advantage_estimator: str, kl_coef: float) -> float:
-    """The coefficient of the KL loss term in the update: `kl_coef` for an estimator whose KL is a loss term, else 0."""
-    return kl_coef if ESTIMATORS[advantage_estimator].kl_in_loss else 0.0
+def kl_loss_coef(advantage_estimator: str, kl_coef: float, use_kl_loss: bool = False) -> float:
+    """The coefficient of the KL loss term in the update: `kl_coef` for an estimator whose KL is a loss term (or any
+    estimator with `use_kl_loss`), else 0."""
+    return kl_coef if use_kl_loss or ESTIMATORS[advantage_estimator].kl_in_loss else 0.0
+
+
+def estimate(advantage_estimator: str, scores, kl, mask, values, s: EstimatorSettings,
+             use_kl_loss: bool = False) -> dict[str, torch.Tensor]:
+    """Run `advantage_estimator`. With `use_kl_loss` the KL leaves the reward for a loss term in the update (verl's
+    and OpenRLHF's `use_kl_loss`): the estimator sees no KL, and `non_score_rewards` still reports -kl_coef * KL_t,
+    as grpo's do."""
+    estimator = ESTIMATORS[advantage_estimator]
+    if not use_kl_loss or estimator.kl_in_loss:
+        return estimator.compute(scores, kl, mask, values, s)
+    out = estimator.compute(scores, torch.zeros_like(kl), mask, values, s)
+    return {**out, "non_score_rewards": torch.where(mask, -s.kl_coef * kl, torch.zeros_like(kl))}

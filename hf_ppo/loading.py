@@ -27,6 +27,7 @@ from transformers import (
 from . import gguf
 from .adapters import adapter_config, prepare_adapters
 from .estimators import ESTIMATORS
+from .critic_store import saved_critic
 from .modeling import (AutoModelForCausalLMWithValueHead, PolicyAndCritic, ValueModel, mark_scoring_context,
                        reject_seq2seq_checkpoint)
 from .reporting import warn_user
@@ -874,7 +875,7 @@ def load_critic(kind: str, critic_model, reward_source, reward, reward_processin
         backbone = get_peft_model(backbone, critic_lora_config(peft_config), adapter_name="critic")
         mark_scoring_context(reward, backbone.disable_adapter)
         return ValueModel(backbone, head, quantization_method=getattr(reward, "quantization_method", None),
-                          width=width)
+                          width=width, kind="reward_lora", source=_source_name(reward_source))
 
     # critic == "separate"
     init_kwargs = args.critic_model_init_kwargs
@@ -915,7 +916,13 @@ def load_critic(kind: str, critic_model, reward_source, reward, reward_processin
         backbone = get_peft_model(backbone, critic_lora_config(peft_config), adapter_name="critic")
     else:
         backbone.requires_grad_(True)  # full fine-tuning (a copy of the frozen reward model starts frozen)
-    return ValueModel(backbone, head, quantization_method=getattr(model, "quantization_method", None), width=width)
+    return ValueModel(backbone, head, quantization_method=getattr(model, "quantization_method", None), width=width,
+                      source=_source_name(source))
+
+
+def _source_name(source) -> str | None:
+    """The id or path a critic's base came from (what `save_critic` records), None for a model object."""
+    return os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
 
 
 POLICY_VOCAB_FIX = ("If you added tokens to the tokenizer (a [PAD], chat tokens), the policy needs rows for them: "
@@ -994,6 +1001,8 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
     if ref is not None:
         check_vocab(ref, tokenizer, "reference model", REFERENCE_VOCAB_FIX)
     reward, reward_processing_class = load_rewards(reward_model, reward_processing_class, args, dtype, device)
+    saved = saved_critic(critic_model, args.critic)  # a critic `save_critic` wrote: rebuilt, then its state loaded
+    critic_model = saved.build_from if saved is not None else critic_model
     critic = load_critic(args.critic, critic_model, *critic_reward(args.critic, reward_model, reward,
                                                                    reward_processing_class, critic_model),
                          tokenizer, body, peft_config, args, dtype, device)
@@ -1002,6 +1011,8 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
             warn_user(f"critic={args.critic!r}: the value head of the model passed is not used (the critic has "
                       "its own). Pass the causal LM alone, or use critic='shared' to train that head.")
         policy = PolicyAndCritic(body, critic)
+    if saved is not None:
+        policy.load_critic_state_dict(saved.state)
     models = [m for m in (policy, ref, *(reward if isinstance(reward, list) else [reward])) if isinstance(m, nn.Module)]
     for m in models:
         keep_4bit_differentiable(m)

@@ -164,6 +164,13 @@ class _ActorCritic(_GradientCheckpointingNames, nn.Module):
         """The policy alone (the causal LM, or its `PeftModel`): what samples, is saved and is published."""
         return self.pretrained_model
 
+    def save_critic(self, folder: str, tokenizer=None) -> str:
+        """Write the critic to `folder` (`critic_store.save_critic`; a fully fine-tuned critic needs the policy's
+        `tokenizer`): a later run starts from it with `PPOLMTrainer(critic_model=folder)`. Returns the folder."""
+        from .critic_store import save_critic  # critic_store reads this module's classes
+
+        return save_critic(self, folder, tokenizer)
+
 
 class AutoModelForCausalLMWithValueHead(_ActorCritic):
     """Wraps `pretrained_model` (a causal LM or a `PeftModel` around one) and adds `v_head: Linear(hidden, 1)`.
@@ -634,15 +641,19 @@ class ValueModel(_GradientCheckpointingNames, nn.Module):
     `forward(input_ids, attention_mask, position_ids, logits_to_keep) -> values (batch, kept) fp32`: a value at every
     position, the last `logits_to_keep` kept (0 = all), as `AutoModelForCausalLMWithValueHead` gives `value`. The
     backbone must be causal (a decoder), so the value of a position sees no later token. `head` initialises the
-    value head (a reward model's `score` weight, (1, hidden)); without it the head starts at zero. What checkpoints
+    value head (a reward model's `score` weight, (1, hidden)); without it the head starts at zero. `kind` and `source`
+    ('separate' / 'reward_lora', the base's id or path) are what `save_critic` records. What checkpoints
     store is every trainable tensor (`trainable_state_dict`): the LoRA adapter + head, or everything when the whole
     critic is fine-tuned.
     """
 
     def __init__(self, backbone: nn.Module, head: torch.Tensor | None = None, quantization_method=None,
-                 width: int | None = None):
+                 width: int | None = None, kind: str = "separate", source: str | None = None):
         super().__init__()
         self.backbone = backbone
+        # Which `PPOConfig.critic` it is, and the id/path its base was loaded from (None: an object): what
+        # `save_critic` records, so a later run rebuilds it before loading the saved state.
+        self.kind, self.source = kind, source
         if width is None:  # the width of the backbone's last hidden state (OPT-350m projects it below hidden_size)
             config = backbone.config.get_text_config() if hasattr(backbone.config, "get_text_config") else backbone.config
             width = head.shape[-1] if head is not None else config.hidden_size

@@ -145,6 +145,20 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: s
     raise ValueError(f"Unknown KL estimator {estimator!r}: choose 'k1', 'k2' or 'k3'.")
 
 
+def kl_loss_per_token(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                      old_logprobs: torch.Tensor | None = None) -> torch.Tensor:
+    """The KL-to-reference loss term per token: k3 = p_ref/p - log(p_ref/p) - 1 of the current policy (GRPO, Shao et
+    al. 2024, eq. 4), or with `old_logprobs` that k3 times the importance ratio pi/pi_old (DeepSeek-V3.2, sec. 3.1).
+
+    k3's value is unbiased for KL(pi || pi_ref) but its gradient is not: d k3 / d logp = 1 - p_ref/p, whose
+    expectation is the gradient of the forward KL. Times the (differentiable) ratio, the gradient at any pi_old is
+    ratio * (logp - logp_ref) * grad logp, the importance-weighted unbiased gradient of the reverse KL. The ratio is
+    per token, whatever the policy loss's `importance_sampling_level`. Shapes: (batch, len) -> (batch, len).
+    """
+    k3 = kl_estimate(logprobs, ref_logprobs, "k3")
+    return k3 if old_logprobs is None else torch.exp(logprobs - old_logprobs) * k3
+
+
 # ---- Rewards and advantages -----------------------------------------------------------------------------------
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
     """Index of the last True entry in each row of `mask` (batch, len) -> (batch,); 0 for an all-False row."""
@@ -230,6 +244,15 @@ def group_centred(scores: torch.Tensor, k: int) -> torch.Tensor:
     Example: k = 2, R = [1, 3, 5, 5] -> [-1, 1, 0, 0]."""
     grouped = _grouped(scores, k)
     return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(scores.shape)
+
+
+def uniform_groups(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """True on every row of a group whose k scores are all equal (no signal for a group baseline: DAPO's dynamic
+    sampling, Yu et al. 2025, drops them): (num_prompts * k,) -> (num_prompts * k,) bool.
+    Example: k = 2, R = [1, 1, 0, 2] -> [True, True, False, False]."""
+    grouped = _grouped(scores, k)
+    uniform = grouped.amax(dim=1) == grouped.amin(dim=1)
+    return uniform.repeat_interleave(k).reshape(scores.shape)
 
 
 def rloo_advantages(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -357,6 +380,7 @@ def policy_loss(
     dual_clip: float | None = None,
     loss_aggregation: str = "token_mean",
     max_length: int | None = None,
+    importance_sampling_level: str = "token",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Clipped surrogate objective (Schulman et al. 2017), as a loss to minimise, with its common variants.
 
@@ -364,6 +388,9 @@ def policy_loss(
     eps_low / eps_high default to `cliprange`; a larger eps_high is DAPO's "clip-higher" (Yu et al. 2025).
     `dual_clip` = c > 1 (Ye et al. 2020): where A < 0, loss_t = min(loss_t, -c * A), bounding the step a very
     unlikely token with a negative advantage can cause (None: off).
+    `importance_sampling_level="sequence"` (GSPO, Zheng et al. 2025; TRL GRPO's name): one ratio per response,
+    s_i = exp(mean over its real tokens of (logp - logp_old)), on each of its tokens, clipped like a token's (GSPO's
+    clip ranges are ~1e3 times smaller, e.g. 3e-4 / 4e-4); "token": PPO's per-token ratio.
     All inputs (batch, len). The per-token losses are reduced by `aggregate_loss` (`loss_aggregation`, `normalizer`,
     `max_length`): pass the whole minibatch's `loss_normalizer` so gradient accumulation over micro-batches gives the
     same gradient. Returns (loss, clip fraction, approx KL = mean((logp - logp_old)^2) / 2); the last two are
@@ -372,7 +399,13 @@ def policy_loss(
     low = cliprange if cliprange_low is None else cliprange_low
     high = cliprange if cliprange_high is None else cliprange_high
     log_ratio = logprobs - old_logprobs
-    ratio = torch.exp(log_ratio)
+    if importance_sampling_level == "sequence":
+        ratio = torch.exp(masked_mean(log_ratio, mask, dim=1)).unsqueeze(1).expand_as(log_ratio)
+    elif importance_sampling_level == "token":
+        ratio = torch.exp(log_ratio)
+    else:
+        raise ValueError(f"Unknown importance_sampling_level {importance_sampling_level!r}: choose 'token' or "
+                         "'sequence'.")
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
     per_token = torch.maximum(unclipped, clipped)
@@ -495,14 +528,16 @@ def ppo_loss(
     entropy_coef: float, loss_aggregation: str = "token_mean", max_length: int | None = None,
     cliprange_low: float | None = None, cliprange_high: float | None = None, dual_clip: float | None = None,
     ref_logprobs: torch.Tensor | None = None, kl_loss_coef: float = 0.0, memory_bytes: int = LOGITS_MEMORY_BYTES,
+    importance_sampling_level: str = "token", use_bias_correction_kl: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO objective of one micro-batch: clipped policy loss + vf_coef * clipped value loss - entropy_coef * H
     + kl_loss_coef * KL.
 
     logits (B, R, vocab) and values (B, R) from the current model at the response positions; the rest (B, R) from
     the rollout. `values=None` (a critic-free estimator): no value loss and no value statistics. With
-    `kl_loss_coef` > 0 the KL to the reference is a loss term (GRPO, Shao et al. 2024, eq. 4: the k3 estimator
-    p_ref/p - log(p_ref/p) - 1 of the current policy against `ref_logprobs` (B, R), aggregated like the policy loss).
+    `kl_loss_coef` > 0 the KL to the reference is a loss term (`kl_loss_per_token` against `ref_logprobs` (B, R),
+    times the importance ratio with `use_bias_correction_kl`; aggregated like the policy loss).
+    `importance_sampling_level`: the policy ratio per token or per response (`policy_loss`).
     `normalizer` is the whole minibatch's (`loss_normalizer`), so accumulated micro-batches sum to the minibatch's
     loss. `memory_bytes`: the budget of the vocabulary-wide fp32 work (`over_positions`). Returns the loss and its
     statistics (losses as this micro-batch's own aggregates).
@@ -511,7 +546,8 @@ def ppo_loss(
     logprobs = logprobs_from_logits(logits, responses, temperature, memory_bytes)
     pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, old_logprobs, advantages, mask, cliprange, normalizer,
                                                  cliprange_low=cliprange_low, cliprange_high=cliprange_high,
-                                                 dual_clip=dual_clip, **aggregation)
+                                                 dual_clip=dual_clip, importance_sampling_level=importance_sampling_level,
+                                                 **aggregation)
     loss, stats = pg_loss, {}
     if values is not None:
         vf_loss, vf_clipfrac = value_loss(values, old_values, returns, mask, cliprange_value, normalizer,
@@ -519,7 +555,8 @@ def ppo_loss(
         loss = loss + vf_coef * vf_loss
         stats = {"loss/value_avg": vf_loss, "val/clipfrac_avg": vf_clipfrac}
     if kl_loss_coef:
-        kl_loss = aggregate_loss(kl_estimate(logprobs, ref_logprobs, "k3"), mask, normalizer=normalizer, **aggregation)
+        per_token_kl = kl_loss_per_token(logprobs, ref_logprobs, old_logprobs if use_bias_correction_kl else None)
+        kl_loss = aggregate_loss(per_token_kl, mask, normalizer=normalizer, **aggregation)
         loss = loss + kl_loss_coef * kl_loss
         stats["loss/kl_avg"] = kl_loss
     if entropy_coef:  # a vocabulary-wide softmax: only paid when the bonus is on

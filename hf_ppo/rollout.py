@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
 
 from .adapters import adapter_active
-from .estimators import ESTIMATORS, EstimatorSettings
+from .estimators import EstimatorSettings, estimate
 from .generation import RolloutEngine, chunks, sequence_inputs, stop_tensor
 from .ppo_math import (
     LOGITS_MEMORY_BYTES,
@@ -42,6 +42,7 @@ from .ppo_math import (
     loss_normalizer,
     masked_mean,
     masked_sum,
+    uniform_groups,
 )
 from .rewards import RewardSet, penalize
 
@@ -153,7 +154,7 @@ def reference_logprobs(policy: nn.Module, ref_model: nn.Module | None, queries, 
 def compute_advantages(
     logprobs, ref_logprobs, values, response_mask, shaped_scores: torch.Tensor, *, kl_coef: float, kl_estimator: str,
     gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool, advantage_estimator: str = "gae",
-    num_generations: int = 1, scale_rewards: bool = True,
+    num_generations: int = 1, scale_rewards: bool = True, lam_critic: float | None = None, use_kl_loss: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Step 8: the per-token KL (B, R) and {rewards, non_score_rewards, advantages, returns} (B, R) of a rollout,
     from `advantage_estimator` (see `estimators.py`: where its KL penalty enters, what it normalises).
@@ -162,8 +163,9 @@ def compute_advantages(
     consecutive responses per prompt.
     """
     kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
-    settings = EstimatorSettings(kl_coef, num_generations, gamma, lam, whiten_rewards, whiten_advantages, scale_rewards)
-    return kl, ESTIMATORS[advantage_estimator].compute(shaped_scores, kl, response_mask, values, settings)
+    settings = EstimatorSettings(kl_coef, num_generations, gamma, lam, whiten_rewards, whiten_advantages, scale_rewards,
+                                 lam_critic)
+    return kl, estimate(advantage_estimator, shaped_scores, kl, response_mask, values, settings, use_kl_loss)
 
 
 ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
@@ -257,7 +259,8 @@ def rollout(
     kl_estimator: str, gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool,
     gather: Callable | None = None, overlong_buffer_length: int | None = None, overlong_penalty_factor: float = 1.0,
     advantage_estimator: str = "gae", num_generations: int = 1, scale_rewards: bool = True,
-    memory_bytes: int = LOGITS_MEMORY_BYTES,
+    memory_bytes: int = LOGITS_MEMORY_BYTES, lam_critic: float | None = None, use_kl_loss: bool = False,
+    drop_uniform_groups: bool = False,
 ) -> Rollout:
     """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
 
@@ -265,7 +268,9 @@ def rollout(
     critic), unwrapped; `reward` a `RewardSet` or one reward (see `sample_and_score`; `gather` updates a RewardSet's
     per-reward statistics); `shape_scores` maps the penalised scores (B,) to the ones the rewards use (step 7). The B
     prompts come as `num_generations` consecutive copies of each (`data.RolloutRepeatSampler`); the group
-    estimators compare the responses of each group. Without a critic, `values` are zeros and unused.
+    estimators compare the responses of each group. Without a critic, `values` are zeros and unused. With
+    `drop_uniform_groups`, the groups whose shaped scores are all equal leave the update (`without_uniform_groups`)
+    after the statistics, which describe everything sampled.
     """
     if len(queries) % num_generations:
         raise ValueError(f"{len(queries)} prompts are not whole groups of num_generations={num_generations}.")
@@ -289,11 +294,12 @@ def rollout(
                                       memory_bytes=memory_bytes)
     scored = time.perf_counter()
     # 7-8. Shaped scores -> rewards and advantages (the advantage estimator).
-    kl, rewards = compute_advantages(logprobs, ref_logprobs, values, response_mask, shape_scores(scores),
+    shaped = shape_scores(scores)
+    kl, rewards = compute_advantages(logprobs, ref_logprobs, values, response_mask, shaped,
                                      kl_coef=kl_coef, kl_estimator=kl_estimator, gamma=gamma, lam=lam,
                                      whiten_rewards=whiten_rewards, whiten_advantages=whiten_advantages,
                                      advantage_estimator=advantage_estimator, num_generations=num_generations,
-                                     scale_rewards=scale_rewards)
+                                     scale_rewards=scale_rewards, lam_critic=lam_critic, use_kl_loss=use_kl_loss)
     values = values if has_critic else torch.zeros_like(logprobs)
     batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
                          contains_stop, **rewards)
@@ -301,31 +307,47 @@ def rollout(
     stats = rollout_stats(batch, kl, entropy, stop_token_ids, has_critic)
     each = samples.reward_scores or {}
     stats.update({f"objective/scores/{name}": raw.mean() for name, raw in each.items()})
+    if drop_uniform_groups:
+        batch, stats["rollout/groups_dropped"] = without_uniform_groups(batch, shaped, num_generations)
     return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds, each)
+
+
+def without_uniform_groups(batch: RolloutBatch, scores: torch.Tensor, k: int) -> tuple[RolloutBatch, torch.Tensor]:
+    """DAPO's dynamic sampling without the refill: the rows of every group of `k` whose `scores` (B,) are all equal
+    get an all-False response_mask, so they leave every loss term and its normaliser (the minibatch's real tokens
+    or responses); the batch keeps its size. Returns the batch and the number of groups dropped (a float tensor)."""
+    uniform = uniform_groups(scores, k)
+    mask = batch.response_mask & ~uniform.unsqueeze(1)
+    return replace(batch, response_mask=mask), uniform.sum().float() / k
 
 
 class MinibatchSchedule:
     """The PPO update over one rollout: `num_ppo_epochs` shuffled passes, each split into `num_mini_batches`
-    minibatches of gradient-accumulation micro-batches, handed out one micro-batch at a time.
+    minibatches of gradient-accumulation micro-batches, handed out one micro-batch at a time. With `critic_passes`
+    c > 1 each policy pass is followed by c - 1 critic-only passes (shuffled anew): pass p updates the policy only
+    when p % c == 0 (`critic_updates_per_step`).
 
-    The rollout, the shuffles (`orders`, (num_ppo_epochs, B) long) and the `position` (micro-batches handed out) are
+    The rollout, the shuffles (`orders`, (passes, B) long) and the `position` (micro-batches handed out) are
     the whole state, so a checkpoint taken part-way through an iteration resumes with exactly the rest of it.
     """
 
     def __init__(self, batch: RolloutBatch, orders: torch.Tensor, *, num_mini_batches: int,
-                 gradient_accumulation_steps: int, position: int = 0, loss_aggregation: str = "token_mean"):
+                 gradient_accumulation_steps: int, position: int = 0, loss_aggregation: str = "token_mean",
+                 critic_passes: int = 1):
         self.batch, self.orders, self.position = batch, orders, position
-        self.loss_aggregation = loss_aggregation
+        self.loss_aggregation, self.critic_passes = loss_aggregation, critic_passes
         self.num_mini_batches, self.gradient_accumulation_steps = num_mini_batches, gradient_accumulation_steps
         self.minibatch_size = len(batch) // num_mini_batches
         self.micro_batch_size = self.minibatch_size // gradient_accumulation_steps
 
     @classmethod
     def shuffled(cls, batch: RolloutBatch, *, num_ppo_epochs: int, num_mini_batches: int,
-                 gradient_accumulation_steps: int, loss_aggregation: str = "token_mean") -> "MinibatchSchedule":
-        """A new schedule over `batch`: one permutation per PPO epoch from the global torch RNG."""
-        orders = torch.stack([torch.randperm(len(batch), device=batch.queries.device) for _ in range(num_ppo_epochs)])
-        return cls(batch, orders, num_mini_batches=num_mini_batches,
+                 gradient_accumulation_steps: int, loss_aggregation: str = "token_mean",
+                 critic_passes: int = 1) -> "MinibatchSchedule":
+        """A new schedule over `batch`: one permutation per pass from the global torch RNG."""
+        orders = torch.stack([torch.randperm(len(batch), device=batch.queries.device)
+                              for _ in range(num_ppo_epochs * critic_passes)])
+        return cls(batch, orders, num_mini_batches=num_mini_batches, critic_passes=critic_passes,
                    gradient_accumulation_steps=gradient_accumulation_steps, loss_aggregation=loss_aggregation)
 
     def __len__(self) -> int:
@@ -337,13 +359,15 @@ class MinibatchSchedule:
 
     def next(self) -> dict:
         """The next micro-batch: {"batch": RolloutBatch, "normalizer": what its whole minibatch's loss divides by
-        (real tokens, or sequences for the seq-mean aggregations: `loss_normalizer`)}."""
+        (real tokens, or sequences for the seq-mean aggregations: `loss_normalizer`), "critic_only": whether it
+        belongs to a critic-only pass}."""
         epoch, rest = divmod(self.position, self.num_mini_batches * self.gradient_accumulation_steps)
         m, k = divmod(rest, self.gradient_accumulation_steps)
         minibatch = self.orders[epoch, m * self.minibatch_size:(m + 1) * self.minibatch_size]
         self.position += 1
         return {"batch": self.batch.select(minibatch[k * self.micro_batch_size:(k + 1) * self.micro_batch_size]),
-                "normalizer": loss_normalizer(self.batch.response_mask[minibatch], self.loss_aggregation)}
+                "normalizer": loss_normalizer(self.batch.response_mask[minibatch], self.loss_aggregation),
+                "critic_only": epoch % self.critic_passes != 0}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every tensor of the rollout, the orders and the position (as a 0-d tensor): what a checkpoint stores."""
@@ -352,10 +376,12 @@ class MinibatchSchedule:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, torch.Tensor], *, num_mini_batches: int,
-                        gradient_accumulation_steps: int, loss_aggregation: str = "token_mean") -> "MinibatchSchedule":
+                        gradient_accumulation_steps: int, loss_aggregation: str = "token_mean",
+                        critic_passes: int = 1, num_ppo_epochs: int | None = None) -> "MinibatchSchedule":
+        """The schedule `state_dict` stored; `num_ppo_epochs` (the `schedule_settings` key) is in the orders."""
         state = dict(state)
         orders, position = state.pop("orders"), int(state.pop("position"))
-        return cls(RolloutBatch(**state), orders, num_mini_batches=num_mini_batches,
+        return cls(RolloutBatch(**state), orders, num_mini_batches=num_mini_batches, critic_passes=critic_passes,
                    gradient_accumulation_steps=gradient_accumulation_steps, position=position,
                    loss_aggregation=loss_aggregation)
 

@@ -49,7 +49,7 @@ class PPOLMTrainer(Trainer):
         reward_processing_class: the reward model's tokenizer when the reward model is passed as an object and its
             tokenizer differs from the policy's (loaded automatically when `reward_model` is an id/path).
         critic_model: with `critic='separate'`, an id / path / model to start the critic from instead of the reward
-            model (needed with a reward callable); see `loading.load_critic`.
+            model (needed with a reward callable); with any critic, a folder `model.save_critic` wrote.
     """
 
     # compute_loss already divides by the minibatch's token (or sequence) count, so Trainer must not divide again.
@@ -146,10 +146,7 @@ class PPOLMTrainer(Trainer):
             batch = self._rollout(prompts)
             while batch is None:  # a non-finite rollout was dropped: sample again (the guard stops after too many)
                 batch = self._rollout(prompts)
-            self._schedule = MinibatchSchedule.shuffled(
-                batch, num_ppo_epochs=self.args.num_ppo_epochs, num_mini_batches=self.args.num_mini_batches,
-                gradient_accumulation_steps=self.args.gradient_accumulation_steps,
-                loss_aggregation=self.args.loss_aggregation)
+            self._schedule = MinibatchSchedule.shuffled(batch, **self.args.schedule_settings)
             # Resumed part-way through an iteration without its rollout (settings changed on resume): a fresh
             # rollout serves only the micro-batches still to do.
             self._schedule.position = position
@@ -226,7 +223,7 @@ class PPOLMTrainer(Trainer):
         # The critic warm-up: the policy runs without gradients, so its weights stay exactly as they are.
         out = model(**sequence_inputs(batch.queries, batch.query_mask, batch.responses, batch.response_mask),
                     logits_to_keep=batch.responses.shape[1] + 1,
-                    critic_only=self.state.global_step < args.critic_warmup_steps)
+                    critic_only=inputs.get("critic_only") or self.state.global_step < args.critic_warmup_steps)
         loss, stats = ppo_loss(
             out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch.responses,
             batch.logprobs, batch.values, batch.advantages, batch.returns, batch.response_mask, inputs["normalizer"],
@@ -234,7 +231,9 @@ class PPOLMTrainer(Trainer):
             vf_coef=args.vf_coef, memory_bytes=args.logits_memory_bytes,
             entropy_coef=args.entropy_coef, loss_aggregation=args.loss_aggregation, max_length=args.response_length,
             cliprange_low=args.cliprange_low, cliprange_high=args.cliprange_high, dual_clip=args.dual_clip,
-            ref_logprobs=batch.ref_logprobs, kl_loss_coef=kl_loss_coef(args.advantage_estimator, self.kl_ctl.value))
+            ref_logprobs=batch.ref_logprobs, importance_sampling_level=args.importance_sampling_level,
+            use_bias_correction_kl=args.use_bias_correction_kl,
+            kl_loss_coef=kl_loss_coef(args.advantage_estimator, self.kl_ctl.value, args.use_kl_loss))
         finite = torch.isfinite(loss.detach())
         self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
         self._record(stats)

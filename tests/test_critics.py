@@ -10,6 +10,7 @@ import pytest
 import torch
 from datasets import Dataset
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.hub import POLICY_IGNORE_PATTERNS
@@ -179,6 +180,127 @@ def test_warmup_moves_only_the_critic(critic, tiny_models, tokenizer, tmp_path):
     after = model.critic_state_dict()
     assert any(not torch.equal(critic_before[k], after[k]) for k in after)
     assert trainer.state.log_history[1]["val/ratio"] == 1  # the policy is where it sampled from
+
+
+# ---- critic_updates_per_step: critic-only passes between the policy's ---------------------------------------------------
+def test_schedule_interleaves_critic_only_passes_and_keeps_them_on_resume():
+    from hf_ppo.rollout import MinibatchSchedule, RolloutBatch
+
+    B, R = 4, 2
+    batch = RolloutBatch(torch.zeros(B, 1, dtype=torch.long), torch.ones(B, 1, dtype=torch.bool),
+                         torch.zeros(B, R, dtype=torch.long), torch.ones(B, R, dtype=torch.bool),
+                         *[torch.zeros(B, R)] * 3, torch.zeros(B), torch.ones(B, dtype=torch.bool),
+                         *[torch.zeros(B, R)] * 4)
+    # 2 epochs x 3 critic passes x 2 minibatches x 1 micro-batch = 12 micro-batches; passes 0 and 3 move the policy.
+    schedule = MinibatchSchedule.shuffled(batch, num_ppo_epochs=2, num_mini_batches=2, gradient_accumulation_steps=1,
+                                          critic_passes=3)
+    assert schedule.orders.shape == (6, B) and len(schedule) == 12
+    flags = [schedule.next()["critic_only"] for _ in range(5)]
+    resumed = MinibatchSchedule.from_state_dict(schedule.state_dict(), num_mini_batches=2,
+                                                gradient_accumulation_steps=1, critic_passes=3)
+    flags += [resumed.next()["critic_only"] for _ in range(7)]
+    assert flags == [False] * 2 + [True] * 4 + [False] * 2 + [True] * 4 and resumed.done
+
+
+def test_critic_only_passes_move_the_critic_and_never_the_policy(tiny_models, tokenizer, tmp_path):
+    # 1 epoch x 2 critic passes x 2 minibatches = 4 optimizer steps: steps 1-2 policy + critic, steps 3-4 critic only.
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, lora(), critic="reward_lora", critic_updates_per_step=2)
+    assert trainer.args.optimizer_steps_per_iteration == 4
+    model = trainer.model
+    critic_ids = {id(p) for p in model.critic_parameters()}
+    snapshots = []
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            snapshots.append(({n: p.detach().clone() for n, p in model.named_parameters() if id(p) not in critic_ids},
+                              critic_state(trainer)))
+
+    trainer.add_callback(Snapshot())
+    trainer.train()
+    assert len(snapshots) == 4 and trainer.iteration == 1
+
+    def moved(a, b):
+        return any(not torch.equal(a[k], b[k]) for k in a)
+
+    (policy_1, critic_1), (policy_2, critic_2), (policy_3, critic_3), (policy_4, critic_4) = snapshots
+    assert moved(policy_1, policy_2), "the policy trains in the policy pass"
+    assert not moved(policy_2, policy_3) and not moved(policy_3, policy_4), "the policy moved in a critic-only pass"
+    assert moved(critic_2, critic_3) and moved(critic_3, critic_4), "the critic trains in its own passes"
+
+
+def test_resume_inside_a_critic_only_pass_is_exact(tiny_models, tokenizer, tmp_path):
+    # 4 optimizer steps per iteration, 2 iterations, saved at step 3: in the critic-only pass of the first iteration.
+    kwargs = dict(critic_updates_per_step=2, lam_critic=1.0, max_steps=8)
+    straight = make_trainer(tiny_models, tokenizer, tmp_path / "straight", lora(), save_strategy="steps",
+                            save_steps=3, **kwargs)
+    straight.train()
+    resumed = make_trainer(tiny_models, tokenizer, tmp_path / "resumed", lora(), **kwargs)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-3"))
+    for (name, x), y in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(x, y), name
+    assert logged(straight) == logged(resumed) and resumed.iteration == 2
+
+
+def test_critic_updates_need_a_value_loss(tmp_path):
+    with pytest.raises(ValueError, match="critic_updates_per_step=2 adds critic-only passes"):
+        PPOConfig(output_dir=str(tmp_path), critic_updates_per_step=2, vf_coef=0.0, report_to=[])
+    with pytest.raises(ValueError, match="critic_updates_per_step=0: must be an integer >= 1"):
+        PPOConfig(output_dir=str(tmp_path), critic_updates_per_step=0, report_to=[])
+
+
+# ---- a critic that outlives the run: save_critic, then critic_model=<that folder> -----------------------------------------
+SAVED_CASES = {  # name: (critic, LoRA, reward, critic_model the first run starts from)
+    "shared": ("shared", True, None, None),
+    "separate_lora": ("separate", True, None, None),
+    "separate_full": ("separate", False, count_e, "policy"),
+    "reward_lora": ("reward_lora", True, None, None),
+}
+
+
+def critic_values(trainer, tokenizer) -> torch.Tensor:
+    enc = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        return trainer.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).value
+
+
+@pytest.mark.parametrize("case", list(SAVED_CASES))
+def test_a_saved_critic_starts_the_next_run_with_its_values(case, tiny_models, tokenizer, tmp_path):
+    critic, with_lora, reward, start = SAVED_CASES[case]
+    start = tiny_models[start] if start else None
+    first = make_trainer(tiny_models, tokenizer, tmp_path / "first", lora() if with_lora else None, reward=reward,
+                         critic=critic, critic_model=start)
+    torch.manual_seed(0)
+    with torch.no_grad():  # as if trained: every trainable critic tensor moves
+        for p in first.model.critic_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    if case == "separate_full":
+        with pytest.raises(ValueError, match="pass the policy's tokenizer"):
+            first.model.save_critic(str(tmp_path / "critic"))
+    folder = first.model.save_critic(str(tmp_path / "critic"), first.processing_class)
+    second = make_trainer(tiny_models, tokenizer, tmp_path / "second", lora() if with_lora else None, reward=reward,
+                          critic=critic, critic_model=folder)
+    saved, loaded = critic_state(first), second.model.critic_state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
+    assert torch.equal(critic_values(first, tokenizer), critic_values(second, tokenizer))
+    if case == "separate_lora":  # also a PEFT adapter folder
+        assert os.path.isfile(os.path.join(folder, "critic", "adapter_config.json"))
+    if case == "separate_full":  # also a one-label sequence classifier: its score is the value without the bias
+        from transformers import AutoModelForSequenceClassification
+
+        classifier = AutoModelForSequenceClassification.from_pretrained(folder)
+        enc = tokenizer(TEXTS[:1], return_tensors="pt")
+        with torch.no_grad():
+            score = classifier(**enc).logits[0, 0]
+            value = first.model(**enc).value[0, -1]
+        torch.testing.assert_close(score + first.model.critic.head.bias[0], value)
+    assert first.model.save_critic(folder, first.processing_class) == folder  # a saved critic may be replaced
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "config.json").write_text("{}")  # a model saved there: never overwritten
+    with pytest.raises(ValueError, match="already holds files that no save_critic wrote"):
+        first.model.save_critic(str(tmp_path / "policy"), first.processing_class)
+    with pytest.raises(ValueError, match=f"holds a critic='{critic}' critic, but this run has critic="):
+        make_trainer(tiny_models, tokenizer, tmp_path / "third", lora(), critic="shared" if critic != "shared"
+                     else "reward_lora", critic_model=folder)
 
 
 # ---- construction errors --------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.data import RolloutRepeatSampler
-from hf_ppo.estimators import ESTIMATORS, EstimatorSettings, kl_loss_coef
+from hf_ppo.estimators import ESTIMATORS, EstimatorSettings, estimate, kl_loss_coef
 from hf_ppo.modeling import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
 from hf_ppo.ppo_math import logprobs_from_logits, ppo_loss, reinforce_pp_advantages
 
@@ -91,6 +91,48 @@ def test_reinforce_pp_and_gae_through_the_interface():
     torch.testing.assert_close(single["returns"][:, 0], torch.tensor([0.0, 3.0, -2.0, 2.0]))  # no baseline at k=1
     with pytest.raises(ValueError, match="needs a critic"):
         ESTIMATORS["gae"].compute(SCORES, KL, MASK, None, SETTINGS)
+
+
+def test_decoupled_gae_lambda_gives_the_critic_its_own_returns():
+    # rewards [0, 0, 1] (the score at the last token, no KL), V = 0.5, gamma 1. Deltas: [0, 0, 0.5].
+    # lam 0.95 (actor): A = [0.95^2 * 0.5, 0.95 * 0.5, 0.5] = [0.45125, 0.475, 0.5], returns = A + V.
+    # lam_critic 1.0: A = [0.5, 0.5, 0.5], so the critic learns returns [1, 1, 1] (the Monte-Carlo return).
+    scores, kl, mask, values = torch.tensor([1.0]), torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool), \
+        torch.full((1, 3), 0.5)
+    s = EstimatorSettings(kl_coef=0.0, lam=0.95, whiten_advantages=False)
+    coupled = ESTIMATORS["gae"].compute(scores, kl, mask, values, s)
+    torch.testing.assert_close(coupled["advantages"], torch.tensor([[0.45125, 0.475, 0.5]]))
+    torch.testing.assert_close(coupled["returns"], torch.tensor([[0.95125, 0.975, 1.0]]))
+    decoupled = ESTIMATORS["gae"].compute(scores, kl, mask, values, s._replace(lam_critic=1.0))
+    torch.testing.assert_close(decoupled["advantages"], coupled["advantages"])  # the actor's lam is unchanged
+    torch.testing.assert_close(decoupled["returns"], torch.tensor([[1.0, 1.0, 1.0]]))
+    # lam_critic 0 (one-step TD targets): returns = r_t + V_{t+1} = [0.5, 0.5, 1.0].
+    td = ESTIMATORS["gae"].compute(scores, kl, mask, values, s._replace(lam_critic=0.0))
+    torch.testing.assert_close(td["returns"], torch.tensor([[0.5, 0.5, 1.0]]))
+
+
+def test_use_kl_loss_takes_the_kl_out_of_the_reward_for_every_estimator():
+    # One response [score 1 at the last of 2 tokens], KL [0.5, 0.5], kl_coef 1, V = 0, gamma = lam = 1:
+    # in the reward, returns are [1 - 1, 1 - 0.5] = [0, 0.5]; as a loss term, the reward is the score alone: [1, 1].
+    scores, kl, mask, values = torch.tensor([1.0]), torch.full((1, 2), 0.5), torch.ones(1, 2, dtype=torch.bool), \
+        torch.zeros(1, 2)
+    s = EstimatorSettings(kl_coef=1.0, lam=1.0, whiten_advantages=False, num_generations=1)
+    torch.testing.assert_close(estimate("gae", scores, kl, mask, values, s)["returns"], torch.tensor([[0.0, 0.5]]))
+    out = estimate("gae", scores, kl, mask, values, s, use_kl_loss=True)
+    torch.testing.assert_close(out["returns"], torch.tensor([[1.0, 1.0]]))
+    torch.testing.assert_close(out["rewards"], torch.tensor([[0.0, 1.0]]))
+    torch.testing.assert_close(out["non_score_rewards"], torch.tensor([[-0.5, -0.5]]))  # still reported
+    assert kl_loss_coef("gae", 0.3) == 0.0 and kl_loss_coef("gae", 0.3, use_kl_loss=True) == 0.3
+    assert kl_loss_coef("grpo", 0.3) == 0.3
+    # Step 8 as the rollout runs it (log-probs in, the KL measured with kl_estimator k1 = log 2 per token).
+    from hf_ppo.rollout import compute_advantages
+
+    logp, ref = torch.full((1, 2), -1.0), torch.full((1, 2), -1.0 - math.log(2.0))
+    settings = dict(kl_coef=1.0, kl_estimator="k1", gamma=1.0, lam=1.0, whiten_rewards=False, whiten_advantages=False)
+    _, in_reward = compute_advantages(logp, ref, values, mask, scores, **settings)
+    _, in_loss = compute_advantages(logp, ref, values, mask, scores, **settings, use_kl_loss=True)
+    torch.testing.assert_close(in_reward["returns"], torch.tensor([[1 - 2 * math.log(2.0), 1 - math.log(2.0)]]))
+    torch.testing.assert_close(in_loss["returns"], torch.tensor([[1.0, 1.0]]))
 
 
 def test_ppo_loss_without_critic_and_with_the_kl_loss_term():
@@ -194,11 +236,18 @@ def test_each_estimator_trains_lora_and_qlora(estimator, quantized, tiny_models,
     assert rollouts[-1]["objective/kl_coef"] != 0.1  # the adaptive controller moved on the measured KL
 
 
+def uniform_for_most(prompts, completions):
+    """0 for every response to a prompt ending in great / dull / fun (12 of the 16): those groups carry no signal."""
+    return [0.0 if p.endswith(("great", "dull", "fun")) else float(c.count("e")) for p, c in zip(prompts, completions)]
+
+
 # ---- exact resume of a critic-free run part-way through an iteration ------------------------------------------------
 def test_grpo_resume_mid_iteration_is_bitwise_exact(tiny_models, tokenizer, tmp_path):
     # 4 optimizer steps per iteration (2 epochs x 2 minibatches), 2 iterations, saved at step 3; adaptive KL, so the
-    # KL loss term's coefficient changes between iterations and must be restored too.
-    kwargs = dict(advantage_estimator="grpo", num_ppo_epochs=2, max_steps=8, adaptive_kl=True, kl_coef=0.1)
+    # KL loss term's coefficient changes between iterations and must be restored too. With drop_uniform_groups and a
+    # reward that gives most groups one score, so the dropped groups' masks must come back with the rollout.
+    kwargs = dict(advantage_estimator="grpo", num_ppo_epochs=2, max_steps=8, adaptive_kl=True, kl_coef=0.1,
+                  drop_uniform_groups=True, reward=uniform_for_most)
     straight = make_trainer(tiny_models, tokenizer, tmp_path / "straight", lora(), save_strategy="steps",
                             save_steps=3, **kwargs)
     straight.train()
@@ -215,6 +264,27 @@ def test_grpo_resume_mid_iteration_is_bitwise_exact(tiny_models, tokenizer, tmp_
                  and "runtime" not in k and k not in ("train_loss", "total_flos")} for e in trainer.state.log_history]
 
     assert len(logged(straight)) == 9 and logged(straight) == logged(resumed)
+    dropped = [e["rollout/groups_dropped"] for e in straight.state.log_history if "rollout/groups_dropped" in e]
+    assert len(dropped) == 2 and all(d == int(d) and 0 <= d <= 4 for d in dropped) and sum(dropped) > 0
+
+
+def test_uniform_groups_leave_the_loss_and_its_mean():
+    from hf_ppo.ppo_math import aggregate_loss, loss_normalizer, uniform_groups
+    from hf_ppo.rollout import RolloutBatch, without_uniform_groups
+
+    assert uniform_groups(torch.tensor([1.0, 1.0, 0.0, 2.0, 3.0, 3.0]), 2).tolist() == [True, True, False, False,
+                                                                                          True, True]
+    B, R = 4, 3
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False], [True, True, True]])
+    batch = RolloutBatch(torch.zeros(B, 1, dtype=torch.long), torch.ones(B, 1, dtype=torch.bool),
+                         torch.zeros(B, R, dtype=torch.long), mask, *[torch.zeros(B, R)] * 3, torch.zeros(B),
+                         torch.ones(B, dtype=torch.bool), *[torch.zeros(B, R)] * 4)
+    kept, dropped = without_uniform_groups(batch, torch.tensor([2.0, 2.0, 0.0, 1.0]), 2)  # group 0 is uniform
+    assert dropped.item() == 1.0 and not kept.response_mask[:2].any() and torch.equal(kept.response_mask[2:], mask[2:])
+    # Per-token losses [1, 2, 3] on every row: token mean over the kept rows' 4 real tokens = (1 + 1 + 2 + 3) / 4.
+    losses = torch.tensor([1.0, 2.0, 3.0]).expand(B, R)
+    assert aggregate_loss(losses, kept.response_mask, normalizer=loss_normalizer(kept.response_mask)).item() == 7 / 4
+    assert loss_normalizer(kept.response_mask, "seq_mean_token_mean").item() == 2  # responses, not 4
 
 
 # ---- construction errors ----------------------------------------------------------------------------------------
@@ -223,6 +293,13 @@ def test_grpo_resume_mid_iteration_is_bitwise_exact(tiny_models, tokenizer, tmp_
     (dict(advantage_estimator="grpo", num_generations=3), "must be a multiple of num_generations=3"),
     (dict(advantage_estimator="rloo", critic_learning_rate=1e-3), "critic_learning_rate is set"),
     (dict(advantage_estimator="reinforce_pp", whiten_rewards=True), "whiten_rewards is set"),
+    (dict(advantage_estimator="grpo", lam_critic=1.0), "lam_critic is set"),
+    (dict(use_bias_correction_kl=True), "use_bias_correction_kl=True corrects the KL loss term"),
+    (dict(use_kl_loss=True, kl_coef=0.0), "use_kl_loss=True with kl_coef=0"),
+    (dict(importance_sampling_level="group"), "importance_sampling_level='group'"),
+    (dict(num_generations=1, drop_uniform_groups=True), "drop_uniform_groups=True compares the responses"),
+    (dict(advantage_estimator="rloo", critic_updates_per_step=2), "critic_updates_per_step is set"),
+    (dict(num_generations=1, lam_critic=1.5), r"lam_critic=1.5: must be None \(lam\) or in \[0, 1\]"),
     (dict(advantage_estimator="ppo"), "advantage_estimator='ppo'"),
     (dict(num_generations=0), "num_generations"),
     (dict(advantage_estimator="rloo", scale_rewards=False), "scale_rewards=False applies to advantage_estimator='grpo'"),

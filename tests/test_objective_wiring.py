@@ -136,7 +136,8 @@ def expected_loss(model, batch, normalizer, s: dict):
 
     per token: max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), with dual clip c (A < 0): min(that, -c A);
     + vf_coef * 1/2 max((V - R)^2, (V_old + clip(V - V_old, +- eps_v) - R)^2) - entropy_coef * H
-    + kl_loss_coef * (e^(log p_ref - log p) - 1 - (log p_ref - log p));
+    + kl_loss_coef * (e^(log p_ref - log p) - 1 - (log p_ref - log p)), that k3 times r with use_bias_correction_kl;
+    r is the response's exp(mean_t (log p - log p_old)) on each token with importance_sampling_level "sequence";
     reduced per `loss_aggregation` and divided by the whole minibatch's `normalizer`.
     """
     low = s["cliprange"] if s["cliprange_low"] is None else s["cliprange_low"]
@@ -146,8 +147,10 @@ def expected_loss(model, batch, normalizer, s: dict):
         logp, values, entropy = _current(model, batch, i, s["temperature"])
         n = len(logp)
         row_sum = 0.0
+        sequence_ratio = torch.exp((logp - batch.logprobs[i, :n]).mean())
         for t in range(n):
-            a, ratio = batch.advantages[i, t].item(), torch.exp(logp[t] - batch.logprobs[i, t].item())
+            a, token_ratio = batch.advantages[i, t].item(), torch.exp(logp[t] - batch.logprobs[i, t].item())
+            ratio = sequence_ratio if s["importance_sampling_level"] == "sequence" else token_ratio
             unclipped_pg, clipped_pg = -a * ratio, -a * torch.clamp(ratio, 1 - low, 1 + high)
             pg = torch.maximum(unclipped_pg, clipped_pg)
             if s["dual_clip"] is not None and a < 0:
@@ -156,8 +159,9 @@ def expected_loss(model, batch, normalizer, s: dict):
             v_clipped = old + torch.clamp(values[t] - old, -s["cliprange_value"], s["cliprange_value"])
             unclipped_v, clipped_v = (values[t] - ret) ** 2, (v_clipped - ret) ** 2
             d = batch.ref_logprobs[i, t].item() - logp[t]
+            kl = (torch.exp(d) - 1 - d) * (token_ratio if s["use_bias_correction_kl"] else 1.0)
             row_sum = row_sum + (pg + s["vf_coef"] * 0.5 * torch.maximum(unclipped_v, clipped_v)
-                                 - s["entropy_coef"] * entropy[t] + s["kl_loss_coef"] * (torch.exp(d) - 1 - d))
+                                 - s["entropy_coef"] * entropy[t] + s["kl_loss_coef"] * kl)
             clipped += bool(clipped_pg > unclipped_pg)
             value_clipped += bool(clipped_v > unclipped_v)
             tokens += 1
@@ -217,14 +221,17 @@ VARIANTS = {
     "seq_mean_token_sum_norm": dict(loss_aggregation="seq_mean_token_sum_norm"),
     "coefficients": dict(vf_coef=0.3, cliprange_value=0.1, entropy_coef=0.05),
     "kl_in_the_loss": dict(advantage_estimator="grpo", kl_ctl_value=0.37),
+    "kl_loss_bias_corrected": dict(use_kl_loss=True, use_bias_correction_kl=True, kl_ctl_value=0.37),
+    "sequence_ratio": dict(importance_sampling_level="sequence", cliprange_low=0.1, cliprange_high=0.3),
 }
 
 
 def variant_settings(run, name):
     s = dict(RUN, cliprange_low=None, cliprange_high=None, dual_clip=None, kl_loss_coef=0.0,
-             response_length=run.args.response_length, advantage_estimator="gae")
+             response_length=run.args.response_length, advantage_estimator="gae", use_kl_loss=False,
+             use_bias_correction_kl=False, importance_sampling_level="token")
     s.update(VARIANTS[name])
-    if s["advantage_estimator"] == "grpo":  # grpo's KL is a loss term, at the controller's coefficient
+    if s["advantage_estimator"] == "grpo" or s["use_kl_loss"]:  # a KL loss term, at the controller's coefficient
         s["kl_loss_coef"] = s["kl_ctl_value"]
     return s
 
@@ -269,7 +276,8 @@ def test_the_pushed_batch_tells_the_settings_apart(run, pushed):
     pairs = [("clip_higher", "clip_higher_reversed"), ("clip_higher", "symmetric_clip"),
              ("clip_higher_reversed", "symmetric_clip"), ("dual_clip", "clip_higher"),
              ("token_mean", "symmetric_clip"), ("seq_mean_token_sum_norm", "symmetric_clip"),
-             ("coefficients", "symmetric_clip"), ("kl_in_the_loss", "symmetric_clip")]
+             ("coefficients", "symmetric_clip"), ("kl_in_the_loss", "symmetric_clip"),
+             ("kl_loss_bias_corrected", "kl_in_the_loss"), ("sequence_ratio", "clip_higher")]
     for a, b in pairs:
         assert abs(loss[a] - loss[b]) > 1e-3 * abs(loss[b]), (a, b, loss[a], loss[b])
 

@@ -24,6 +24,7 @@ from hf_ppo.ppo_math import (
     explained_variance,
     grpo_advantages,
     kl_estimate,
+    kl_loss_per_token,
     logprobs_from_logits,
     loss_normalizer,
     masked_mean,
@@ -400,6 +401,49 @@ def test_policy_loss_gradient_is_zero_where_clipped():
     loss, _, _ = policy_loss(logprobs, torch.zeros(1, 2, dtype=F64), t64([[1.0, 1.0]]), torch.ones(1, 2, dtype=torch.bool), 0.2)
     loss.backward()
     close(logprobs.grad, [[-1.1 / 2, 0.0]])  # -A * r / n = -1 * 1.1 / 2; clipped token: 0
+
+
+def test_sequence_level_ratio_is_gspo():
+    # Row 0: log-ratios [0.1, 0.3] -> s = e^0.2 = 1.2214 on both tokens, A = +1, clip 0.2: -1.2 each (clipped).
+    # Row 1: log-ratio [-0.1] (2nd slot masked, junk) -> s = e^-0.1 = 0.9048, A = +1: -0.9048 (inside the range).
+    # Token mean over the 3 real tokens; per token the ratios would be e^0.1, e^0.3 (clipped 1.2), e^-0.1.
+    logprobs = t64([[0.1, 0.3], [-0.1, 50.0]]).requires_grad_(True)
+    old, advantages = torch.zeros(2, 2, dtype=F64), t64([[1.0, 1.0], [1.0, 1e6]])
+    mask = torch.tensor([[T, T], [T, F]])
+    loss, clipfrac, _ = policy_loss(logprobs, old, advantages, mask, 0.2, importance_sampling_level="sequence")
+    close(loss, (-1.2 - 1.2 - math.exp(-0.1)) / 3)
+    close(clipfrac, 2 / 3)
+    token, _, _ = policy_loss(logprobs, old, advantages, mask, 0.2)
+    close(token, (-math.exp(0.1) - 1.2 - math.exp(-0.1)) / 3)
+    # Gradient: row 0 clipped (0); row 1's ratio is its own token's: -A * s / 3.
+    loss.backward()
+    close(logprobs.grad, [[0.0, 0.0], [-math.exp(-0.1) / 3, 0.0]])
+    # Unclipped, a response's ratio spreads evenly over its tokens: each of its n tokens carries s and d s / d logp_t
+    # = s / n, so every token gets -A s / N (N = 3 real tokens), whatever its own log-ratio.
+    logprobs.grad = None
+    wide, _, _ = policy_loss(logprobs, old, advantages, mask, 5.0, importance_sampling_level="sequence")
+    wide.backward()
+    close(logprobs.grad, [[-math.exp(0.2) / 3] * 2, [-math.exp(-0.1) / 3, 0.0]])
+    with pytest.raises(ValueError, match="importance_sampling_level 'group'"):
+        policy_loss(logprobs, old, advantages, mask, 0.2, importance_sampling_level="group")
+
+
+def test_bias_corrected_kl_loss_has_the_unbiased_reverse_kl_gradient():
+    # log p - log p_ref = log 2 (p_ref / p = 1/2), ratio pi / pi_old = 1.5.
+    # k3 = 1/2 - 1 + log 2 = log 2 - 1/2; d k3 / d logp = 1 - p_ref / p = 1/2 (the forward KL's gradient estimator).
+    # Corrected: r * k3 = 1.5 (log 2 - 1/2); its gradient r k3 + r (1 - p_ref/p) = r (log p - log p_ref) = 1.5 log 2,
+    # the importance-weighted score-function gradient of KL(pi || pi_ref).
+    logprobs = t64([[-1.0]]).requires_grad_(True)
+    ref, old = logprobs.detach() - math.log(2.0), logprobs.detach() - math.log(1.5)
+    plain = kl_loss_per_token(logprobs, ref)
+    close(plain, [[math.log(2.0) - 0.5]])
+    plain.sum().backward()
+    close(logprobs.grad, [[0.5]])
+    logprobs.grad = None
+    corrected = kl_loss_per_token(logprobs, ref, old)
+    close(corrected, [[1.5 * (math.log(2.0) - 0.5)]])
+    corrected.sum().backward()
+    close(logprobs.grad, [[1.5 * math.log(2.0)]])
 
 
 def _random_ppo_batch(seed=0, rows=4, length=7):
