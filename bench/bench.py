@@ -3,6 +3,7 @@
     python bench/bench.py                          # every CPU row, 6 timed iterations, 2 repetitions, learning runs
     python bench/bench.py --quick                  # smoke run (~2 minutes): first row, 3 iterations, 1 repetition
     python bench/bench.py --rows b8-r32-h64,lora-r8 --iters 10 --reps 3 --threads 1
+    python bench/bench.py --rows smollm2 --iters 3 --reps 1   # the real SmolLM2-135M-Instruct (its own table)
     python bench/bench.py --gpu                    # CUDA only: ~0.5B rows + the 8B-sized QLoRA peak-memory check
 
 What it does:
@@ -19,6 +20,7 @@ What it does:
    the same seed and iterations; the mean score over the last quarter of iterations is compared.
 5. Prints the table and writes it to `bench/RESULTS.md` between the `bench:begin/end` markers (the hand-written
    analysis around them is kept); every run's raw line goes to `bench/out/results.json`, logs to `bench/out/logs/`.
+   A run of real-checkpoint rows only writes its own block (`bench:real:begin/end`) and `bench/out/results-real.json`.
 
 What it leaves out on purpose: multi-process runs, vLLM, and any download of models or data.
 """
@@ -48,6 +50,7 @@ PEER_TRL = "1.12.0"
 OUT = HERE / "out"
 RESULTS_MD = HERE / "RESULTS.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+REAL_BEGIN, REAL_END = "<!-- bench:real:begin -->", "<!-- bench:real:end -->"  # the real-checkpoint rows' table
 
 # Targets of issue 5 (CPU rows).
 TARGET_VS_TRL, TARGET_VS_TRL_NOGC, TARGET_RSS, TARGET_FLOOR = 1 / 3, 0.8, 0.8, 1.2
@@ -247,13 +250,16 @@ def machine() -> str:
             f"peer trl {PEER_TRL}{gpu}")
 
 
-def write_results(path: Path, body: str) -> None:
-    block = f"{BEGIN}\n{body}\n{END}"
-    if path.exists() and BEGIN in path.read_text() and END in path.read_text():
-        text = path.read_text()
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+def write_results(path: Path, body: str, real: bool = False) -> None:
+    """Replace the block between the markers in `path`, keeping the hand-written text around it. The real-checkpoint
+    rows (a run of `REAL_ROWS` only) have a block of their own, so neither kind of run overwrites the other's table."""
+    begin, end = (REAL_BEGIN, REAL_END) if real else (BEGIN, END)
+    block = f"{begin}\n{body}\n{end}"
+    text = path.read_text() if path.exists() else "# hf_ppo vs trl 1.12.0 PPOTrainer: benchmark results\n"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
     else:
-        text = "# hf_ppo vs trl 1.12.0 PPOTrainer: benchmark results\n\n" + block + "\n"
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(text)
 
 
@@ -370,7 +376,9 @@ def main():
     meta = {"started": f"{started:%Y-%m-%d %H:%M %Z}", "machine": machine(), "threads": a.threads,
             "iters": a.iters, "warmup": a.warmup, "reps": a.reps, "learn_iters": a.learn_iters,
             "learn_seeds": a.learn_seeds}
-    json_path = Path(a.results).with_suffix(".json") if a.results else OUT / "results.json"
+    real_only = all(n in REAL_ROWS for n in names)  # its own results file, so a run of the CPU rows keeps theirs
+    json_path = (Path(a.results).with_suffix(".json") if a.results
+                 else OUT / ("results-real.json" if real_only else "results.json"))
     json_path.write_text(json.dumps({"command": command, "meta": meta, "runs": runs, "learn": learn,
                                                   "rows": aggs}, indent=1))
     report(results_md, command, meta, aggs, mem_8b, a.stat)
@@ -378,15 +386,17 @@ def main():
 
 def report(results_md: Path, command: str, meta: dict, aggs: list[dict], mem_8b: dict | None, stat: str) -> None:
     across = "the best of the repetitions" if stat == "min" else "the median repetition"
+    real = bool(aggs) and all(a["row"] in REAL_ROWS for a in aggs)
+    learning = ("no learning runs on real-checkpoint rows" if real else
+                f"learning runs: {meta.get('learn_iters')} iterations × {meta.get('learn_seeds')} seed(s), rule reward: "
+                f"{RULE_DOC}, learning rates in `bench/common.py`")
     clock = aggs[0]["clock"] if aggs else "wall"
     unit = ("CPU seconds of the run's process (one torch thread: robust to the other load on a shared machine)"
             if clock == "cpu" else "wall seconds")
     body = [f"Measured {meta.get('started', '?')} on: {meta.get('machine', '?')}.", "",
             f"Command: `{command}` (threads per run: {meta.get('threads') or 'library default'}; "
             f"{meta.get('iters')} timed iterations after {meta.get('warmup')} warm-up, {meta.get('reps')} "
-            f"repetition(s); s/iter = {unit} of the median iteration of a run, {across}; learning runs: {meta.get('learn_iters')} "
-            f"iterations × {meta.get('learn_seeds')} seed(s), rule reward: {RULE_DOC}, learning rates in "
-            f"`bench/common.py`).", "",
+            f"repetition(s); s/iter = {unit} of the median iteration of a run, {across}; {learning}).", "",
             table(aggs), "", f"Compute floor of hf_ppo ({'CPU ' if clock == 'cpu' else ''}seconds, medians of the pieces; `bench/floor.py`):", "",
             floor_table(aggs)]
     if mem_8b is not None:
@@ -394,7 +404,7 @@ def report(results_md: Path, command: str, meta: dict, aggs: list[dict], mem_8b:
         body += ["", f"8B-sized QLoRA PPO step (prompt {GPU_8B.prompt_tokens}, response {GPU_8B.response_length}, "
                  f"batch {GPU_8B.batch}): peak `torch.cuda.max_memory_allocated` = "
                  f"{_f(gb, '{:.2f}')} GB (target < 24 GB)" + (f" — error: {mem_8b['error']}" if "error" in mem_8b else "")]
-    write_results(results_md, "\n".join(body))
+    write_results(results_md, "\n".join(body), real=real)
     print(table(aggs))
     print("\n" + floor_table(aggs))
     shown = results_md.relative_to(REPO) if results_md.is_relative_to(REPO) else results_md
