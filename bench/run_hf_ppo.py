@@ -6,7 +6,8 @@ Wired as a user would: the policy and reward model by path, `ref_model=None` (a 
 full fine-tuning, the adapter-disabled policy with LoRA), prompts as a "prompt" column. The batch maps to
 PPOConfig as `per_device_train_batch_size = batch / num_mini_batches`, `gradient_accumulation_steps = 1`, so one
 PPO iteration is `num_ppo_epochs * num_mini_batches` Trainer steps; `logging_steps` is set to that, so every log
-holds exactly one iteration's `objective/scores`.
+holds exactly one iteration's `objective/scores`. A real checkpoint's row gives its prompts as a "messages" column
+(the trainer applies the chat template).
 """
 
 from __future__ import annotations
@@ -68,7 +69,11 @@ def main():
 
     tok = AutoTokenizer.from_pretrained(row_dir / "policy")
     prompts = json.loads((row_dir / "prompts.json").read_text())
-    data = Dataset.from_dict({"prompt": prompts})
+    if row.gguf_file:  # a real checkpoint's row: chat messages, which the trainer puts through the chat template
+        data = Dataset.from_dict({"messages": prompts})
+        prompts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]  # floor
+    else:
+        data = Dataset.from_dict({"prompt": prompts})
     peft_config = (LoraConfig(r=row.lora_r, lora_alpha=2 * row.lora_r, lora_dropout=0.0, target_modules="all-linear",
                               task_type="CAUSAL_LM") if row.peft else None)
     lr = row.learn_learning_rate if a.reward == "rule" else row.learning_rate

