@@ -53,12 +53,15 @@ class EstimatorSettings(NamedTuple):
     scale_rewards: bool = True
 
 
-def gae(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tensor]:
-    """PPO's estimator: KL-penalised per-token rewards, optional reward whitening (no mean shift), GAE with the
-    critic's values, advantage whitening over the batch's real tokens (returns keep the raw advantages)."""
+def gae(scores, kl, mask, values, s: EstimatorSettings, step_rewards=None) -> dict[str, torch.Tensor]:
+    """PPO's estimator: KL-penalised per-token rewards (plus an environment's per-position `step_rewards` (B, R)),
+    optional reward whitening (no mean shift), GAE with the critic's values, advantage whitening over the batch's
+    real tokens (returns keep the raw advantages)."""
     if values is None:
         raise ValueError("advantage_estimator='gae' needs a critic's values: this model has no critic.")
     rewards, non_score_rewards = compute_rewards(scores, kl, mask, s.kl_coef)
+    if step_rewards is not None:
+        rewards = rewards + torch.where(mask, step_rewards, torch.zeros_like(step_rewards))
     if s.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
     advantages, returns = compute_gae(rewards, values, mask, s.gamma, s.lam)
