@@ -78,8 +78,8 @@ class RolloutBatch:
     policy_mask: torch.Tensor | None = None  # None: every response token is the policy's (a checkpoint without it)
 
     def __post_init__(self):
-        if self.policy_mask is None:
-            self.policy_mask = self.response_mask
+        if self.policy_mask is None:  # a copy: checkpoints (safetensors) refuse tensors that share memory
+            self.policy_mask = self.response_mask.clone()
 
     def __len__(self) -> int:
         return self.queries.shape[0]
@@ -332,7 +332,7 @@ def rollout(
                                       tokenizer=tokenizer, stop_token_ids=stop_token_ids, batch_size=batch_size,
                                       response_length=response_length, gather=gather)
     responses, response_mask, contains_stop = samples[:3]
-    policy_mask = samples.policy_mask if samples.policy_mask is not None else response_mask
+    policy_mask = samples.policy_mask if samples.policy_mask is not None else response_mask.clone()
     # 4. The EOS penalty, on responses that never stopped; the overlong penalty.
     scores = penalize(samples.scores, contains_stop, response_mask, missing_eos_penalty=missing_eos_penalty,
                       overlong_buffer_length=overlong_buffer_length, overlong_penalty_factor=overlong_penalty_factor)

@@ -98,6 +98,34 @@ class StepAPI:
         self.log({})  # the metrics of this iteration, to the loggers and `state.log_history`
         return stats
 
+    @torch.no_grad()
+    def generate(self, query_tensor, batch_size: int = 4, return_prompt: bool = True, **generation_kwargs):
+        """TRL 0.11's `PPOTrainer.generate`: sample from the current policy with `model.generate(**generation_kwargs)`.
+
+        A list of 1-D prompts -> a list of 1-D sequences without padding (up to and including the first EOS), in
+        batches of `batch_size`, left-padded; one 1-D prompt -> `generate`'s (1, length) output. `return_prompt=False`
+        drops the prompt. (TRL's `length_sampler` and `generate_ref_response` are not offered.)
+        """
+        for name in ("length_sampler", "generate_ref_response"):
+            if generation_kwargs.pop(name, None):
+                raise ValueError(f"generate(): {name} is not offered; sample lengths with max_new_tokens instead.")
+        policy, tokenizer = self.accelerator.unwrap_model(self.model).policy_model, self.processing_class
+        if torch.is_tensor(query_tensor) and query_tensor.dim() == 1:
+            out = policy.generate(input_ids=query_tensor.unsqueeze(0).to(policy.device), **generation_kwargs)
+            return out if return_prompt else out[:, len(query_tensor):]
+        results = []
+        for start in range(0, len(query_tensor), batch_size):
+            rows = [{"input_ids": torch.as_tensor(q).tolist(), "prompt": ""} for q in query_tensor[start:start + batch_size]]
+            inputs = PromptCollator(tokenizer.pad_token_id)(rows)
+            ids, mask = inputs["queries"].to(policy.device), inputs["query_mask"].to(policy.device)
+            out = policy.generate(input_ids=ids, attention_mask=mask.long(), **generation_kwargs)
+            for row in range(len(rows)):
+                new = out[row, ids.shape[1]:]
+                stops = (new == tokenizer.eos_token_id).nonzero()
+                new = new[:int(stops[0]) + 1] if len(stops) else new[new != tokenizer.pad_token_id]
+                results.append(torch.cat([ids[row][mask[row]], new]) if return_prompt else new)
+        return results
+
     def _step_model(self):
         """The model `training_step` trains, with the optimizer and scheduler Trainer would make (once)."""
         if self.optimizer is not None and self.lr_scheduler is not None:

@@ -257,3 +257,38 @@ def test_step_masks_environment_tokens_and_checks_its_arguments(tiny_models, tok
     assert trainer.state.global_step == 1
     with pytest.raises(ValueError, match="scores must be a list of 2"):
         trainer.step(queries, responses, [1.0])
+
+
+def test_a_trl_0_11_loop_trains_with_generate_and_step(tiny_models, tokenizer, tmp_path):
+    # The README's TRL 0.11 loop body: generate your own responses, score them, step().
+    from scripted_engine import fingerprint
+
+    trainer = PPOLMTrainer(model=tiny_models["policy"], processing_class=tokenizer,
+                           args=make_args(tmp_path, per_device_train_batch_size=2, num_mini_batches=2,
+                                          num_ppo_epochs=1, max_steps=4, response_length=4))
+    before = fingerprint(trainer.model.policy_model)
+    query_tensors = [torch.tensor(tokenizer.encode(p)) for p in ["the movie was", "the food was", "a", "the"]]
+    for _ in range(2):
+        response_tensors = trainer.generate(query_tensors, return_prompt=False, max_new_tokens=4, do_sample=True,
+                                            top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id)
+        assert all(r.dim() == 1 and 0 < len(r) <= 4 for r in response_tensors)
+        rewards = [torch.tensor(float(len(r))) for r in response_tensors]
+        stats = trainer.step(query_tensors, response_tensors, rewards)
+    assert trainer.state.global_step == 4 and fingerprint(trainer.model.policy_model) != before
+    assert {"objective/kl", "objective/kl_coef", "ppo/loss/policy", "ppo/loss/value", "ppo/loss/total",
+            "ppo/policy/clipfrac", "ppo/policy/approxkl", "ppo/mean_scores", "ppo/learning_rate"} <= set(stats)
+    full = trainer.generate(query_tensors[0], max_new_tokens=3, do_sample=False)
+    assert full.shape[0] == 1 and full[0, :len(query_tensors[0])].tolist() == query_tensors[0].tolist()
+
+
+def test_the_tool_use_recipe_runs(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
+    import tool_use
+
+    assert tool_use.calculator("12 * 7") == "84" and tool_use.calculator("3 - 9") == "-6"
+    result = tool_use.main(["--output_dir", str(tmp_path), "--quick"])
+    assert result["iterations"] == 2 and 0 <= result["success_before"] <= 1 and 0 <= result["success_after"] <= 1
+    assert (tmp_path / "tool_use.json").is_file()
