@@ -89,9 +89,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--turn_tokens", type=int, default=8, help="tokens the policy may write before calling")
     parser.add_argument("--learning_rate", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="2 iterations: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="1 iteration, 16 held-out prompts: a smoke run")
     args = parser.parse_args(argv)
-    iterations = 2 if args.quick else args.iterations
+    iterations = 1 if args.quick else args.iterations
 
     tokenizer = build_tokenizer(vocab_size=300)
     tokenizer.add_special_tokens({"additional_special_tokens": [MARKER]})
@@ -105,7 +105,7 @@ def main(argv=None) -> dict:
     dataset = Dataset.from_dict({"prompt": arithmetic_prompts(64 * 8, args.seed)})
     trainer = PPOLMTrainer(model=policy, args=config, processing_class=tokenizer, train_dataset=dataset,
                            environment=CalculatorEnvironment(tokenizer, args.turn_tokens))
-    held_out = arithmetic_prompts(128, args.seed + 1000)
+    held_out = arithmetic_prompts(16 if args.quick else 128, args.seed + 1000)
     before = success_rate(trainer, held_out)
     start = time.perf_counter()
     trainer.train()
