@@ -174,7 +174,7 @@ def test_a_nan_score_from_the_environment_is_dropped_and_sampled_again(tiny_mode
     assert env.calls == 2 and trainer.state.log_history[0]["nonfinite/dropped_rollouts"] == 1
 
 
-def test_samples_without_a_score_use_the_reward_callable_on_the_whole_episode(tiny_models, tokenizer, tmp_path):
+def test_samples_without_a_score_use_the_rewards_on_the_whole_episode(tiny_models, tokenizer, tmp_path):
     class Unscored(TwoTurn):
         def rollout(self, prompts, sample):
             return [s._replace(score=None if i % 2 else s.score) for i, s in enumerate(super().rollout(prompts, sample))]
@@ -185,10 +185,15 @@ def test_samples_without_a_score_use_the_reward_callable_on_the_whole_episode(ti
         seen.extend(completions)
         return [100.0] * len(completions)
 
-    trainer = env_trainer(tiny_models, tokenizer, tmp_path, environment=Unscored(), reward=reward)
+    def one(prompts, completions):
+        return [1.0] * len(completions)
+
+    # Mixed rewards: a weighted list, as without an environment.
+    trainer = env_trainer(tiny_models, tokenizer, tmp_path, environment=Unscored(), reward=[reward, one],
+                          reward_weights=[1.0, 2.0])
     seen.clear()  # the construction-time probe
     batch = rollout_batch(trainer)
-    assert (batch.scores[1::2] == 100).all() and (batch.scores[::2] < 100).all()
+    assert (batch.scores[1::2] == 102).all() and (batch.scores[::2] < 100).all()
     reply_text = tokenizer.decode(REPLY)
     assert all(reply_text in text for text in seen)  # the environment's tokens are part of what is scored
 
@@ -292,3 +297,19 @@ def test_the_tool_use_recipe_runs(tmp_path):
     result = tool_use.main(["--output_dir", str(tmp_path), "--quick"])
     assert result["iterations"] == 1 and 0 <= result["success_before"] <= 1 and 0 <= result["success_after"] <= 1
     assert (tmp_path / "tool_use.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("critic", ["separate", "reward_lora"])
+def test_the_other_critics_train_on_an_environment(critic, tiny_models, tokenizer, tmp_path):
+    from test_reliability import lora
+
+    trainer = PPOLMTrainer(model=tiny_models["policy"], processing_class=tokenizer, reward_model=tiny_models["reward"],
+                           args=make_args(tmp_path, critic=critic, response_length=12, num_ppo_epochs=1,
+                                          num_mini_batches=1, max_steps=1),
+                           train_dataset=dataset(), environment=TwoTurn(), peft_config=lora())
+    trainer.train()
+    first = trainer.state.log_history[0]
+    assert first["val/ratio"] == 1.0 and "loss/value_avg" in first
+    batch = trainer._schedule.batch
+    assert torch.all(batch.returns[batch.response_mask & ~batch.policy_mask] == 0)
