@@ -239,6 +239,8 @@ def hide_incomplete(run_dir: str) -> list[tuple[str, str, list[str]]]:
             break
         target = _hidden_name(folder)
         if os.path.isdir(target):
+            if not written_by_hf_ppo(target):
+                continue  # the name is taken by a folder hf_ppo did not write: both stay; a resume names the problem
             shutil.rmtree(target)
         os.replace(folder, target)
         moved.append((folder, target, issues))
@@ -378,11 +380,26 @@ def _check_adapter_config(folder: str, current) -> None:
                               "with the checkpoint's LoraConfig, or start a new run.")
 
 
-def skip_incomplete(run_dir: str) -> None:
-    """`hide_incomplete`, with a warning naming each checkpoint moved aside."""
+def prepare_run_dir(run_dir: str, save_total_limit: int | None) -> None:
+    """Before training: refuse a rotation that would delete another program's checkpoints, then `hide_incomplete`
+    with a warning naming each checkpoint moved aside."""
+    check_rotation(run_dir, save_total_limit)
     for folder, moved_to, issues in hide_incomplete(run_dir):
         warn_user(f"Skipping incomplete checkpoint {folder} ({'; '.join(issues)}): the run stopped while writing "
                   f"it. Moved to {moved_to}.")
+
+
+def check_rotation(run_dir: str, save_total_limit: int | None) -> None:
+    """Trainer's `save_total_limit` deletes the oldest `checkpoint-N` folders of the output folder, whoever wrote
+    them: with a folder there that hf_ppo did not write, that is an error before the first step, naming it."""
+    if not save_total_limit:
+        return
+    foreign = [os.path.basename(c) for c in checkpoints_by_step(run_dir) if not written_by_hf_ppo(c)]
+    if foreign:
+        raise CheckpointError(
+            f"save_total_limit={save_total_limit} would let Trainer delete checkpoints in {run_dir} that hf_ppo did "
+            f"not write ({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}: no {MARKER_FILE}). Use another "
+            "output_dir, move those folders away, or unset save_total_limit.")
 
 
 def resumed_schedule(saved: SavedPPOState, folder: str, args) -> MinibatchSchedule | None:

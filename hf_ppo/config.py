@@ -295,6 +295,18 @@ class PPOConfig(TrainingArguments):
     dataset_num_proc: int | None = field(
         default=None, metadata={"help": "Processes used to tokenize the prompt datasets (datasets.map num_proc)."}
     )
+    sft_model_path: str | None = field(
+        default=None,
+        metadata={"help": "TRL's name for the policy to train (its SFT checkpoint: Hub id or local path), which is "
+                  "also where the reference starts. Used when PPOLMTrainer gets no `model`; given both, they must name "
+                  "the same checkpoint. No default (TRL's was EleutherAI/pythia-160m)."},
+    )
+    reward_model_path: str | None = field(
+        default=None,
+        metadata={"help": "TRL's name for the reward model (Hub id or local path of a sequence classifier with 1 "
+                  "label). Used when PPOLMTrainer gets no `reward_model`; given both, they must name the same "
+                  "checkpoint. No default (TRL's was EleutherAI/pythia-160m, a base LM with a random score head)."},
+    )
     ds3_gather_for_generation: bool | None = field(
         default=None,
         metadata={"help": "TRL's DeepSpeed ZeRO-3 option; hf_ppo has no ZeRO-3 gathering, so it is ignored with a "
@@ -426,6 +438,9 @@ class PPOConfig(TrainingArguments):
             warn_user(f"critic_warmup_steps={warmup} covers the whole run (max_steps={self.max_steps}): only the "
                       "critic trains and the policy ends where it started. Lower critic_warmup_steps or raise "
                       "max_steps if the policy should train.")
+        if isinstance(self.entropy_coef, (int, float)) and self.entropy_coef < 0:
+            warn_user(f"entropy_coef={self.entropy_coef} is negative: the loss pays the policy for lower entropy, which "
+                      "speeds up collapse to a few responses. Use entropy_coef >= 0 unless that is what you want.")
         if self.adaptive_kl and self.kl_coef == 0:
             errors.append("adaptive_kl=True with kl_coef=0: the adaptive controller scales the coefficient, so it "
                           "stays 0 and the KL penalty never acts. Start from kl_coef > 0, or set adaptive_kl=False.")
@@ -523,10 +538,23 @@ class PPOConfig(TrainingArguments):
                 errors.append(f"{name}={getattr(self, name)} cannot be set (TRL computed it too, and overwrote your "
                               f"value): here it is {meaning}. Set per_device_train_batch_size, "
                               "gradient_accumulation_steps and num_mini_batches instead.")
+        for name in ("sft_model_path", "reward_model_path"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                errors.append(f"{name}={value!r}: must be None or a Hub id / local path (a non-empty string).")
         if self.ds3_gather_for_generation is not None:
             warn_user("ds3_gather_for_generation is ignored: it is a DeepSpeed ZeRO-3 option and hf_ppo has no "
                       "ZeRO-3 weight gathering for generation. Use DDP or ZeRO-2 (recipes/accelerate/); to fit a "
                       "larger policy, load it in 4 bits with LoRA (policy_quantization='4bit').")
+        # A TRL name marks a TRL config: there `num_mini_batches` split the rollout batch; here it multiplies it.
+        trl_names = [name for name in _TRL_ONLY_NAMES if getattr(self, name) is not None]
+        if trl_names and isinstance(self.num_mini_batches, int) and self.num_mini_batches > 1:
+            warn_user(
+            f"num_mini_batches={self.num_mini_batches} means something else than in TRL (this config uses TRL's "
+            f"{trl_names[0]}): it multiplies the rollout batch here, so one iteration samples "
+            "per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches prompts per device, "
+            "where TRL sampled per_device_train_batch_size x gradient_accumulation_steps and split them. To keep "
+            "TRL's batch sizes, divide gradient_accumulation_steps by num_mini_batches.")
         if self.total_episodes is None and self.num_total_batches is None:
             return errors
         if self.total_episodes is not None and self.num_total_batches is not None:
@@ -545,12 +573,6 @@ class PPOConfig(TrainingArguments):
             name = "total_episodes" if self.total_episodes is not None else "num_total_batches"
             return errors + [f"{name} and max_steps={self.max_steps} both set the run length ({name} means "
                              f"max_steps={steps}): set only one."]
-        if self.total_episodes is not None and self.num_mini_batches > 1:
-            warn_user(
-            f"num_mini_batches={self.num_mini_batches} multiplies the rollout batch here: one iteration samples "
-            "per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches prompts per device, "
-            "where TRL sampled per_device_train_batch_size x gradient_accumulation_steps and split them. To keep "
-            "TRL's batch sizes, divide gradient_accumulation_steps by num_mini_batches.")
         self.max_steps = steps
         return errors
 
@@ -590,6 +612,9 @@ class PPOConfig(TrainingArguments):
         """Optimizer steps per PPO iteration: num_ppo_epochs * num_mini_batches."""
         return self.num_ppo_epochs * self.num_mini_batches
 
+
+# Fields only a config written for TRL 1.12 sets (hf_ppo has its own ways to say the same).
+_TRL_ONLY_NAMES = ("total_episodes", "num_total_batches", "sft_model_path", "reward_model_path")
 
 # (field, accepts None, test, what the value must be): every numeric PPO field, checked when PPOConfig is built.
 _RANGES = [

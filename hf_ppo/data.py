@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 
 import torch
 from torch.utils.data import Sampler
@@ -205,6 +206,22 @@ def check_rollout_batch(args, train_dataset) -> None:
     if args.max_steps > 0 and args.max_steps % args.optimizer_steps_per_iteration:
         warn_user(f"max_steps={args.max_steps} is not a multiple of num_ppo_epochs x num_mini_batches = "
                   f"{args.optimizer_steps_per_iteration}: the last PPO iteration will stop part-way.")
+    check_run_length(args, len(train_dataset) // prompts)
+
+
+def check_run_length(args, iterations_per_epoch: int) -> None:
+    """With the run's length set by `num_train_epochs` (max_steps unset), the optimizer steps it will make are known
+    once the dataset is: a critic warm-up covering all of them leaves the policy where it started (a warning, as
+    PPOConfig gives for max_steps)."""
+    warmup = args.critic_warmup_steps
+    if args.max_steps > 0 or not warmup:
+        return
+    steps = math.ceil(args.num_train_epochs * iterations_per_epoch * args.optimizer_steps_per_iteration)
+    if warmup >= steps:
+        warn_user(f"critic_warmup_steps={warmup} covers the whole run ({args.num_train_epochs:g} epoch(s) of "
+                  f"{iterations_per_epoch} iteration(s) x {args.optimizer_steps_per_iteration} optimizer steps = "
+                  f"{steps} steps): only the critic trains and the policy ends where it started. Lower "
+                  "critic_warmup_steps, or raise num_train_epochs / set max_steps, if the policy should train.")
 
 
 def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, context: int | None):

@@ -27,7 +27,8 @@ from transformers import (
 from . import gguf
 from .adapters import adapter_config, prepare_adapters
 from .estimators import ESTIMATORS
-from .modeling import AutoModelForCausalLMWithValueHead, PolicyAndCritic, ValueModel, mark_scoring_context
+from .modeling import (AutoModelForCausalLMWithValueHead, PolicyAndCritic, ValueModel, mark_scoring_context,
+                       reject_seq2seq_checkpoint)
 from .reporting import warn_user
 from .rewards import (RewardSet, naming_reward, pools_itself, probe_reward_callable, reward_input_format, reward_name,
                       unique_names)
@@ -63,6 +64,8 @@ def from_pretrained(auto_cls, name_or_path: str, role: str, *, missing_fix: str 
     `missing_fix` (for a frozen model, which nothing will train): weights the checkpoint lacks, which transformers
     initialises at random and only logs, are an error instead, naming them and this fix.
     """
+    if auto_cls is AutoModelForCausalLM:
+        reject_seq2seq_checkpoint(name_or_path, kwargs, f"{role} {name_or_path!r}")
     try:
         loaded = auto_cls.from_pretrained(name_or_path, **kwargs, **({"output_loading_info": True} if missing_fix
                                                                      else {}))
@@ -136,7 +139,21 @@ def check_vocab(model, tokenizer: PreTrainedTokenizerBase, role: str, fix: str) 
     needed = tokenizer_size(tokenizer)
     if needed > rows:
         raise ValueError(f"The tokenizer produces token ids up to {needed - 1} ({len(tokenizer)} tokens) but the "
-                         f"{role}'s embedding has only {rows} rows. {fix}")
+                         f"{role}'s embedding has only {rows} rows. {_added_pad_fix(tokenizer, rows, role)}{fix}")
+
+
+def _added_pad_fix(tokenizer: PreTrainedTokenizerBase, rows: int, role: str) -> str:
+    """For a pad token added to the tokenizer without resizing the model (TRL's scripts' `[PAD]`): both fixes, hf_ppo's
+    (add no pad token) and the one that keeps the habit (resize every model that reads the policy's ids)."""
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None or pad_id < rows:
+        return ""
+    return (f"The pad token {tokenizer.pad_token!r} (id {pad_id}) has no row in the {role}'s embedding: it was added "
+            "to the tokenizer (`add_special_tokens({'pad_token': ...})`, as TRL's scripts did) without resizing the "
+            "model. Either add no pad token (hf_ppo's way: with none, the trainer pads with an existing unused "
+            "special token, and no new embedding row must be trained), or keep the habit and resize: "
+            "`model.resize_token_embeddings(len(tokenizer))` on the policy and on the reference model alike (load "
+            "them yourself and pass the objects; ref_model=None copies the resized policy). ")
 
 
 # Name fragments of special tokens that exist to be unused, best first (see `choose_pad_token`).
@@ -751,6 +768,40 @@ def _check_critic_vocab(tokenizer, critic_tokenizer, source, role: str, fix: str
     else:
         why = "its tokenizer could not be found, so nothing shows it reads the policy's token ids"
     raise ValueError(f"The critic would start from the {role}, but {why}. {fix}")
+
+
+def trl_inputs(model, reward_model, value_model, critic_model, args) -> tuple:
+    """(model, reward_model, critic_model) from the trainer's arguments and TRL 1.12's names for them:
+    `args.sft_model_path` / `args.reward_model_path` stand in for a model or reward model not given (an argument
+    given too must name the same checkpoint), and `value_model=` is a 'separate' critic (`trl_value_model`)."""
+    model = _config_path(model, args.sft_model_path, "model", "sft_model_path")
+    reward_model = _config_path(reward_model, args.reward_model_path, "reward_model", "reward_model_path")
+    if model is None:
+        raise ValueError("PPOLMTrainer needs a policy: pass model=<Hub id / path / model object>, or set "
+                         "PPOConfig(sft_model_path=<Hub id / path>) (TRL's name).")
+    return model, reward_model, trl_value_model(value_model, critic_model, args)
+
+
+def _config_path(given, path: str | None, argument: str, field_name: str):
+    """`given`, or `path` when nothing is given; an error when both are given and name different checkpoints (an
+    object is compared by the id/path it was loaded from, its config's `name_or_path`)."""
+    if path is None or given is None:
+        return path if given is None else given
+    name = given if isinstance(given, str) else getattr(getattr(given, "config", None), "name_or_path", None)
+    if isinstance(name, str) and _same_checkpoint_name(name, path):
+        return given
+    what = repr(given) if isinstance(given, str) else (f"a {type(given).__name__} loaded from {name!r}" if name
+                                                       else f"a {type(given).__name__}")
+    raise ValueError(f"{argument}= is {what}, but PPOConfig.{field_name}={path!r} names another checkpoint: give the "
+                     f"model in one place (drop {field_name}, or drop the {argument} argument).")
+
+
+def _same_checkpoint_name(a: str, b: str) -> bool:
+    """True when two ids/paths name one checkpoint: equal ids, or local paths to the same folder."""
+    def norm(p):
+        expanded = os.path.expanduser(p)
+        return os.path.realpath(expanded) if os.path.exists(expanded) else p.rstrip("/")
+    return norm(a) == norm(b)
 
 
 def trl_value_model(value_model, critic_model, args):

@@ -28,6 +28,8 @@ from .reporting import warn_user
 from .versions import CACHE, checkpointing_disable, checkpointing_enable, supports_checkpointing
 
 VALUE_HEAD_FILE = "value_head.safetensors"
+# Where TRL's class saved the head of a PEFT model, beside the adapter (the head's tensors alone).
+TRL_ADAPTER_HEAD_FILE = "pytorch_model.bin"
 # Files in which a TRL-format head (`v_head.summary.weight` / `.bias`) may be stored, and the shard indexes of the
 # two weights formats (a head saved in a sharded checkpoint sits in whichever shard the index names).
 _TRL_HEAD_FILES = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin")
@@ -79,13 +81,59 @@ class CausalLMOutputWithValue(ModelOutput):
         return iter(self.to_tuple())
 
 
-class ValueHead(nn.Linear):
-    """The `hidden -> 1` value head: a plain linear layer (state keys `weight`, `bias`), also reachable as `.summary`,
-    where TRL's value head kept its linear layer, so code written for TRL (`model.v_head.summary.weight`) works."""
+class ValueHead(nn.Module):
+    """The `hidden -> 1` value head: its linear layer is `.summary`, where TRL's value head kept it, so the model's
+    state keys are TRL's (`v_head.summary.weight`, `v_head.summary.bias`) and code written for TRL works;
+    `.weight` / `.bias` reach the same parameters. Older full state dicts (`v_head.weight`) still load."""
+
+    def __init__(self, width: int, dtype: torch.dtype, device):
+        super().__init__()
+        self.summary = nn.Linear(width, 1, dtype=dtype, device=device)
+        self.register_load_state_dict_pre_hook(_accept_flat_head_keys)
 
     @property
-    def summary(self) -> nn.Linear:
-        return self
+    def weight(self) -> nn.Parameter:
+        return self.summary.weight
+
+    @property
+    def bias(self) -> nn.Parameter:
+        return self.summary.bias
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.summary(hidden)
+
+
+def _accept_flat_head_keys(module, state_dict, prefix, *args) -> None:
+    """`load_state_dict` pre-hook: hf_ppo's earlier keys `v_head.weight` / `v_head.bias` become `v_head.summary.*`."""
+    for name in ("weight", "bias"):
+        if prefix + name in state_dict and prefix + "summary." + name not in state_dict:
+            state_dict[prefix + "summary." + name] = state_dict.pop(prefix + name)
+
+
+SEQ2SEQ_FIX = ("hf_ppo trains decoder-only causal LMs; a value head on an encoder-decoder (TRL's "
+               "AutoModelForSeq2SeqLMWithValueHead) is out of scope. Use a decoder-only model, one that "
+               "AutoModelForCausalLM loads (e.g. Qwen2.5, Llama, SmolLM2, GPT-2), with the seq2seq task as its prompt.")
+
+
+def reject_seq2seq(config, what: str) -> None:
+    """Raise, naming `what`, when `config` is an encoder-decoder (seq2seq) model's: not supported (README, "Models")."""
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"The {what} is an encoder-decoder (seq2seq) model ({getattr(config, 'model_type', '?')}), "
+                         f"which is not supported. {SEQ2SEQ_FIX}")
+
+
+def reject_seq2seq_checkpoint(name_or_path: str, kwargs: dict, what: str) -> None:
+    """`reject_seq2seq` on a checkpoint's config, read before its weights (transformers would load only the decoder
+    of some encoder-decoders as a causal LM). A config that cannot be read is left to the model's own loading."""
+    from transformers import AutoConfig
+
+    where = {k: v for k, v in kwargs.items() if k in ("revision", "token", "cache_dir", "subfolder", "gguf_file",
+                                                      "trust_remote_code", "local_files_only") and v is not None}
+    try:
+        config = AutoConfig.from_pretrained(name_or_path, **where)
+    except Exception:  # noqa: BLE001 - missing, offline, custom code: loading the model reports it
+        return
+    reject_seq2seq(config, what)
 
 
 class _GradientCheckpointingNames:
@@ -121,7 +169,8 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
     """Wraps `pretrained_model` (a causal LM or a `PeftModel` around one) and adds `v_head: Linear(hidden, 1)`.
 
     `generate`, gradient checkpointing and `save_pretrained` pass through to the wrapped model; the head is saved and
-    loaded on its own (`value_head.safetensors`), so the saved policy stays a plain model or adapter.
+    loaded on its own (`value_head.safetensors`, plus TRL's `pytorch_model.bin` beside an adapter), so the saved
+    policy stays a plain model or adapter. State keys are TRL's: `pretrained_model.*` and `v_head.summary.*`.
 
     TRL's keyword arguments are accepted: `v_head_init_strategy` (None: hf_ppo's zero head, unlike TRL's random one;
     "normal": N(0, `v_head_initializer_range`), default 0.2, bias 0) and `summary_dropout_prob` (dropout on the
@@ -133,13 +182,14 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
         if not isinstance(pretrained_model, nn.Module):
             raise TypeError(f"{type(self).__name__}(...) wraps a model object, got {type(pretrained_model).__name__}. "
                             f"To load by Hub id or path use {type(self).__name__}.from_pretrained({pretrained_model!r}).")
+        reject_seq2seq(getattr(pretrained_model, "config", None), "model passed")
         super().__init__()
         self.pretrained_model = pretrained_model
         # The head reads what the LM head reads, so its width is the output embedding's input width: not always
         # hidden_size (OPT-350m projects 1024 -> word_embed_proj_dim 512 before its LM head).
         output_embeddings = pretrained_model.get_output_embeddings()
         width = getattr(output_embeddings, "in_features", None) or output_embeddings.weight.shape[1]
-        self.v_head = ValueHead(width, 1, dtype=torch.float32, device=output_embeddings.weight.device)
+        self.v_head = ValueHead(width, dtype=torch.float32, device=output_embeddings.weight.device)
         if value_head_init_std > 0:
             nn.init.normal_(self.v_head.weight, std=value_head_init_std)
         else:
@@ -212,6 +262,7 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
                                      "fresh adapter, load its base model with peft_config.")
                 model = _load_adapter(source, model_args, kwargs, is_trainable, kbit_kwargs)
             else:
+                reject_seq2seq_checkpoint(source, kwargs, f"model {source!r}")
                 model = AutoModelForCausalLM.from_pretrained(source, *model_args, **kwargs)
         else:
             raise TypeError("from_pretrained takes a Hub id, a local path, or a PreTrainedModel / PeftModel; got "
@@ -314,12 +365,13 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
 
     # ---- saving -----------------------------------------------------------------------------------------------
     def value_head_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().contiguous() for k, v in self.v_head.state_dict().items()}
+        """{'weight', 'bias'} of the head's linear layer (CPU): what checkpoints and `value_head.safetensors` hold."""
+        return {k: v.detach().cpu().contiguous() for k, v in self.v_head.summary.state_dict().items()}
 
     def load_value_head_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load {'weight', 'bias'}; TRL's `v_head.summary.weight` style keys are accepted too."""
         state = {k.rsplit(".", 1)[-1]: v for k, v in state.items()}
-        self.v_head.load_state_dict({k: v.to(torch.float32) for k, v in state.items()})
+        self.v_head.summary.load_state_dict({k: v.to(torch.float32) for k, v in state.items()})
 
     def save_value_head(self, save_directory: str) -> str:
         os.makedirs(save_directory, exist_ok=True)
@@ -330,12 +382,17 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
     def save_pretrained(self, save_directory: str, save_value_head: bool = True, **kwargs):
         """Save the wrapped model (an adapter for a `PeftModel`) and, unless told not to, the value head beside it.
 
-        `from_pretrained(save_directory)` restores both. (TRL stored the head inside the weights file instead; both
-        layouts load.)
+        The head goes to `value_head.safetensors`; with a `PeftModel` also, as TRL's class wrote it, to
+        `pytorch_model.bin` holding only `v_head.summary.weight` / `.bias`, so TRL's `from_pretrained` reads it
+        too. A full model's weights file stays a plain causal LM (TRL put the head inside it). `from_pretrained`
+        restores the head from any of these layouts.
         """
         self.pretrained_model.save_pretrained(save_directory, **kwargs)
         if save_value_head:
             self.save_value_head(save_directory)
+            if self.is_peft_model:
+                head = {f"v_head.summary.{k}": v for k, v in self.value_head_state_dict().items()}
+                torch.save(head, os.path.join(save_directory, TRL_ADAPTER_HEAD_FILE))
 
     def push_to_hub(self, repo_id: str, *, commit_message: str = "Upload model with value head",
                     private: bool | None = None, token: str | None = None, revision: str | None = None,

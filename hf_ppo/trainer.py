@@ -37,7 +37,7 @@ class PPOLMTrainer(StepAPI, Trainer):
     """PPO for causal LMs with a value head, on `transformers.Trainer`.
 
     Args:
-        model: Hub id, local path, `PreTrainedModel`, `PeftModel` or `AutoModelForCausalLMWithValueHead`.
+        model: id/path, `PreTrainedModel`, `PeftModel`, `AutoModelForCausalLMWithValueHead` (None: args.sft_model_path).
         args: a `PPOConfig`.
         processing_class: the policy's tokenizer (loaded with the model when `model` is an id/path and this is None).
         reward_model: Hub id / path / `AutoModelForSequenceClassification` with num_labels=1 / callable
@@ -60,7 +60,7 @@ class PPOLMTrainer(StepAPI, Trainer):
 
     def __init__(
         self,
-        model,
+        model=None,
         args: PPOConfig | None = None,
         processing_class=None,
         reward_model=None, ref_model=None,
@@ -75,8 +75,8 @@ class PPOLMTrainer(StepAPI, Trainer):
             raise TypeError(f"args must be a PPOConfig, got {type(args).__name__}: PPOConfig(**args.to_dict()) converts it.")
         # Seed before any model is built: LoRA and value-head initialisation must follow `seed` too.
         set_seed(args.seed)
+        model, reward_model, critic_model = loading.trl_inputs(model, reward_model, value_model, critic_model, args)
         self.environment, reward_model = check_environment(environment, reward_model, train_dataset)
-        critic_model = loading.trl_value_model(value_model, critic_model, args)
         loaded = loading.load_models(model, processing_class, reward_model, ref_model, reward_processing_class,
                                      peft_config, args, args.device, critic_model)
         policy, tokenizer, self.ref_model, self.reward_model = (loaded.policy, loaded.tokenizer, loaded.ref_model,
@@ -330,11 +330,11 @@ class PPOLMTrainer(StepAPI, Trainer):
         super()._save_checkpoint(model, trial)
 
     def _hp_search_setup(self, trial) -> None:
-        """The first call in `train()`, before it resolves `resume_from_checkpoint=True` to the highest checkpoint:
-        incomplete checkpoints above the last complete one are moved aside (with a warning), so it resolves to that."""
+        """The first call in `train()`, before it resolves `resume_from_checkpoint=True`: a rotation that would delete
+        others' checkpoints is refused; incomplete ones above the last complete one are moved aside (`prepare_run_dir`)."""
         super()._hp_search_setup(trial)
         if self.args.should_save:
-            checkpoint.skip_incomplete(self.args.output_dir)
+            checkpoint.prepare_run_dir(self.args.output_dir, self.args.save_total_limit)
         self.accelerator.wait_for_everyone()
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:

@@ -71,15 +71,10 @@ class ModelArguments:
     """Which models to load, and how (quantization of each model is set in PPOConfig)."""
 
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Policy: Hub id or local path of a causal LM (with --sft_model_path, as in "
-                                "TRL's script, only the tokenizer is read from here)."})
+        default=None, metadata={"help": "Policy: Hub id or local path of a causal LM (with TRL's --sft_model_path, a "
+                                "PPOConfig field, only the tokenizer is read from here, as in TRL's script)."})
     reward_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Reward model: a sequence classifier with 1 label."})
-    # TRL 1.12's script names (they lived in its PPOConfig): the policy/reference and the reward model.
-    sft_model_path: str | None = field(
-        default=None, metadata={"help": "TRL's name for the policy (and reference) model; the tokenizer still comes "
-                                "from --model_name_or_path when given, as in TRL's script."})
-    reward_model_path: str | None = field(default=None, metadata={"help": "TRL's name for --reward_model_name_or_path."})
     ref_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Reference model; None: the policy with its LoRA adapter disabled "
                                 "(with use_peft) or a frozen copy of the starting policy."},
@@ -103,12 +98,13 @@ class ModelArguments:
     )
 
 
-def resolve_model_paths(model_args: ModelArguments) -> tuple[str, str, str]:
-    """(policy, tokenizer, reward model) paths from hf_ppo's names or TRL's (`sft_model_path`, `reward_model_path`)."""
-    policy = model_args.sft_model_path or model_args.model_name_or_path
+def resolve_model_paths(model_args: ModelArguments, ppo_config: PPOConfig) -> tuple[str, str, str]:
+    """(policy, tokenizer, reward model) paths from hf_ppo's names or TRL's (PPOConfig's `sft_model_path`,
+    `reward_model_path`)."""
+    policy = ppo_config.sft_model_path or model_args.model_name_or_path
     if policy is None:
         raise ValueError("No policy: pass --model_name_or_path (or TRL's --sft_model_path).")
-    rewards = {p for p in (model_args.reward_model_name_or_path, model_args.reward_model_path) if p is not None}
+    rewards = {p for p in (model_args.reward_model_name_or_path, ppo_config.reward_model_path) if p is not None}
     if not rewards:
         # TRL's script defaulted to EleutherAI/pythia-160m, a base LM whose score head would be random: no default.
         raise ValueError("No reward model: pass --reward_model_name_or_path (or TRL's --reward_model_path), a "
@@ -125,7 +121,8 @@ class ConfigError(ValueError):
 
 # Options that name things to read; a relative one is looked up in the working directory, then beside the config.
 INPUT_PATHS = {ModelArguments: ["model_name_or_path", "reward_model_name_or_path", "ref_model_name_or_path",
-                               "sft_model_path", "reward_model_path", "critic_model_name_or_path"],
+                               "critic_model_name_or_path"],
+               PPOConfig: ["sft_model_path", "reward_model_path"],
                ScriptArguments: ["dataset_name"]}
 # "name" or "namespace/name": what a Hub id looks like (a path with more parts, or ./ ../, cannot be one).
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -189,7 +186,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, ModelArg
     if errors:
         raise ConfigError("\n".join(errors))
     config_dir = os.path.dirname(os.path.abspath(config_file)) if config_file else None
-    for args in (script_args, model_args):
+    for args in (script_args, model_args, ppo_config):
         for name in INPUT_PATHS[type(args)]:
             try:
                 setattr(args, name, resolve_input(getattr(args, name), name, config_dir))
@@ -304,7 +301,7 @@ def main(argv: list[str] | None = None) -> PPOLMTrainer:
     ppo_config.reward_model_init_kwargs = {**init_kwargs(model_args, model_args.reward_model_revision),
                                            **(ppo_config.reward_model_init_kwargs or {})}
 
-    policy_path, tokenizer_path, reward_path = resolve_model_paths(model_args)
+    policy_path, tokenizer_path, reward_path = resolve_model_paths(model_args, ppo_config)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, revision=model_args.model_revision,
                                               trust_remote_code=model_args.trust_remote_code)
     train = load_split(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)

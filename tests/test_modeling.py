@@ -50,10 +50,10 @@ def _assert_only_lora_and_head_get_grads(wrapper):
         if param.grad is not None:
             got_grad.add(name)
     assert trainable == got_grad
-    assert {"v_head.weight", "v_head.bias"} <= got_grad
+    assert {"v_head.summary.weight", "v_head.summary.bias"} <= got_grad
     lora = {n for n in got_grad if "lora_" in n}
     assert lora, "no LoRA parameter got a gradient"
-    assert got_grad == lora | {"v_head.weight", "v_head.bias"}, sorted(got_grad - lora)
+    assert got_grad == lora | {"v_head.summary.weight", "v_head.summary.bias"}, sorted(got_grad - lora)
     # LoRA B starts at 0, so it is B that gets a non-zero gradient from the first backward
     assert any(wrapper.get_parameter(n).grad.abs().sum() > 0 for n in lora if "lora_B" in n)
 

@@ -384,6 +384,21 @@ def test_a_warmup_covering_the_whole_run_says_the_policy_will_not_train(tmp_path
         PPOConfig(output_dir=str(tmp_path), report_to=[], critic_warmup_steps=warmup, max_steps=10)
 
 
+def test_a_warmup_covering_an_epoch_derived_run_says_so(tiny_models, tokenizer, tmp_path):
+    """max_steps unset: 16 prompts / 8 per iteration = 2 iterations x 4 optimizer steps x 1 epoch = 8 steps."""
+    with pytest.warns(UserWarning, match=r"critic_warmup_steps=8 covers the whole run \(1 epoch\(s\) of 2 iteration"
+                                         r"\(s\) x 4 optimizer steps = 8 steps\)"):
+        make_trainer(tiny_models, tokenizer, tmp_path, max_steps=-1, num_train_epochs=1, critic_warmup_steps=8)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*covers the whole run")
+        make_trainer(tiny_models, tokenizer, tmp_path, max_steps=-1, num_train_epochs=2, critic_warmup_steps=8)
+
+
+def test_a_negative_entropy_bonus_warns(tmp_path):
+    with pytest.warns(UserWarning, match=r"entropy_coef=-0.01 is negative: the loss pays the policy for lower entropy"):
+        PPOConfig(output_dir=str(tmp_path), report_to=[], entropy_coef=-0.01)
+
+
 @pytest.mark.parametrize("rows, message", [
     ({"prompt": ["the movie was", None, "x"]}, r"row 1 is None"),
     ({"messages": [["hello", "world"]] * 2}, r"row 0, turn 0 is a str"),
@@ -459,6 +474,31 @@ def test_a_save_never_replaces_another_programs_checkpoint_of_the_same_step(tiny
     assert {p.name: p.read_bytes() for p in (out / "checkpoint-2").iterdir()} == before
 
 
+def test_a_rotation_that_would_delete_another_programs_checkpoint_is_refused(tiny_models, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    before = _foreign_checkpoint(out, 1)
+    trainer = make_trainer(tiny_models, tokenizer, out, max_steps=4, save_strategy="steps", save_steps=1,
+                           save_total_limit=1)
+    with pytest.raises(CheckpointError, match=r"save_total_limit=1 would let Trainer delete checkpoints .* hf_ppo did "
+                                              r"not write \(checkpoint-1: no hf_ppo_checkpoint.json\)"):
+        trainer.train()
+    assert trainer.state.global_step == 0  # refused before the first step
+    assert {p.name: p.read_bytes() for p in (out / "checkpoint-1").iterdir()} == before
+
+
+def test_an_incomplete_checkpoint_is_never_moved_onto_another_programs_folder(tmp_path):
+    from hf_ppo.checkpoint import MARKER_FILE, hide_incomplete
+
+    ours = tmp_path / "checkpoint-3"
+    ours.mkdir()
+    (ours / MARKER_FILE).write_text("{}")  # hf_ppo's, incomplete (no PPO state, no weights)
+    theirs = tmp_path / "incomplete-checkpoint-3"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("another program's")
+    assert hide_incomplete(str(tmp_path)) == []
+    assert (theirs / "notes.txt").read_text() == "another program's" and (ours / MARKER_FILE).is_file()
+
+
 # ---- resume tells the truth ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def lora_checkpoint(tiny_models, tokenizer, tmp_path_factory):
@@ -517,7 +557,7 @@ BAD_VALUES = {
     "critic_learning_rate": -1.0, "critic_warmup_steps": -1, "num_generations": 0, "overlong_penalty_factor": -1.0,
     "local_rollout_forward_batch_size": 0, "num_ppo_epochs": 0, "num_mini_batches": 0, "response_length": 0,
     "temperature": 0.0, "top_p": 0.0, "max_consecutive_nonfinite": 0, "num_sample_generations": -1,
-    "stop_token_id": -2, "logits_memory_mb": 0, "dataset_num_proc": 0,
+    "stop_token_id": -2, "logits_memory_mb": 0, "dataset_num_proc": 0, "sft_model_path": "", "reward_model_path": " ",
 }
 # Reviewed: fields for which every value of their type is legal (a name, a label).
 ACCEPTS_ANY_VALUE = {

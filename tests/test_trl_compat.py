@@ -257,7 +257,7 @@ def test_ppo_trains_an_adapter_loaded_with_is_trainable_on_pretokenized_prompts(
     trainer.train()
     assert trainer.state.global_step == 2
     changed = {n for n, p in policy.named_parameters() if not torch.equal(p.detach(), before[n])}
-    assert any("lora_" in n for n in changed) and "v_head.weight" in changed
+    assert any("lora_" in n for n in changed) and "v_head.summary.weight" in changed
     assert all("lora_" in n or "v_head" in n for n in changed), sorted(changed)
     texts = {tok.decode(i, skip_special_tokens=True) for i in ids}
     assert seen and set(seen) <= texts  # the reward callable got the prompts as text
