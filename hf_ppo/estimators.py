@@ -55,15 +55,18 @@ class EstimatorSettings(NamedTuple):
     lam_critic: float | None = None  # None: lam
 
 
-def gae(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tensor]:
-    """PPO's estimator: KL-penalised per-token rewards, optional reward whitening (no mean shift), GAE with the
-    critic's values, advantage whitening over the batch's real tokens (returns keep the raw advantages).
+def gae(scores, kl, mask, values, s: EstimatorSettings, step_rewards=None) -> dict[str, torch.Tensor]:
+    """PPO's estimator: KL-penalised per-token rewards (plus an environment's per-position `step_rewards` (B, R)),
+    optional reward whitening (no mean shift), GAE with the critic's values, advantage whitening over the batch's
+    real tokens (returns keep the raw advantages).
 
     Decoupled GAE (VAPO, Yue et al. 2025): the critic's returns are GAE(`lam_critic`) advantages + values, the actor's
     advantages GAE(`lam`); with `lam_critic` None (or equal to `lam`) one GAE serves both."""
     if values is None:
         raise ValueError("advantage_estimator='gae' needs a critic's values: this model has no critic.")
     rewards, non_score_rewards = compute_rewards(scores, kl, mask, s.kl_coef)
+    if step_rewards is not None:
+        rewards = rewards + torch.where(mask, step_rewards, torch.zeros_like(step_rewards))
     if s.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
     advantages, returns = compute_gae(rewards, values, mask, s.gamma, s.lam)
@@ -130,12 +133,12 @@ def kl_loss_coef(advantage_estimator: str, kl_coef: float, use_kl_loss: bool = F
 
 
 def estimate(advantage_estimator: str, scores, kl, mask, values, s: EstimatorSettings,
-             use_kl_loss: bool = False) -> dict[str, torch.Tensor]:
+             use_kl_loss: bool = False, **extra) -> dict[str, torch.Tensor]:
     """Run `advantage_estimator`. With `use_kl_loss` the KL leaves the reward for a loss term in the update (verl's
     and OpenRLHF's `use_kl_loss`): the estimator sees no KL, and `non_score_rewards` still reports -kl_coef * KL_t,
-    as grpo's do."""
+    as grpo's do. `extra`: the estimator's own keyword arguments (gae's `step_rewards`)."""
     estimator = ESTIMATORS[advantage_estimator]
     if not use_kl_loss or estimator.kl_in_loss:
-        return estimator.compute(scores, kl, mask, values, s)
-    out = estimator.compute(scores, torch.zeros_like(kl), mask, values, s)
+        return estimator.compute(scores, kl, mask, values, s, **extra)
+    out = estimator.compute(scores, torch.zeros_like(kl), mask, values, s, **extra)
     return {**out, "non_score_rewards": torch.where(mask, -s.kl_coef * kl, torch.zeros_like(kl))}

@@ -197,27 +197,29 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer_length: int,
 def compute_gae(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation (Schulman et al. 2016) over response tokens.
+    """Generalised advantage estimation (Schulman et al. 2016) over the policy's tokens, in order.
 
-    delta_t = r_t + gamma * V_{t+1} - V_t;  A_t = delta_t + gamma * lam * A_{t+1};  returns R_t = A_t + V_t.
-    The episode ends at the last real token (V after it is 0). rewards, values, mask: (batch, len) ->
-    (advantages, returns), (batch, len), 0 at masked positions. Example: rewards [0, 0, 1], values 0.5, gamma 1,
-    lam 0.95 -> advantages [0.45125, 0.475, 0.5].
+    delta_t = r_t + gamma * V_next - V_t;  A_t = delta_t + gamma * lam * A_next;  returns R_t = A_t + V_t, where
+    "next" is the next real (mask True) position: masked positions are no time steps. After a response's last real
+    token V_next = 0 (the episode ends); between two policy turns of a multi-turn sample (an environment's tokens
+    masked out) the environment segment is skipped, so the last token before it bootstraps from the first policy
+    token after it. rewards, values, mask: (batch, len) -> (advantages, returns), (batch, len), 0 at masked
+    positions. Example: rewards [0, 0, 1], values 0.5, gamma 1, lam 0.95 -> advantages [0.45125, 0.475, 0.5];
+    the same with an environment token in the middle (mask [1, 0, 1, 1]) -> [0.45125, 0, 0.475, 0.5].
     """
-    zeros = torch.zeros_like(values)
-    rewards = torch.where(mask, rewards, zeros)
-    values = torch.where(mask, values, zeros)
-    last_adv = torch.zeros_like(values[:, 0])
+    zeros = torch.zeros_like(values[:, 0])
+    next_value, last_adv = zeros, zeros
     advantages = []
-    length = rewards.shape[1]
-    for t in reversed(range(length)):
-        next_value = values[:, t + 1] if t + 1 < length else zeros[:, 0]
+    for t in reversed(range(rewards.shape[1])):
+        real = mask[:, t]
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        last_adv = delta + gamma * lam * last_adv
-        last_adv = torch.where(mask[:, t], last_adv, zeros[:, 0])
-        advantages.append(last_adv)
+        adv = delta + gamma * lam * last_adv
+        # A masked position carries the next policy token's value and advantage back unchanged.
+        last_adv = torch.where(real, adv, last_adv)
+        next_value = torch.where(real, values[:, t], next_value)
+        advantages.append(torch.where(real, adv, zeros))
     advantages = torch.stack(advantages[::-1], dim=1)
-    returns = torch.where(mask, advantages + values, zeros)
+    returns = torch.where(mask, advantages + values, torch.zeros_like(values))
     return advantages, returns
 
 

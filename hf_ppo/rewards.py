@@ -146,10 +146,17 @@ def check_reward_values(values, expected: int) -> torch.Tensor:
     return scores
 
 
+def scores_given(prompts, completions):
+    """The reward of a trainer built without a `reward_model` because its scores come from elsewhere (an
+    environment's episodes, or `step()`'s arguments): asked for a score, it refuses, naming the fix."""
+    raise ValueError("A sample needs a score from the reward model, but the trainer has none: return a score from "
+                     "the environment (EnvSample.score), or pass reward_model= to PPOLMTrainer.")
+
+
 def probe_reward_callable(reward, train_dataset, tokenizer) -> None:
     """Call a reward callable once at construction on two prompts with empty completions: a wrong return type or
     NaN/inf fails now, naming the fix, not at the first rollout. Models and a missing dataset are skipped."""
-    if not callable(reward) or isinstance(reward, nn.Module) or train_dataset is None:
+    if not callable(reward) or isinstance(reward, nn.Module) or train_dataset is None or reward is scores_given:
         return
     probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
     probe = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in probe]

@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from .adapters import adapter_active
-from .estimators import EstimatorSettings, estimate
+from .environment import Prompt, collate
+from .estimators import ESTIMATORS, EstimatorSettings, estimate
 from .generation import RolloutEngine, chunks, sequence_inputs, stop_tensor
 from .ppo_math import (
     LOGITS_MEMORY_BYTES,
@@ -55,7 +56,10 @@ class RolloutBatch:
     response_mask (B, R) bool, True = a real response token (the stop token included); logprobs, ref_logprobs,
     values (B, R) float32 from the rollout-time policy / reference / critic (zeros without a critic); scores (B,)
     reward after penalties;
-    contains_stop (B,) bool; rewards, non_score_rewards, advantages, returns (B, R), 0 at masked positions.
+    contains_stop (B,) bool; rewards, non_score_rewards, advantages, returns (B, R), 0 at masked positions;
+    policy_mask (B, R) bool, True = a token the policy sampled (an action): `response_mask` without an environment's
+    tokens (`environment.py`), which are context only. Log-probs, KL, values, advantages and every loss term and mean
+    use `policy_mask`; `response_mask` is what the model attends to.
     Every field is set at construction (`rollout` builds it once everything is computed).
     """
 
@@ -72,6 +76,11 @@ class RolloutBatch:
     non_score_rewards: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    policy_mask: torch.Tensor | None = None  # None: every response token is the policy's (a checkpoint without it)
+
+    def __post_init__(self):
+        if self.policy_mask is None:  # a copy: checkpoints (safetensors) refuse tensors that share memory
+            self.policy_mask = self.response_mask.clone()
 
     def __len__(self) -> int:
         return self.queries.shape[0]
@@ -155,17 +164,25 @@ def compute_advantages(
     logprobs, ref_logprobs, values, response_mask, shaped_scores: torch.Tensor, *, kl_coef: float, kl_estimator: str,
     gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool, advantage_estimator: str = "gae",
     num_generations: int = 1, scale_rewards: bool = True, lam_critic: float | None = None, use_kl_loss: bool = False,
+    step_rewards: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Step 8: the per-token KL (B, R) and {rewards, non_score_rewards, advantages, returns} (B, R) of a rollout,
     from `advantage_estimator` (see `estimators.py`: where its KL penalty enters, what it normalises).
 
     values (B, R) from the critic, or None for a critic-free estimator; the B rows hold `num_generations`
-    consecutive responses per prompt.
+    consecutive responses per prompt. `response_mask` is the policy's tokens (`RolloutBatch.policy_mask`).
+    `step_rewards` (B, R): an environment's per-position rewards, on policy tokens; with gae they join the per-token
+    rewards where they were given, a critic-free estimator (sequence-level) gets their sum added to the score.
     """
     kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
     settings = EstimatorSettings(kl_coef, num_generations, gamma, lam, whiten_rewards, whiten_advantages, scale_rewards,
                                  lam_critic)
-    return kl, estimate(advantage_estimator, shaped_scores, kl, response_mask, values, settings, use_kl_loss)
+    extra = {}
+    if step_rewards is not None and ESTIMATORS[advantage_estimator].needs_critic:
+        extra = {"step_rewards": step_rewards}
+    elif step_rewards is not None:
+        shaped_scores = shaped_scores + masked_sum(step_rewards, response_mask, dim=1)
+    return kl, estimate(advantage_estimator, shaped_scores, kl, response_mask, values, settings, use_kl_loss, **extra)
 
 
 ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
@@ -186,12 +203,12 @@ def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, 
     responses that stopped and `val/num_eos_tokens` the number of stop tokens among the real response tokens, for
     every id in `stop_token_ids`.
     """
-    mask = batch.response_mask
+    mask = batch.policy_mask
     num_stop_tokens = (torch.isin(batch.responses, stop_tensor(stop_token_ids, mask.device)) & mask).sum().float()
     non_score = masked_sum(batch.non_score_rewards, mask, dim=1)
     stats = dict(zip(ROLLOUT_STATS, [
         masked_sum(kl, mask, dim=1).mean(), masked_sum(-batch.logprobs, mask, dim=1).mean(), non_score.mean(),
-        (batch.scores + non_score).mean(), batch.scores.mean(), mask.sum(1).float().mean(),
+        (batch.scores + non_score).mean(), batch.scores.mean(), batch.response_mask.sum(1).float().mean(),
         batch.contains_stop.float().mean(), num_stop_tokens,
         explained_variance(batch.values, batch.returns, mask), masked_mean(entropy, mask),
         masked_mean(batch.advantages, mask), masked_mean(batch.returns, mask),
@@ -202,7 +219,8 @@ def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, 
 class Samples(NamedTuple):
     """Steps 1-3 for a batch of prompts: responses (B, R), response_mask (B, R), contains_stop (B,), scores (B,)
     before any penalty, the seconds spent sampling (steps 1-2), and with a list of rewards each one's raw score
-    {name: (B,)} ({} for a single reward)."""
+    {name: (B,)} ({} for a single reward); from an environment also policy_mask (B, R) and step_rewards (B, R) or
+    None (`environment_samples`)."""
 
     responses: torch.Tensor
     response_mask: torch.Tensor
@@ -210,6 +228,8 @@ class Samples(NamedTuple):
     scores: torch.Tensor
     generate_seconds: float
     reward_scores: dict | None = None
+    policy_mask: torch.Tensor | None = None
+    step_rewards: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -238,6 +258,38 @@ def sample_and_score(engine: RolloutEngine, policy: nn.Module, reward, queries, 
     return Samples(responses, response_mask, contains_stop, scores, generated - start, each)
 
 
+@torch.no_grad()
+def environment_samples(environment, engine: RolloutEngine, policy: nn.Module, reward, queries, query_mask,
+                        prompts: list, *, tokenizer, stop_token_ids, batch_size: int, response_length: int,
+                        gather: Callable | None = None) -> Samples:
+    """Steps 1-3 through an `Environment` (`environment.py`): its episodes, sampled with `engine` from the policy,
+    padded to `response_length`; samples without a score of their own are scored with `reward` (a `RewardSet`) on
+    the whole episode. `contains_stop`: the policy sampled a stop token somewhere in the episode."""
+    start, pad = time.perf_counter(), tokenizer.pad_token_id
+
+    def sample(sequences: list[torch.Tensor], max_new_tokens: int | None = None) -> list[torch.Tensor]:
+        width = max(len(seq) for seq in sequences)
+        ids = queries.new_full((len(sequences), width), pad)
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        for row, seq in enumerate(sequences):
+            ids[row, width - len(seq):], mask[row, width - len(seq):] = torch.as_tensor(seq).to(ids.device), True
+        new, new_mask, _ = truncate_after_stop(engine.generate(policy.policy_model, ids, mask), stop_token_ids, pad)
+        return [row[keep][:max_new_tokens] for row, keep in zip(new, new_mask)]
+
+    episodes = environment.rollout([Prompt(q[m], p) for q, m, p in zip(queries, query_mask, prompts)], sample)
+    out = collate(episodes, len(queries), response_length, pad, queries.device)
+    contains_stop = (torch.isin(out.responses, stop_tensor(stop_token_ids, queries.device)) & out.policy_mask).any(1)
+    generated = time.perf_counter()
+    scores, each = out.scores, {}
+    if not out.given.all():  # 3. the trainer's rewards score the episodes that came back without a score
+        scored, each = reward.score(queries=queries, query_mask=query_mask, responses=out.responses,
+                                    response_mask=out.response_mask, tokenizer=tokenizer, prompts=prompts,
+                                    batch_size=batch_size, gather=gather)
+        scores = torch.where(out.given, scores, scored.to(scores.dtype))
+    return Samples(out.responses, out.response_mask, contains_stop, scores, generated - start, each,
+                   out.policy_mask, out.step_rewards)
+
+
 @dataclass
 class Rollout:
     """What `rollout` returns: the batch, its statistics (`rollout_stats`, then with a list of rewards each one's
@@ -260,7 +312,7 @@ def rollout(
     gather: Callable | None = None, overlong_buffer_length: int | None = None, overlong_penalty_factor: float = 1.0,
     advantage_estimator: str = "gae", num_generations: int = 1, scale_rewards: bool = True,
     memory_bytes: int = LOGITS_MEMORY_BYTES, lam_critic: float | None = None, use_kl_loss: bool = False,
-    drop_uniform_groups: bool = False,
+    drop_uniform_groups: bool = False, environment=None, response_length: int | None = None,
 ) -> Rollout:
     """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
 
@@ -270,16 +322,23 @@ def rollout(
     prompts come as `num_generations` consecutive copies of each (`data.RolloutRepeatSampler`); the group
     estimators compare the responses of each group. Without a critic, `values` are zeros and unused. With
     `drop_uniform_groups`, the groups whose shaped scores are all equal leave the update (`without_uniform_groups`)
-    after the statistics, which describe everything sampled.
+    after the statistics, which describe everything sampled. With an `environment` (`environment.py`) steps 1-3 are
+    its episodes (`environment_samples`, `response_length` wide).
     """
     if len(queries) % num_generations:
         raise ValueError(f"{len(queries)} prompts are not whole groups of num_generations={num_generations}.")
     start = time.perf_counter()
-    # 1-3. Generate, truncate after the stop token, score (and combine a list of rewards).
-    samples = sample_and_score(engine, policy, reward, queries, query_mask, prompts, tokenizer=tokenizer,
-                               reward_tokenizer=reward_tokenizer, input_format=input_format,
-                               stop_token_ids=stop_token_ids, batch_size=batch_size, gather=gather)
+    # 1-3. Generate, truncate after the stop token, score (and combine a list of rewards); or an environment's episodes.
+    if environment is None:
+        samples = sample_and_score(engine, policy, reward, queries, query_mask, prompts, tokenizer=tokenizer,
+                                   reward_tokenizer=reward_tokenizer, input_format=input_format,
+                                   stop_token_ids=stop_token_ids, batch_size=batch_size, gather=gather)
+    else:
+        samples = environment_samples(environment, engine, policy, reward, queries, query_mask, prompts,
+                                      tokenizer=tokenizer, stop_token_ids=stop_token_ids, batch_size=batch_size,
+                                      response_length=response_length, gather=gather)
     responses, response_mask, contains_stop = samples[:3]
+    policy_mask = samples.policy_mask if samples.policy_mask is not None else response_mask.clone()
     # 4. The EOS penalty, on responses that never stopped; the overlong penalty.
     scores = penalize(samples.scores, contains_stop, response_mask, missing_eos_penalty=missing_eos_penalty,
                       overlong_buffer_length=overlong_buffer_length, overlong_penalty_factor=overlong_penalty_factor)
@@ -295,14 +354,15 @@ def rollout(
     scored = time.perf_counter()
     # 7-8. Shaped scores -> rewards and advantages (the advantage estimator).
     shaped = shape_scores(scores)
-    kl, rewards = compute_advantages(logprobs, ref_logprobs, values, response_mask, shaped,
+    kl, rewards = compute_advantages(logprobs, ref_logprobs, values, policy_mask, shaped,
                                      kl_coef=kl_coef, kl_estimator=kl_estimator, gamma=gamma, lam=lam,
                                      whiten_rewards=whiten_rewards, whiten_advantages=whiten_advantages,
                                      advantage_estimator=advantage_estimator, num_generations=num_generations,
-                                     scale_rewards=scale_rewards, lam_critic=lam_critic, use_kl_loss=use_kl_loss)
+                                     scale_rewards=scale_rewards, lam_critic=lam_critic, use_kl_loss=use_kl_loss,
+                                     step_rewards=samples.step_rewards)
     values = values if has_critic else torch.zeros_like(logprobs)
     batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
-                         contains_stop, **rewards)
+                         contains_stop, **rewards, policy_mask=policy_mask)
     # 9. Statistics.
     stats = rollout_stats(batch, kl, entropy, stop_token_ids, has_critic)
     each = samples.reward_scores or {}
@@ -314,11 +374,11 @@ def rollout(
 
 def without_uniform_groups(batch: RolloutBatch, scores: torch.Tensor, k: int) -> tuple[RolloutBatch, torch.Tensor]:
     """DAPO's dynamic sampling without the refill: the rows of every group of `k` whose `scores` (B,) are all equal
-    get an all-False response_mask, so they leave every loss term and its normaliser (the minibatch's real tokens
+    get an all-False response_mask and policy_mask, so they leave every loss term and its normaliser (the minibatch's real tokens
     or responses); the batch keeps its size. Returns the batch and the number of groups dropped (a float tensor)."""
-    uniform = uniform_groups(scores, k)
-    mask = batch.response_mask & ~uniform.unsqueeze(1)
-    return replace(batch, response_mask=mask), uniform.sum().float() / k
+    kept = ~uniform_groups(scores, k).unsqueeze(1)
+    return (replace(batch, response_mask=batch.response_mask & kept, policy_mask=batch.policy_mask & kept),
+            (~kept).sum().float() / k)
 
 
 class MinibatchSchedule:
@@ -366,7 +426,7 @@ class MinibatchSchedule:
         minibatch = self.orders[epoch, m * self.minibatch_size:(m + 1) * self.minibatch_size]
         self.position += 1
         return {"batch": self.batch.select(minibatch[k * self.micro_batch_size:(k + 1) * self.micro_batch_size]),
-                "normalizer": loss_normalizer(self.batch.response_mask[minibatch], self.loss_aggregation),
+                "normalizer": loss_normalizer(self.batch.policy_mask[minibatch], self.loss_aggregation),
                 "critic_only": epoch % self.critic_passes != 0}
 
     def state_dict(self) -> dict[str, torch.Tensor]:

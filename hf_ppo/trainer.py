@@ -23,15 +23,17 @@ from transformers.trainer_callback import ProgressCallback
 from . import checkpoint, hub, loading, rewards
 from .config import PPOConfig
 from .data import PromptCollator, RolloutRepeatSampler, prepare_datasets
+from .environment import check_environment
 from .estimators import kl_loss_coef
 from .generation import WeightsChangedCallback, make_rollout_engine, sequence_inputs
 from .guard import NonFiniteGuard, check_finite_weights, nonfinite_problem, score_hint
 from .ppo_math import AdaptiveKLController, FixedKLController, RunningMoments, ppo_loss
 from .reporting import PPOProgressCallback, maybe_log_samples
 from .rollout import MinibatchSchedule, RolloutBatch, rollout, sample_and_score
+from .step import StepAPI
 
 
-class PPOLMTrainer(Trainer):
+class PPOLMTrainer(StepAPI, Trainer):
     """PPO for causal LMs with a value head, on `transformers.Trainer`.
 
     Args:
@@ -50,6 +52,7 @@ class PPOLMTrainer(Trainer):
             tokenizer differs from the policy's (loaded automatically when `reward_model` is an id/path).
         critic_model: with `critic='separate'`, an id / path / model to start the critic from instead of the reward
             model (needed with a reward callable); with any critic, a folder `model.save_critic` wrote.
+        environment: an `environment.Environment`: multi-turn / tool-use episodes replace steps 1-3 of training.
     """
 
     # compute_loss already divides by the minibatch's token (or sequence) count, so Trainer must not divide again.
@@ -60,14 +63,12 @@ class PPOLMTrainer(Trainer):
         model=None,
         args: PPOConfig | None = None,
         processing_class=None,
-        reward_model=None,
-        ref_model=None,
+        reward_model=None, ref_model=None,
         train_dataset=None, eval_dataset=None,
         peft_config=None, reward_processing_class=None,
-        critic_model=None,
+        critic_model=None, environment=None,
         value_model=None,  # TRL 1.12's name for a critic model of its own: critic="separate" from it
-        callbacks=None,
-        optimizers=(None, None),
+        callbacks=None, optimizers=(None, None),
     ):
         args = args if args is not None else PPOConfig(output_dir="ppo_output")
         if not isinstance(args, PPOConfig):
@@ -75,6 +76,7 @@ class PPOLMTrainer(Trainer):
         # Seed before any model is built: LoRA and value-head initialisation must follow `seed` too.
         set_seed(args.seed)
         model, reward_model, critic_model = loading.trl_inputs(model, reward_model, value_model, critic_model, args)
+        self.environment, reward_model = check_environment(environment, reward_model, train_dataset)
         loaded = loading.load_models(model, processing_class, reward_model, ref_model, reward_processing_class,
                                      peft_config, args, args.device, critic_model)
         policy, tokenizer, self.ref_model, self.reward_model = (loaded.policy, loaded.tokenizer, loaded.ref_model,
@@ -131,7 +133,7 @@ class PPOLMTrainer(Trainer):
                                     is_training=True)
 
     def _prepare_inputs(self, inputs: dict) -> dict:
-        if not self.model.training:
+        if not self.model.training or "batch" in inputs:  # evaluation, or a micro-batch of `step` (step.py)
             return super()._prepare_inputs(inputs)
         steps_per_iteration = self.args.optimizer_steps_per_iteration * self.args.gradient_accumulation_steps
         if self._micro_step is None:
@@ -186,7 +188,8 @@ class PPOLMTrainer(Trainer):
                          reward=self.rewards, tokenizer=tokenizer, stop_token_ids=self.stop_token_ids,
                          gather=self.accelerator.gather, shape_scores=functools.partial(
                              rewards.shape_scores, reward_moments=self.reward_moments, reward_clip=args.reward_clip,
-                             gather=self.accelerator.gather), kl_coef=self.kl_ctl.value, **args.rollout_settings)
+                             gather=self.accelerator.gather), kl_coef=self.kl_ctl.value, **args.rollout_settings,
+                         environment=inputs.get("environment", self.environment), response_length=args.response_length)
         if toggle:
             model.train()
         batch = result.batch
@@ -205,7 +208,7 @@ class PPOLMTrainer(Trainer):
         # Metrics, averaged over processes (so every rank's KL controller sees the same KL).
         stats = self.accelerator.reduce(torch.stack(list(result.stats.values())), reduction="mean")
         self._record(dict(zip(result.stats, stats)))
-        generated_tokens = batch.response_mask.sum().item() * args.world_size
+        generated_tokens = batch.policy_mask.sum().item() * args.world_size
         self._record({"objective/kl_coef": self.kl_ctl.value, "time/generate": result.generate_seconds,
                       "time/score": result.score_seconds,
                       "rollout/tokens_per_second": generated_tokens / max(result.generate_seconds, 1e-9)})
@@ -226,7 +229,7 @@ class PPOLMTrainer(Trainer):
                     critic_only=inputs.get("critic_only") or self.state.global_step < args.critic_warmup_steps)
         loss, stats = ppo_loss(
             out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch.responses,
-            batch.logprobs, batch.values, batch.advantages, batch.returns, batch.response_mask, inputs["normalizer"],
+            batch.logprobs, batch.values, batch.advantages, batch.returns, batch.policy_mask, inputs["normalizer"],
             temperature=args.temperature, cliprange=args.cliprange, cliprange_value=args.cliprange_value,
             vf_coef=args.vf_coef, memory_bytes=args.logits_memory_bytes,
             entropy_coef=args.entropy_coef, loss_aggregation=args.loss_aggregation, max_length=args.response_length,
@@ -240,12 +243,8 @@ class PPOLMTrainer(Trainer):
         return (loss, out) if return_outputs else loss
 
     def _get_grad_norm(self, model, grad_norm=None):
-        """Trainer's gradient norm, taken right before `optimizer.step()`: a non-finite loss or norm skips the step.
-
-        Skipping drops the gradients, and the optimizer leaves a parameter without one untouched (no update, no
-        moment or weight-decay change). Under fp16's GradScaler, which already skips overflowed steps itself, only a
-        non-finite loss counts.
-        """
+        """Trainer's gradient norm, right before `optimizer.step()`: a non-finite loss or norm skips the step (its
+        gradients dropped, so the optimizer leaves every parameter, moment and decay untouched; `guard.check_step`)."""
         grad_norm = super()._get_grad_norm(model, grad_norm)
         loss_finite, self._step_loss_finite = self._step_loss_finite, None
         if loss_finite is not None and self.args.world_size > 1:

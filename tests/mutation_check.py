@@ -166,8 +166,8 @@ MUTATIONS = [
     Mutation("rollout_every_step", "old log-probs recomputed every step (a fresh rollout per micro-batch)",
              [(T, "if position == 0 or self._schedule is None or self._schedule.done:", "if True:")]),
     Mutation("micro_batch_normalizer", "loss normalised by the micro-batch's tokens, not the minibatch's",
-             [(R, '"normalizer": loss_normalizer(self.batch.response_mask[minibatch], self.loss_aggregation),',
-               '"normalizer": loss_normalizer(self.batch.response_mask[minibatch[k * self.micro_batch_size:'
+             [(R, '"normalizer": loss_normalizer(self.batch.policy_mask[minibatch], self.loss_aggregation),',
+               '"normalizer": loss_normalizer(self.batch.policy_mask[minibatch[k * self.micro_batch_size:'
                '(k + 1) * self.micro_batch_size]], self.loss_aggregation),')]),
     # -- frozen models, aliasing, dropout -----------------------------------------------------------------------------
     Mutation("dropout_kept", "dropout left on",
@@ -209,7 +209,7 @@ MUTATIONS = [
     Mutation("saved_critic_state_not_loaded", "critic_model=<a saved critic> rebuilds the critic but drops its state",
              [(L, "        policy.load_critic_state_dict(saved.state)\n", "        pass\n")]),
     Mutation("uniform_groups_kept", "drop_uniform_groups never drops",
-             [(R, "mask = batch.response_mask & ~uniform.unsqueeze(1)", "mask = batch.response_mask")]),
+             [(R, "policy_mask=batch.policy_mask & kept)", "policy_mask=batch.policy_mask)")]),
     Mutation("lam_critic_ignored", "the critic's returns use lam, not lam_critic",
              [(E, "returns = compute_gae(rewards, values, mask, s.gamma, s.lam_critic)[1]",
                "returns = compute_gae(rewards, values, mask, s.gamma, s.lam)[1]")]),
@@ -267,6 +267,19 @@ MUTATIONS = [
     Mutation("resume_skips_seed", "the resume comparison skips the seed (the prompt order)",
              [(CK, '_GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed")',
                '_GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps")')]),
+    # -- environments: their tokens are context (tests/test_environment.py, tests/test_ppo_math.py) --------------------
+    Mutation("env_tokens_in_loss", "an environment's tokens trained on as actions (the loss reads the response mask)",
+             [(T, 'batch.returns, batch.policy_mask, inputs["normalizer"],',
+               'batch.returns, batch.response_mask, inputs["normalizer"],')]),
+    Mutation("env_tokens_in_advantages", "KL penalty, rewards and advantages on an environment's tokens",
+             [(R, "compute_advantages(logprobs, ref_logprobs, values, policy_mask,",
+               "compute_advantages(logprobs, ref_logprobs, values, response_mask,")]),
+    Mutation("gae_no_bootstrap_across_env", "GAE ends the episode at an environment segment (no bootstrap across it)",
+             [(P, "next_value = torch.where(real, values[:, t], next_value)",
+               "next_value = torch.where(real, values[:, t], torch.zeros_like(next_value))")]),
+    Mutation("step_rewards_dropped", "an environment's per-position rewards never reach GAE",
+             [(E, "rewards = rewards + torch.where(mask, step_rewards, torch.zeros_like(step_rewards))",
+               "rewards = rewards")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

@@ -281,10 +281,11 @@ def test_uniform_groups_leave_the_loss_and_its_mean():
                          torch.ones(B, dtype=torch.bool), *[torch.zeros(B, R)] * 4)
     kept, dropped = without_uniform_groups(batch, torch.tensor([2.0, 2.0, 0.0, 1.0]), 2)  # group 0 is uniform
     assert dropped.item() == 1.0 and not kept.response_mask[:2].any() and torch.equal(kept.response_mask[2:], mask[2:])
+    assert torch.equal(kept.policy_mask, kept.response_mask)  # the loss reads the policy's tokens: dropped there too
     # Per-token losses [1, 2, 3] on every row: token mean over the kept rows' 4 real tokens = (1 + 1 + 2 + 3) / 4.
     losses = torch.tensor([1.0, 2.0, 3.0]).expand(B, R)
-    assert aggregate_loss(losses, kept.response_mask, normalizer=loss_normalizer(kept.response_mask)).item() == 7 / 4
-    assert loss_normalizer(kept.response_mask, "seq_mean_token_mean").item() == 2  # responses, not 4
+    assert aggregate_loss(losses, kept.policy_mask, normalizer=loss_normalizer(kept.policy_mask)).item() == 7 / 4
+    assert loss_normalizer(kept.policy_mask, "seq_mean_token_mean").item() == 2  # responses, not 4
 
 
 # ---- construction errors ----------------------------------------------------------------------------------------

@@ -340,6 +340,21 @@ def test_gae_ignores_masked_trailing_positions():
         close(ret2, ret)
 
 
+def test_gae_bootstraps_across_an_environment_segment_hand_example():
+    # Two policy turns (positions 0-1 and 4) around an environment's reply (2-3, masked: context, no time steps).
+    rewards = t64([[0.0, 0.5, 7.0, 7.0, 1.0]])
+    values = t64([[0.5, 0.25, 3.0, 3.0, 0.75]])
+    mask = torch.tensor([[T, T, F, F, T]])
+    adv, ret = compute_gae(rewards, values, mask, gamma=0.9, lam=0.5)
+    # gamma * lam = 0.45
+    # t=4: delta = 1 + 0.9*0 - 0.75 = 0.25                      A4 = 0.25
+    # t=1: V_next = V4 (the next policy token), not V2:
+    #      delta = 0.5 + 0.9*0.75 - 0.25 = 0.925                A1 = 0.925 + 0.45*0.25 = 1.0375
+    # t=0: delta = 0 + 0.9*0.25 - 0.5 = -0.275                  A0 = -0.275 + 0.45*1.0375 = 0.191875
+    close(adv, [[0.191875, 1.0375, 0.0, 0.0, 0.25]])
+    close(ret, [[0.691875, 1.2875, 0.0, 0.0, 1.0]])
+
+
 def test_gae_rows_of_different_lengths_equal_each_row_alone():
     torch.manual_seed(0)
     lengths = [6, 4, 1, 0, 3]

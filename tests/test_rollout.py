@@ -133,7 +133,7 @@ def test_rollout_batch_fields_have_the_documented_shapes_and_dtypes(scripted_rol
     B, Q = queries.shape
     expected = {"queries": ((B, Q), torch.long), "query_mask": ((B, Q), torch.bool),
                 "responses": ((B, R), torch.long), "response_mask": ((B, R), torch.bool),
-                "scores": ((B,), torch.float32), "contains_stop": ((B,), torch.bool)}
+                "scores": ((B,), torch.float32), "contains_stop": ((B,), torch.bool), "policy_mask": ((B, R), torch.bool)}
     for name in ("logprobs", "ref_logprobs", "values", "rewards", "non_score_rewards", "advantages", "returns"):
         expected[name] = ((B, R), torch.float32)
     assert set(expected) == {f.name for f in fields(RolloutBatch)}, "a RolloutBatch field this test does not know"
