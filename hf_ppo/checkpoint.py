@@ -360,6 +360,12 @@ def load_policy_weights(policy, folder: str, peft: bool, device, adapter_name: s
         policy.load_state_dict(load_file(os.path.join(folder, name)), strict=False)
 
 
+def load_actor_critic(wrapper, folder: str, saved: SavedPPOState, device, adapter_name: str | None = None) -> None:
+    """Load a checkpoint's policy weights (see `load_policy_weights`) and critic into the unsharded actor-critic."""
+    load_policy_weights(wrapper.policy_model, folder, wrapper.is_peft_model, device, adapter_name=adapter_name)
+    wrapper.load_critic_state_dict(saved.value_head)
+
+
 def _check_adapter_config(folder: str, current) -> None:
     """The LoRA shape the checkpoint was trained with must be this run's: another rank or other target modules
     cannot hold its weights (a raw size mismatch otherwise)."""

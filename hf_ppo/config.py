@@ -26,6 +26,7 @@ import torch
 from transformers import TrainingArguments
 
 from .reporting import warn_user
+from .sharding import sharding_problems
 
 Quantization = Literal["4bit", "8bit", "none"]
 
@@ -367,8 +368,9 @@ class PPOConfig(TrainingArguments):
             self.run_name = self.exp_name
         if self.dataloader_pin_memory is None:
             self.dataloader_pin_memory = torch.accelerator.is_available() and not self.use_cpu
+        sharded = sharding_problems(self)  # before TrainingArguments reads a DeepSpeed config (it imports deepspeed)
         super().__post_init__()
-        errors = _range_errors(self) + self._map_trl_names()
+        errors = _range_errors(self) + self._map_trl_names() + sharded
         if self.stop_token_ids is not None and self.stop_token_id is not None:
             errors.append("stop_token_id and stop_token_ids are both set: put every id in stop_token_ids.")
         if self.stop_token_ids is not None and not all(isinstance(i, int) and i >= 0 for i in self.stop_token_ids):
