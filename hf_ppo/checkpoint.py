@@ -134,7 +134,8 @@ def _atomic_write(path: str, data: bytes) -> None:
 def _atomic_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save
 
-    _atomic_write(path, save({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+    # A copy: under FSDP the tensors are views into the gathered weights, whose storage safetensors cannot read.
+    _atomic_write(path, save({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()},
                              metadata={"format": "pt"}))
 
 

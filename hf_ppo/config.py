@@ -369,8 +369,10 @@ class PPOConfig(TrainingArguments):
         if self.dataloader_pin_memory is None:
             self.dataloader_pin_memory = torch.accelerator.is_available() and not self.use_cpu
         sharded = sharding_problems(self)  # before TrainingArguments reads a DeepSpeed config (it imports deepspeed)
+        if sharded:
+            raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(sharded))
         super().__post_init__()
-        errors = _range_errors(self) + self._map_trl_names() + sharded
+        errors = _range_errors(self) + self._map_trl_names()
         if self.stop_token_ids is not None and self.stop_token_id is not None:
             errors.append("stop_token_id and stop_token_ids are both set: put every id in stop_token_ids.")
         if self.stop_token_ids is not None and not all(isinstance(i, int) and i >= 0 for i in self.stop_token_ids):

@@ -314,7 +314,8 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
 
     # ---- saving -----------------------------------------------------------------------------------------------
     def value_head_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().contiguous() for k, v in self.v_head.state_dict().items()}
+        # named_parameters, not state_dict: under FSDP (gathered) state_dict would hand back the shards.
+        return {k: v.detach().cpu().contiguous() for k, v in self.v_head.named_parameters()}
 
     def load_value_head_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load {'weight', 'bias'}; TRL's `v_head.summary.weight` style keys are accepted too."""
