@@ -299,7 +299,8 @@ class PPOConfig(TrainingArguments):
     ds3_gather_for_generation: bool | None = field(
         default=None,
         metadata={"help": "TRL's DeepSpeed ZeRO-3 option; hf_ppo has no ZeRO-3 gathering, so it is ignored with a "
-                  "warning. Use DDP or ZeRO-2 (recipes/accelerate/), and a 4-bit policy with LoRA to save memory."},
+                  "warning. Use DDP or ZeRO-2 (recipes/accelerate/), a 4-bit policy with LoRA to save memory, or FSDP2 "
+                  "(recipes/accelerate/fsdp.yaml) to shard the policy."},
     )
     exp_name: str | None = field(default=None, metadata={"help": "TRL's experiment name: used as run_name."})
     # Sizes TRL derived itself (and overwrote); here they derive from per_device_train_batch_size,
