@@ -43,10 +43,8 @@ def describe_counts(counts: list[float], total_responses: int) -> str | None:
     return "; ".join(parts) or None
 
 
-def nonfinite_parameters(model: torch.nn.Module | dict[str, torch.Tensor]) -> list[str]:
-    """Names of the trainable parameters (and value head) holding NaN/inf; of a state dict, every tensor's."""
-    if isinstance(model, dict):
-        return [name for name, t in model.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
+    """Names of the trainable parameters (and value head) holding NaN/inf."""
     return [name for name, p in model.named_parameters()
             if (p.requires_grad or "v_head" in name) and not torch.isfinite(p).all()]
 
@@ -151,7 +149,7 @@ def score_hint(args) -> str:
             "normalize_each_reward=True), or rescale the reward.")
 
 
-def check_finite_weights(model: torch.nn.Module | dict, output_dir: str, last_checkpoint: str | None) -> None:
+def check_finite_weights(model: torch.nn.Module, output_dir: str, last_checkpoint: str | None) -> None:
     """Refuse to save NaN/inf weights: the error names the parameters and the last complete checkpoint."""
     bad = nonfinite_parameters(model)
     if bad:

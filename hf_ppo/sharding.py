@@ -8,8 +8,10 @@ gradients and write the sharded checkpoints. hf_ppo adds what PPO needs on top:
   different steps would wait on each other's collectives forever. One full copy of the weights exists while it
   runs, beside the shards; it is freed right after.
 - `save_model()` gathers the same way, so rank 0 writes a normal policy (full weights or the adapter);
+- a 4-bit (QLoRA) base is stored in the compute dtype (`sharded_by_accelerate`, read by `loading.py`), so
+  `fully_shard`, which shards floating-point tensors only, shards it too;
 - configurations that cannot be sharded are refused when `PPOConfig` is built, before a model loads
-  (`sharding_problems`): DeepSpeed ZeRO-3, FSDP version 1, a 4-bit policy.
+  (`sharding_problems`): DeepSpeed ZeRO-3, FSDP version 1.
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ def _zero_stage(args) -> int | None:
     return None
 
 
+def sharded_by_accelerate() -> bool:
+    """Whether accelerate will shard the model with FSDP (`accelerate launch` with an FSDP config, or
+    TrainingArguments' `fsdp`, which set ACCELERATE_USE_FSDP)."""
+    return _env_true("ACCELERATE_USE_FSDP")
+
+
 def fsdp_version(args) -> int | None:
     """The FSDP version this run asks for (`accelerate launch` with an FSDP config, or `fsdp` in the arguments);
     None without FSDP."""
@@ -72,11 +80,6 @@ def sharding_problems(args) -> list[str]:
         problems.append(f"FSDP version {version} is not supported: hf_ppo gathers the sharded weights for sampling "
                         "with FSDP2's unshard/reshard. Set fsdp_version: 2 in the accelerate config "
                         "(recipes/accelerate/fsdp.yaml).")
-    if args.policy_quantization == "4bit":
-        problems.append("policy_quantization='4bit' (QLoRA) cannot be sharded with FSDP2 here: fully_shard turns "
-                        "bitsandbytes' Params4bit into plain DTensors, which lose the 4-bit quantization state the "
-                        "layers dequantize with. Shard a full-precision (bf16) policy with LoRA (use_peft, "
-                        "policy_quantization='none'), or keep QLoRA and use DDP (recipes/accelerate/ddp.yaml).")
     return problems
 
 
@@ -126,6 +129,15 @@ def policy_state_dict(model: nn.Module) -> dict:
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     prefix = next(name for name, module in model.named_modules() if module is model.policy_model) + "."
     return {key[len(prefix):]: tensor for key, tensor in full.items() if key.startswith(prefix)}
+
+
+@contextlib.contextmanager
+def gathered_policy(model: nn.Module):
+    """For saving: the policy's full state dict (`policy_state_dict`; empty on ranks other than 0), with the model
+    `gathered` around the body, so the NaN/inf check before a save reads whole parameters on every rank."""
+    state_dict = policy_state_dict(model)  # before gathering: a state dict call reshards the model
+    with gathered(model):
+        yield state_dict
 
 
 def _reshards_after_forward(module: nn.Module) -> bool:

@@ -243,10 +243,8 @@ class PPOLMTrainer(Trainer):
     def _get_grad_norm(self, model, grad_norm=None):
         """Trainer's gradient norm, taken right before `optimizer.step()`: a non-finite loss or norm skips the step.
 
-        Skipping drops the gradients, and the optimizer leaves a parameter without one untouched (no update, no
-        moment or weight-decay change). Under fp16's GradScaler, which already skips overflowed steps itself, only a
-        non-finite loss counts.
-        """
+        Skipping drops the gradients, and the optimizer leaves a parameter without one untouched (no update, no moment
+        or weight-decay change). Under fp16's GradScaler, which skips overflowed steps itself, only the loss counts."""
         grad_norm = super()._get_grad_norm(model, grad_norm)
         loss_finite, self._step_loss_finite = self._step_loss_finite, None
         if loss_finite is not None and self.args.world_size > 1:
@@ -296,14 +294,15 @@ class PPOLMTrainer(Trainer):
         if not self.args.should_save:
             return
         wrapper = self.accelerator.unwrap_model(self.model)  # under FSDP, `state_dict` holds the gathered policy
-        check_finite_weights(wrapper if state_dict is None else state_dict, output_dir, self._last_complete_checkpoint())
+        check_finite_weights(wrapper, output_dir, self._last_complete_checkpoint())
         hub.save_policy_folder(wrapper.policy_model, output_dir, self.trained_adapter, self.processing_class, state_dict)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the policy (see `_save`); called by the user, also write its model card (the Hub card's template) and
         print once, on the main process, the folder, how to load the policy (adapter or merged) and how to push it."""
         if self.is_fsdp_enabled:  # Trainer saves no policy from a sharded model: rank 0 writes the gathered weights
-            self._save(output_dir, sharding.policy_state_dict(self.model))
+            with sharding.gathered_policy(self.model) as state_dict:
+                self._save(output_dir, state_dict)
         else:
             super().save_model(output_dir, _internal_call)
         if _internal_call or not self.args.should_save:

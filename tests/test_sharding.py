@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Runs the recipe's main() in each process, then writes what that rank holds: its actor-critic's full weights
 # (gathered from the shards under FSDP), whether it saved, whether its model was sharded.
 DRIVER = textwrap.dedent("""
-    import importlib.util, json, os, sys
+    import json, os, sys
     import torch
     from accelerate.state import AcceleratorState
     from accelerate.utils import DistributedType
@@ -40,10 +40,9 @@ DRIVER = textwrap.dedent("""
     AcceleratorState.__init__ = init_fsdp_on_cpu
 
     from hf_ppo import sharding
-    spec = importlib.util.spec_from_file_location("ppo_recipe", sys.argv[1])
-    ppo = importlib.util.module_from_spec(spec)
-    sys.modules["ppo_recipe"] = ppo
-    spec.loader.exec_module(ppo)
+    sys.path.insert(0, os.path.dirname(sys.argv[1]))
+    import ppo  # recipes/ppo.py
+
     trainer = ppo.main(sys.argv[3:])
     model = trainer.accelerator.unwrap_model(trainer.model)
     with sharding.gathered(model):
@@ -57,7 +56,10 @@ DRIVER = textwrap.dedent("""
 
 VARIANTS = {
     "full": {"use_peft": False},
-    "lora": {"use_peft": True, "lora_r": 4, "lora_alpha": 8},
+    # LoRA with the critic on the reward model's frozen base: that base is shared with the (unsharded) reward model.
+    "lora": {"use_peft": True, "lora_r": 4, "lora_alpha": 8, "critic": "reward_lora"},
+    # QLoRA: the 4-bit base is stored in the compute dtype under FSDP, so it is sharded too.
+    "qlora": {"use_peft": True, "lora_r": 4, "lora_alpha": 8, "policy_quantization": "4bit"},
 }
 
 
@@ -67,6 +69,7 @@ def launch(run: Path, models: tuple[str, str], prompts: Path, accelerate_config:
     config = {
         "dataset_name": str(prompts), "model_name_or_path": policy, "reward_model_name_or_path": reward,
         "output_dir": str(run / "out"), "policy_quantization": "none", "reward_quantization": "none",
+        "ref_quantization": "none",
         "response_length": 4, "per_device_train_batch_size": 2, "num_mini_batches": 1, "num_ppo_epochs": 2,
         "max_steps": 4, "learning_rate": 1.0e-3, "logging_steps": 2, "num_sample_generations": 0,
         "report_to": "none", "save_strategy": "steps", "save_steps": 2, "disable_tqdm": True, "seed": 0,
@@ -89,8 +92,12 @@ def launch(run: Path, models: tuple[str, str], prompts: Path, accelerate_config:
 
 
 def assert_close(a: dict, b: dict, atol: float) -> None:
+    """Equal within `atol`, parameter by parameter. A 4-bit base is stored as uint8 under DDP and in the compute
+    dtype under FSDP (the same packed values): it is frozen, so only the trained parameters are compared then."""
     assert a.keys() == b.keys()
-    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    keys = [k for k in a if a[k].dtype == b[k].dtype and a[k].shape == b[k].shape]
+    assert all(k in keys for k in a if "lora_" in k or "v_head" in k) and len(keys) > len(a) // 2
+    worst = max((a[k] - b[k]).abs().max().item() for k in keys)
     assert worst <= atol, f"largest difference {worst:.3g} > {atol}"
 
 
@@ -129,7 +136,7 @@ def test_fsdp_trains_like_ddp_and_rank0_saves_a_normal_policy(setup, fsdp_runs, 
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(models[0])
-    if name == "lora":
+    if name != "full":
         from peft import PeftModel
 
         assert (out / "adapter_model.safetensors").is_file() and not (out / "model.safetensors").exists()
@@ -165,17 +172,21 @@ def test_fsdp_resume_from_a_sharded_checkpoint_matches_the_uninterrupted_run(set
     ({"deepspeed": {"zero_optimization": {"stage": 3}}}, {}, "ZeRO-3"),
     ({}, {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "ZeRO-3"),
     ({}, {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, "FSDP version 1"),
-    ({"policy_quantization": "4bit"}, {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "Params4bit"),
-], ids=["zero3_args", "zero3_accelerate", "fsdp1", "qlora"])
+], ids=["zero3_args", "zero3_accelerate", "fsdp1"])
 def test_unshardable_configurations_fail_at_construction(monkeypatch, tmp_path, setting, env, needle):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(ValueError, match=needle) as error:
         PPOConfig(output_dir=str(tmp_path), use_cpu=True, **setting)
-    assert "fsdp.yaml" in str(error.value) or "ddp.yaml" in str(error.value)
+    assert "fsdp.yaml" in str(error.value)
 
 
-def test_fsdp2_configuration_is_accepted(monkeypatch, tmp_path):
+def test_fsdp2_configuration_is_accepted_and_stores_4bit_weights_in_the_compute_dtype(monkeypatch, tmp_path):
+    from hf_ppo.loading import quantization_config
+
+    assert quantization_config("4bit", torch.bfloat16).bnb_4bit_quant_storage == torch.uint8  # unsharded: packed bytes
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
-    PPOConfig(output_dir=str(tmp_path), use_cpu=True, policy_quantization="none")
+    PPOConfig(output_dir=str(tmp_path), use_cpu=True, policy_quantization="4bit")
+    # fully_shard shards floating-point tensors only: the 4-bit base must be stored as bf16 to be sharded.
+    assert quantization_config("4bit", torch.bfloat16).bnb_4bit_quant_storage == torch.bfloat16
