@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .reporting import warn_user
@@ -115,6 +115,14 @@ class _ActorCritic(_GradientCheckpointingNames, nn.Module):
     def policy_model(self) -> nn.Module:
         """The policy alone (the causal LM, or its `PeftModel`): what samples, is saved and is published."""
         return self.pretrained_model
+
+    @property
+    def _no_split_modules(self) -> list[str]:
+        """The decoder-layer classes of the models inside (policy, critic), as transformers names them: accelerate's
+        FSDP auto-wrap reads this to give each layer a shard group of its own (else the whole model is one)."""
+        names = {name for module in self.modules() if module is not self and isinstance(module, PreTrainedModel)
+                 for name in (module._no_split_modules or [])}
+        return sorted(names)
 
 
 class AutoModelForCausalLMWithValueHead(_ActorCritic):

@@ -24,8 +24,6 @@ from torch import nn
 
 FSDP_FIX = ("To shard parameters, use FSDP2: accelerate launch --config_file recipes/accelerate/fsdp.yaml "
             "recipes/ppo.py ... (fsdp_version: 2).")
-
-
 _GATHERED: set[int] = set()  # ids of the FSDP roots gathered right now
 
 
@@ -50,8 +48,8 @@ def _zero_stage(args) -> int | None:
 
 
 def sharded_by_accelerate() -> bool:
-    """Whether accelerate will shard the model with FSDP (`accelerate launch` with an FSDP config, or
-    TrainingArguments' `fsdp`, which set ACCELERATE_USE_FSDP)."""
+    """Whether accelerate will shard the model with FSDP, as known before the models load: `accelerate launch` with
+    an FSDP config sets ACCELERATE_USE_FSDP (TrainingArguments' `fsdp` alone sets it only when Trainer starts)."""
     return _env_true("ACCELERATE_USE_FSDP")
 
 

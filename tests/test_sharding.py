@@ -51,7 +51,7 @@ DRIVER = textwrap.dedent("""
     torch.save(weights, os.path.join(sys.argv[2], f"rank{rank}.pt"))
     with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:
         json.dump({"should_save": trainer.args.should_save, "steps": trainer.state.global_step,
-                   "sharded": bool(sharding.fsdp_modules(model)), "fsdp": trainer.is_fsdp_enabled}, f)
+                   "shard_groups": len(sharding.fsdp_modules(model)), "fsdp": trainer.is_fsdp_enabled}, f)
 """)
 
 VARIANTS = {
@@ -123,8 +123,10 @@ def test_fsdp_trains_like_ddp_and_rank0_saves_a_normal_policy(setup, fsdp_runs, 
     root, models, prompts = setup
     fsdp = fsdp_runs[name]
     ddp = launch(root / f"ddp_{name}", models, prompts, "ddp.yaml", 29551, **VARIANTS[name])
-    assert [fsdp[r]["fsdp"] and fsdp[r]["sharded"] for r in (0, 1)] == [True, True], "the model was not sharded"
-    assert not ddp[0]["sharded"]
+    # One shard group per decoder layer (2 in the policy; 2 more in a critic's own backbone) and one for the rest.
+    groups = 5 if VARIANTS[name].get("critic") == "reward_lora" else 3
+    assert [fsdp[r]["fsdp"] and fsdp[r]["shard_groups"] for r in (0, 1)] == [groups, groups]
+    assert ddp[0]["shard_groups"] == 0
     assert [fsdp[r]["steps"] for r in (0, 1)] == [4, 4]
     # Both ranks hold the same actor-critic, and it is the one DDP trains from the same global batch.
     assert_close(fsdp[0]["weights"], fsdp[1]["weights"], atol=0.0)
