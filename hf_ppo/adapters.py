@@ -133,12 +133,14 @@ def adapter_active(peft_model: nn.Module, name: str):
             param.requires_grad_(flag)
 
 
-def save_policy(policy: nn.Module, folder: str, trained_adapter: str | None) -> None:
-    """Save the policy: full weights, or only the trained adapter as a plain adapter folder (loads as "default")."""
+def save_policy(policy: nn.Module, folder: str, trained_adapter: str | None, state_dict: dict | None = None) -> None:
+    """Save the policy: full weights, or only the trained adapter as a plain adapter folder (loads as "default").
+
+    `state_dict`: the policy's weights when they are not its parameters' own (gathered from shards)."""
     if trained_adapter is None:
-        policy.save_pretrained(folder)
+        policy.save_pretrained(folder, state_dict=state_dict)
         return
-    policy.save_pretrained(folder, selected_adapters=[trained_adapter])
+    policy.save_pretrained(folder, selected_adapters=[trained_adapter], state_dict=state_dict)
     if trained_adapter != "default":  # PEFT writes a non-default adapter into a subfolder named after it
         nested = os.path.join(folder, trained_adapter)
         for entry in os.listdir(nested):

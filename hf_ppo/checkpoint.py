@@ -31,6 +31,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from .modeling import VALUE_HEAD_FILE
 from .reporting import warn_user
 from .rollout import MinibatchSchedule
+from .sharding import fsdp_version
 
 PPO_STATE_FILE = "ppo_state.json"
 ROLLOUT_BUFFER_FILE = "rollout_buffer.safetensors"
@@ -118,6 +119,7 @@ def save_trainer_state(folder: str, *, args, iteration: int, kl_controller, rewa
              "each_reward_moments": rewards.state_dict() if rewards is not None else None,
              "nonfinite": guard.state_dict(), "peft": peft,
              "optimizer_saved": not args.save_only_model, "settings": settings(args),
+             "sharded": fsdp_version(args) is not None,
              "pending_metrics": {k: [v.item() for v in vs] for k, vs in metrics.items()}}
     save_ppo_state(folder, state=state, value_head=critic_state, rollout_buffer=rollout_buffer)
 
@@ -134,7 +136,8 @@ def _atomic_write(path: str, data: bytes) -> None:
 def _atomic_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save
 
-    _atomic_write(path, save({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+    # A copy: under FSDP the tensors are views into the gathered weights, whose storage safetensors cannot read.
+    _atomic_write(path, save({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()},
                              metadata={"format": "pt"}))
 
 
@@ -162,9 +165,11 @@ def required_files(folder: str, ppo: dict, issues: list[str]) -> list[str]:
     """The files besides the two JSON states that a resume from `folder` reads, from what `ppo_state.json` says."""
     names = [VALUE_HEAD_FILE] + ([ROLLOUT_BUFFER_FILE] if ppo.get("rollout_buffer") else [])
     names += policy_files(folder, bool(ppo.get("peft")), issues)
+    if ppo.get("sharded"):  # FSDP: Trainer's sharded model state, whose .metadata is written last
+        names += [os.path.join("pytorch_model_fsdp_0", ".metadata")]
     if ppo.get("optimizer_saved"):
         world_size = ppo.get("settings", {}).get("world_size", 1)
-        names += ["optimizer.pt", "scheduler.pt"]
+        names += [os.path.join("optimizer_0", ".metadata") if ppo.get("sharded") else "optimizer.pt", "scheduler.pt"]
         names += ["rng_state.pth"] if world_size == 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
     return names
 
@@ -360,6 +365,12 @@ def load_policy_weights(policy, folder: str, peft: bool, device, adapter_name: s
         return
     for name in policy_files(folder, False, []):
         policy.load_state_dict(load_file(os.path.join(folder, name)), strict=False)
+
+
+def load_actor_critic(wrapper, folder: str, saved: SavedPPOState, device, adapter_name: str | None = None) -> None:
+    """Load a checkpoint's policy weights (see `load_policy_weights`) and critic into the unsharded actor-critic."""
+    load_policy_weights(wrapper.policy_model, folder, wrapper.is_peft_model, device, adapter_name=adapter_name)
+    wrapper.load_critic_state_dict(saved.value_head)
 
 
 def _check_adapter_config(folder: str, current) -> None:

@@ -27,6 +27,7 @@ import torch
 from transformers import TrainingArguments
 
 from .reporting import warn_user
+from .sharding import sharding_problems
 
 Quantization = Literal["4bit", "8bit", "none"]
 
@@ -350,7 +351,8 @@ class PPOConfig(TrainingArguments):
     ds3_gather_for_generation: bool | None = field(
         default=None,
         metadata={"help": "TRL's DeepSpeed ZeRO-3 option; hf_ppo has no ZeRO-3 gathering, so it is ignored with a "
-                  "warning. Use DDP or ZeRO-2 (recipes/accelerate/), and a 4-bit policy with LoRA to save memory."},
+                  "warning. Use DDP or ZeRO-2 (recipes/accelerate/), a 4-bit policy with LoRA to save memory, or FSDP2 "
+                  "(recipes/accelerate/fsdp.yaml) to shard the policy."},
     )
     exp_name: str | None = field(default=None, metadata={"help": "TRL's experiment name: used as run_name."})
     # Sizes TRL derived itself (and overwrote); here they derive from per_device_train_batch_size,
@@ -419,6 +421,9 @@ class PPOConfig(TrainingArguments):
             self.run_name = self.exp_name
         if self.dataloader_pin_memory is None:
             self.dataloader_pin_memory = torch.accelerator.is_available() and not self.use_cpu
+        sharded = sharding_problems(self)  # before TrainingArguments reads a DeepSpeed config (it imports deepspeed)
+        if sharded:
+            raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(sharded))
         super().__post_init__()
         errors = _range_errors(self) + self._map_trl_names()
         if self.stop_token_ids is not None and self.stop_token_id is not None:

@@ -603,7 +603,8 @@ def _describe_failure(err: Exception, endpoint: str) -> str:
             "check the network connection and HF_ENDPOINT")
 
 
-def save_policy_folder(policy, output_dir: str, trained_adapter: str | None, tokenizer) -> None:
+def save_policy_folder(policy, output_dir: str, trained_adapter: str | None, tokenizer,
+                       state_dict: dict | None = None) -> None:
     """The policy alone (full weights, or only the trained adapter) + tokenizer, loadable from any directory.
 
     The adapter names its base as a Hub id or an absolute path, and PEFT's placeholder README.md is not left behind:
@@ -612,7 +613,7 @@ def save_policy_folder(policy, output_dir: str, trained_adapter: str | None, tok
     os.makedirs(output_dir, exist_ok=True)
     card = os.path.join(output_dir, "README.md")
     had_card = os.path.isfile(card)
-    save_policy(policy, output_dir, trained_adapter)
+    save_policy(policy, output_dir, trained_adapter, state_dict)
     tokenizer.save_pretrained(output_dir)
     make_base_path_absolute(output_dir)
     if not had_card and os.path.isfile(card):

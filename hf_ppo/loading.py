@@ -33,6 +33,7 @@ from .modeling import (AutoModelForCausalLMWithValueHead, PolicyAndCritic, Value
 from .reporting import warn_user
 from .rewards import (RewardSet, naming_reward, pools_itself, probe_reward_callable, reward_input_format, reward_name,
                       unique_names)
+from .sharding import sharded_by_accelerate
 
 
 def compute_dtype(bf16: bool, fp16: bool) -> torch.dtype:
@@ -52,8 +53,11 @@ def quantization_config(kind: str, dtype: torch.dtype):
     from transformers import BitsAndBytesConfig
 
     if kind == "4bit":
+        # Under FSDP the 4-bit weights are stored in the compute dtype, so `fully_shard` can shard them (it shards
+        # floating-point tensors only); the packed 4-bit values are the same.
+        storage = dtype if sharded_by_accelerate() else torch.uint8
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                  bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=torch.uint8)
+                                  bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=storage)
     if kind == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     raise ValueError(f"Unknown quantization {kind!r}: choose '4bit', '8bit' or 'none'.")

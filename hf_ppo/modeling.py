@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .reporting import warn_user
@@ -170,6 +170,14 @@ class _ActorCritic(_GradientCheckpointingNames, nn.Module):
         from .critic_store import save_critic  # critic_store reads this module's classes
 
         return save_critic(self, folder, tokenizer)
+
+    @property
+    def _no_split_modules(self) -> list[str]:
+        """The decoder-layer classes of the models inside (policy, critic), as transformers names them: accelerate's
+        FSDP auto-wrap reads this to give each layer a shard group of its own (else the whole model is one)."""
+        names = {name for module in self.modules() if module is not self and isinstance(module, PreTrainedModel)
+                 for name in (module._no_split_modules or [])}
+        return sorted(names)
 
 
 class AutoModelForCausalLMWithValueHead(_ActorCritic):
@@ -372,8 +380,9 @@ class AutoModelForCausalLMWithValueHead(_ActorCritic):
 
     # ---- saving -----------------------------------------------------------------------------------------------
     def value_head_state_dict(self) -> dict[str, torch.Tensor]:
-        """{'weight', 'bias'} of the head's linear layer (CPU): what checkpoints and `value_head.safetensors` hold."""
-        return {k: v.detach().cpu().contiguous() for k, v in self.v_head.summary.state_dict().items()}
+        """{'weight', 'bias'} of the head's linear layer (CPU): what checkpoints and `value_head.safetensors` hold.
+        named_parameters, not state_dict: under FSDP (gathered) state_dict would hand back the shards."""
+        return {k: v.detach().cpu().contiguous() for k, v in self.v_head.summary.named_parameters()}
 
     def load_value_head_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load {'weight', 'bias'}; TRL's `v_head.summary.weight` style keys are accepted too."""

@@ -46,6 +46,7 @@ from .ppo_math import (
     uniform_groups,
 )
 from .rewards import RewardSet, penalize
+from .sharding import gathered
 
 
 @dataclass
@@ -247,14 +248,15 @@ def sample_and_score(engine: RolloutEngine, policy: nn.Module, reward, queries, 
             raise ValueError("A RewardSet holds its own reward tokenizers: pass reward_tokenizer=None.")
     else:
         reward = RewardSet.single(reward, reward_tokenizer, input_format)
-    start = time.perf_counter()
-    responses = engine.generate(policy.policy_model, queries, query_mask)  # 1.
-    responses, response_mask, contains_stop = truncate_after_stop(responses, stop_token_ids,
-                                                                  tokenizer.pad_token_id)  # 2.
-    generated = time.perf_counter()
-    scores, each = reward.score(queries=queries, query_mask=query_mask, responses=responses,  # 3.
-                                response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
-                                batch_size=batch_size, gather=gather)
+    with gathered(policy):  # under FSDP: every shard gathered once, for all of steps 1-3
+        start = time.perf_counter()
+        responses = engine.generate(policy.policy_model, queries, query_mask)  # 1.
+        responses, response_mask, contains_stop = truncate_after_stop(responses, stop_token_ids,
+                                                                      tokenizer.pad_token_id)  # 2.
+        generated = time.perf_counter()
+        scores, each = reward.score(queries=queries, query_mask=query_mask, responses=responses,  # 3.
+                                    response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
+                                    batch_size=batch_size, gather=gather)
     return Samples(responses, response_mask, contains_stop, scores, generated - start, each)
 
 
@@ -327,30 +329,32 @@ def rollout(
     """
     if len(queries) % num_generations:
         raise ValueError(f"{len(queries)} prompts are not whole groups of num_generations={num_generations}.")
-    start = time.perf_counter()
-    # 1-3. Generate, truncate after the stop token, score (and combine a list of rewards); or an environment's episodes.
-    if environment is None:
-        samples = sample_and_score(engine, policy, reward, queries, query_mask, prompts, tokenizer=tokenizer,
-                                   reward_tokenizer=reward_tokenizer, input_format=input_format,
-                                   stop_token_ids=stop_token_ids, batch_size=batch_size, gather=gather)
-    else:
-        samples = environment_samples(environment, engine, policy, reward, queries, query_mask, prompts,
-                                      tokenizer=tokenizer, stop_token_ids=stop_token_ids, batch_size=batch_size,
-                                      response_length=response_length, gather=gather)
-    responses, response_mask, contains_stop = samples[:3]
-    policy_mask = samples.policy_mask if samples.policy_mask is not None else response_mask.clone()
-    # 4. The EOS penalty, on responses that never stopped; the overlong penalty.
-    scores = penalize(samples.scores, contains_stop, response_mask, missing_eos_penalty=missing_eos_penalty,
-                      overlong_buffer_length=overlong_buffer_length, overlong_penalty_factor=overlong_penalty_factor)
-    # 5. Old log-probs and values, in one pass.
-    has_critic = policy.has_critic
-    logprobs, values, entropy = policy_forward(policy, queries, query_mask, responses, response_mask,
-                                               temperature=temperature, batch_size=batch_size, with_entropy=True,
-                                               with_values=has_critic, memory_bytes=memory_bytes)
-    # 6. Reference log-probs.
-    ref_logprobs = reference_logprobs(policy, ref_model, queries, query_mask, responses, response_mask,
-                                      temperature=temperature, batch_size=batch_size, ref_adapter=ref_adapter,
-                                      memory_bytes=memory_bytes)
+    with gathered(policy):  # under FSDP: every shard gathered once, for all of steps 1-6 (sharding.py)
+        start = time.perf_counter()
+        # 1-3. Generate, truncate after the stop token, score (and combine a list of rewards); or an environment's
+        # episodes.
+        if environment is None:
+            samples = sample_and_score(engine, policy, reward, queries, query_mask, prompts, tokenizer=tokenizer,
+                                       reward_tokenizer=reward_tokenizer, input_format=input_format,
+                                       stop_token_ids=stop_token_ids, batch_size=batch_size, gather=gather)
+        else:
+            samples = environment_samples(environment, engine, policy, reward, queries, query_mask, prompts,
+                                          tokenizer=tokenizer, stop_token_ids=stop_token_ids, batch_size=batch_size,
+                                          response_length=response_length, gather=gather)
+        responses, response_mask, contains_stop = samples[:3]
+        policy_mask = samples.policy_mask if samples.policy_mask is not None else response_mask.clone()
+        # 4. The EOS penalty, on responses that never stopped; the overlong penalty.
+        scores = penalize(samples.scores, contains_stop, response_mask, missing_eos_penalty=missing_eos_penalty,
+                          overlong_buffer_length=overlong_buffer_length, overlong_penalty_factor=overlong_penalty_factor)
+        # 5. Old log-probs and values, in one pass.
+        has_critic = policy.has_critic
+        logprobs, values, entropy = policy_forward(policy, queries, query_mask, responses, response_mask,
+                                                   temperature=temperature, batch_size=batch_size, with_entropy=True,
+                                                   with_values=has_critic, memory_bytes=memory_bytes)
+        # 6. Reference log-probs.
+        ref_logprobs = reference_logprobs(policy, ref_model, queries, query_mask, responses, response_mask,
+                                          temperature=temperature, batch_size=batch_size, ref_adapter=ref_adapter,
+                                          memory_bytes=memory_bytes)
     scored = time.perf_counter()
     # 7-8. Shaped scores -> rewards and advantages (the advantage estimator).
     shaped = shape_scores(scores)

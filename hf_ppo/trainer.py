@@ -20,7 +20,7 @@ import torch
 from transformers import Trainer, set_seed
 from transformers.trainer_callback import ProgressCallback
 
-from . import checkpoint, hub, loading, rewards
+from . import checkpoint, hub, loading, rewards, sharding
 from .config import PPOConfig
 from .data import PromptCollator, RolloutRepeatSampler, prepare_datasets
 from .environment import check_environment
@@ -293,17 +293,18 @@ class PPOLMTrainer(StepAPI, Trainer):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.args.should_save:
             return
-        check_finite_weights(self.accelerator.unwrap_model(self.model), output_dir, self._last_complete_checkpoint())
-        hub.save_policy_folder(self.accelerator.unwrap_model(self.model).policy_model, output_dir, self.trained_adapter,
-                               self.processing_class)
+        wrapper = self.accelerator.unwrap_model(self.model)  # under FSDP, `state_dict` holds the gathered policy
+        check_finite_weights(wrapper, output_dir, self._last_complete_checkpoint())
+        hub.save_policy_folder(wrapper.policy_model, output_dir, self.trained_adapter, self.processing_class, state_dict)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the policy (see `_save`); called by the user, also write its model card and say how to use it.
-
-        The card is the Hub card's template, rendered for the folder; the message (printed once, on the main
-        process) names the folder, how to load the policy (adapter or merged) and how to push it.
-        """
-        super().save_model(output_dir, _internal_call)
+        """Save the policy (see `_save`); called by the user, also write its model card (the Hub card's template) and
+        print once, on the main process, the folder, how to load the policy (adapter or merged) and how to push it."""
+        if self.is_fsdp_enabled:  # Trainer saves no policy from a sharded model: rank 0 writes the gathered weights
+            with sharding.gathered_policy(self.model) as state_dict:
+                self._save(output_dir, state_dict)
+        else:
+            super().save_model(output_dir, _internal_call)
         if _internal_call or not self.args.should_save:
             return
         folder = output_dir if output_dir is not None else self.args.output_dir
@@ -316,16 +317,16 @@ class PPOLMTrainer(StepAPI, Trainer):
         """The PPO state first, then Trainer's files: Trainer writes trainer_state.json last and rotates only after
         it, so a folder with a readable trainer_state.json is complete (see checkpoint.py)."""
         folder = checkpoint.checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
-        # On every process, so all of them stop together.
-        check_finite_weights(self.accelerator.unwrap_model(self.model), folder, self._last_complete_checkpoint())
-        if self.args.should_save:
-            wrapper = self.accelerator.unwrap_model(self.model)
-            schedule = self._schedule if self._schedule is not None and not self._schedule.done else None
-            checkpoint.save_trainer_state(
-                folder, args=self.args, iteration=self.iteration, kl_controller=self.kl_ctl,
-                reward_moments=self.reward_moments, guard=self._guard, peft=wrapper.is_peft_model, metrics=self._metrics,
-                critic_state=wrapper.critic_state_dict(), rewards=self.rewards,
-                rollout_buffer=schedule.state_dict() if schedule is not None else None)
+        with sharding.gathered(self.model):  # On every process, so all of them stop together.
+            check_finite_weights(self.accelerator.unwrap_model(self.model), folder, self._last_complete_checkpoint())
+            if self.args.should_save:
+                wrapper = self.accelerator.unwrap_model(self.model)
+                schedule = self._schedule if self._schedule is not None and not self._schedule.done else None
+                checkpoint.save_trainer_state(
+                    folder, args=self.args, iteration=self.iteration, kl_controller=self.kl_ctl,
+                    reward_moments=self.reward_moments, guard=self._guard, peft=wrapper.is_peft_model,
+                    metrics=self._metrics, critic_state=wrapper.critic_state_dict(), rewards=self.rewards,
+                    rollout_buffer=schedule.state_dict() if schedule is not None else None)
         super()._save_checkpoint(model, trial)
 
     def _hp_search_setup(self, trial) -> None:
@@ -338,11 +339,11 @@ class PPOLMTrainer(StepAPI, Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         wrapper = self.accelerator.unwrap_model(model if model is not None else self.model)
-        device = wrapper.critic_device
-        saved = checkpoint.load_ppo_state(resume_from_checkpoint, self.args, device)
-        checkpoint.load_policy_weights(wrapper.policy_model, resume_from_checkpoint, wrapper.is_peft_model, device,
-                                      adapter_name=self.trained_adapter)
-        wrapper.load_critic_state_dict(saved.value_head)
+        saved = checkpoint.load_ppo_state(resume_from_checkpoint, self.args, wrapper.critic_device)
+        if self.is_fsdp_enabled:  # its sharded checkpoint holds the whole actor-critic, one shard per rank
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+        else:
+            checkpoint.load_actor_critic(wrapper, resume_from_checkpoint, saved, wrapper.critic_device, self.trained_adapter)
         self.rollout_engine.weights_changed()
         self.iteration = checkpoint.restore_trainer_state(saved, kl_controller=self.kl_ctl,
                                                           reward_moments=self.reward_moments, guard=self._guard,

@@ -1,12 +1,13 @@
 """PPO (RLHF) on a Hub or local policy with a Hub or local reward model: the one hf_ppo recipe.
 
 Three ways to run it: a YAML config, the same with command-line overrides (the command line wins), and
-`accelerate launch` for several GPUs (DDP or DeepSpeed ZeRO-2; the script itself is unchanged):
+`accelerate launch` for several GPUs (DDP, DeepSpeed ZeRO-2, or FSDP2 to shard the policy; the script is unchanged):
 
     python recipes/ppo.py --config recipes/configs/demo.yaml          # offline, after one `make demo`
     python recipes/ppo.py --config recipes/configs/qlora_24gb.yaml --learning_rate 5e-6 --output_dir runs/my-ppo
     accelerate launch --config_file recipes/accelerate/ddp.yaml recipes/ppo.py --config recipes/configs/qlora_24gb.yaml
     accelerate launch --config_file recipes/accelerate/deepspeed_zero2.yaml recipes/ppo.py --config ...
+    accelerate launch --config_file recipes/accelerate/fsdp.yaml recipes/ppo.py --config ...
 
 Every YAML key is an option below (`--key value`); a key that is none of them is an error that suggests the
 nearest one. Relative paths (models, datasets, checkpoints) are looked up in the working directory, then next to
