@@ -20,7 +20,7 @@ import torch
 from transformers import Trainer, set_seed
 from transformers.trainer_callback import ProgressCallback
 
-from . import checkpoint, hub, loading, rewards
+from . import checkpoint, hub, loading, rewards, watch
 from .config import PPOConfig
 from .data import PromptCollator, RolloutRepeatSampler, prepare_datasets
 from .estimators import kl_loss_coef
@@ -96,7 +96,7 @@ class PPOLMTrainer(Trainer):
         super().__init__(
             model=policy, args=args, data_collator=PromptCollator(tokenizer.pad_token_id),
             train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
-            callbacks=callbacks, optimizers=optimizers,
+            callbacks=watch.add_watch(callbacks, args, self._last_complete_checkpoint), optimizers=optimizers,
         )
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(PPOProgressCallback(self.args))
