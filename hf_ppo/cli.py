@@ -84,6 +84,9 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     rewards = args.reward_model if len(args.reward_model) > 1 else args.reward_model[0]
     trainer = PPOLMTrainer(model=args.policy, args=config, processing_class=tokenizer, reward_model=rewards,
                            ref_model=reference, eval_reward_model=args.judge, eval_dataset=prompts)
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # the tables below say it all, once
     metrics = trainer.evaluate()
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:

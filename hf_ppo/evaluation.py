@@ -102,7 +102,8 @@ class Evaluator:
         policy = trainer.accelerator.unwrap_model(trainer.model)
         # The eval loader is sequential: a batch's position and prompts name it (a repeated prompt gets a sample of
         # its own from the reference, as from the policy).
-        key = (len(self._batches), inputs["queries"].cpu().numpy().tobytes(), inputs["query_mask"].cpu().numpy().tobytes())
+        key = (len(self._batches), inputs["queries"].cpu().numpy().tobytes(),
+               inputs["query_mask"].cpu().numpy().tobytes())
         if key not in self._reference:
             self._reference[key] = self._side(trainer, policy, inputs, reference=True)[0]
         side, combined, samples = self._side(trainer, policy, inputs, reference=False)
@@ -135,7 +136,8 @@ class Evaluator:
             samples = sample_and_score(trainer.rollout_engine, model, trainer.rewards, inputs["queries"],
                                        inputs["query_mask"], inputs["prompts"], tokenizer=tokenizer,
                                        stop_token_ids=trainer.stop_token_ids, batch_size=batch_size)
-        scores = {f"reward/{k}": v for k, v in (samples.reward_scores or {trainer.rewards.names[0]: samples.scores}).items()}
+        each = samples.reward_scores or {trainer.rewards.names[0]: samples.scores}  # one reward: its raw score
+        scores = {f"reward/{k}": v for k, v in each.items()}
         if self.judges is not None:
             judged = self.judges.score(queries=inputs["queries"], query_mask=inputs["query_mask"],
                                        responses=samples.responses, response_mask=samples.response_mask,
@@ -209,7 +211,8 @@ def metrics_markdown(metrics: dict[str, float], prefix: str = "") -> str:
                      f"[{m['win_rate_low']:.3f}, {m['win_rate_high']:.3f}] |")
     lines += ["", "| | policy | reference |", "|---|---|---|"]
     for label, key in (("mean response length (tokens)", "response_length"), ("stop rate", "stop_rate")):
-        lines.append(f"| {label} | {metrics[f'{prefix}policy/{key}']:.3f} | {metrics[f'{prefix}reference/{key}']:.3f} |")
+        policy, reference = metrics[f"{prefix}policy/{key}"], metrics[f"{prefix}reference/{key}"]
+        lines.append(f"| {label} | {policy:.3f} | {reference:.3f} |")
     lines += ["", f"KL(policy || reference) per response, on the policy's samples: "
                   f"{metrics[f'{prefix}kl_to_reference']:.4f}"]
     return "\n".join(lines)

@@ -47,7 +47,8 @@ class CollapseWatch(TrainerCallback):
 
     def __init__(self, *, kl_threshold: float | None, stop: bool, last_checkpoint: Callable[[], str | None],
                  kl_reason: str = ""):
-        self.kl_threshold, self.stop, self.last_checkpoint, self.kl_reason = kl_threshold, stop, last_checkpoint, kl_reason
+        self.kl_threshold, self.kl_reason = kl_threshold, kl_reason
+        self.stop, self.last_checkpoint = stop, last_checkpoint
         self.history: dict[str, list[float]] = {}
         self.fired: list[str] = []  # the signatures seen, in order
 

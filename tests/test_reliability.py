@@ -517,6 +517,7 @@ BAD_VALUES = {
     "critic_learning_rate": -1.0, "critic_warmup_steps": -1, "num_generations": 0, "overlong_penalty_factor": -1.0,
     "local_rollout_forward_batch_size": 0, "num_ppo_epochs": 0, "num_mini_batches": 0, "response_length": 0,
     "temperature": 0.0, "top_p": 0.0, "max_consecutive_nonfinite": 0, "num_sample_generations": -1,
+    "watch_collapse": "true", "stop_on_collapse": "false", "collapse_kl_threshold": 0.0,
     "stop_token_id": -2, "logits_memory_mb": 0, "dataset_num_proc": 0,
 }
 # Reviewed: fields for which every value of their type is legal (a name, a label).
