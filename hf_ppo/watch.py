@@ -98,7 +98,7 @@ class CollapseWatch(TrainerCallback):
                 "typically gaming the reward or taking unstable updates. Usually fixed by a larger kl_coef (or "
                 "adaptive_kl), a lower learning_rate, fewer num_ppo_epochs, or whiten_rewards=True.")
         clip = self.history.get("policy/clipfrac_avg", [])
-        if len(clip) >= WINDOW and _mean(clip[-WINDOW:]) > CLIPFRAC_MAX:
+        if len(clip) >= 2 * WINDOW and _mean(clip[-WINDOW:]) > CLIPFRAC_MAX:
             yield "clipfrac", (
                 f"the policy's clip fraction (policy/clipfrac_avg) averages {_mean(clip[-WINDOW:]):.2f} over the last "
                 f"{WINDOW} logs (healthy PPO: a few percent to about 20%): each update moves the "
