@@ -9,16 +9,9 @@
 
 from __future__ import annotations
 
-from hf_ppo.recipe import (  # noqa: F401  (the recipe's names, for scripts and tests that import this file)
-    ConfigError,
-    ModelArguments,
-    PPOConfig,
-    ScriptArguments,
-    build_parser,
-    main,
-    parse_args,
-    run,
-)
+# Every name the recipe had when its code lived here, for scripts and tests that load this file as a module.
+from hf_ppo.recipe import *  # noqa: F401,F403
+from hf_ppo.recipe import run
 
 if __name__ == "__main__":
     run()
