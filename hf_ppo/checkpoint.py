@@ -49,7 +49,9 @@ _NOT_COMPARED = {"model_init_kwargs", "ref_model_init_kwargs", "reward_model_ini
                  # TRL's run-length and bookkeeping names: they set max_steps / run_name / map workers, which a resume
                  # may change (a longer run), and never what one iteration does.
                  "total_episodes", "num_total_batches", "dataset_num_proc", "ds3_gather_for_generation", "exp_name",
-                 "print_metrics"}
+                 "print_metrics",
+                 # The collapse watch reads the logs: when it warns or stops, never what a step computes.
+                 "watch_collapse", "stop_on_collapse", "collapse_kl_threshold"}
 # TrainingArguments fields that fix the batch geometry (and the prompt order): compared like the PPO fields.
 _GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed")
 _TRAINING_ARGUMENTS_FIELDS = {f.name for f in dataclasses.fields(TrainingArguments)}

@@ -370,6 +370,22 @@ class PPOConfig(TrainingArguments):
                   "or gradient norm is skipped; this many of them without a good step in between stop training with "
                   "an error naming the cause and the last complete checkpoint."},
     )
+    watch_collapse: bool = field(
+        default=True,
+        metadata={"help": "Watch the logged metrics for collapse and reward-hacking signatures (watch.py: length up "
+                  "while entropy falls, KL far beyond its target, clip fraction or value loss out of range, the "
+                  "training reward beating the reference while a judge's loses); each warns once with its fixes."},
+    )
+    stop_on_collapse: bool = field(
+        default=False,
+        metadata={"help": "Stop training at the first collapse signature the watch sees, naming the last complete "
+                  "checkpoint (needs watch_collapse)."},
+    )
+    collapse_kl_threshold: float | None = field(
+        default=None,
+        metadata={"help": "Per-response KL (`objective/kl`, nats) above which the watch warns. None: 3 x kl_target "
+                  "with adaptive_kl, no KL check with a fixed kl_coef."},
+    )
     allow_config_change_on_resume: bool = field(
         default=False,
         metadata={"help": "Resume from a checkpoint written with other PPO settings or batch geometry: the new values "
@@ -498,6 +514,9 @@ class PPOConfig(TrainingArguments):
         if isinstance(self.entropy_coef, (int, float)) and self.entropy_coef < 0:
             warn_user(f"entropy_coef={self.entropy_coef} is negative: the loss pays the policy for lower entropy, which "
                       "speeds up collapse to a few responses. Use entropy_coef >= 0 unless that is what you want.")
+        if self.stop_on_collapse is True and self.watch_collapse is False:
+            errors.append("stop_on_collapse=True with watch_collapse=False: nothing watches, so nothing would stop "
+                          "training. Set watch_collapse=True, or stop_on_collapse=False.")
         if self.adaptive_kl and self.kl_coef == 0:
             errors.append("adaptive_kl=True with kl_coef=0: the adaptive controller scales the coefficient, so it "
                           "stays 0 and the KL penalty never acts. Start from kl_coef > 0, or set adaptive_kl=False.")
@@ -726,6 +745,7 @@ _RANGES = [
     ("overlong_penalty_factor", False, lambda v: 0 <= v < math.inf, ">= 0 (the penalty at full response_length)"),
     ("num_sample_generations", False, lambda v: v >= 0, "an integer >= 0 (0: never)"),
     ("max_consecutive_nonfinite", False, lambda v: v >= 1, "an integer >= 1"),
+    ("collapse_kl_threshold", True, lambda v: 0 < v < math.inf, "None (3 x kl_target with adaptive_kl) or > 0 (nats)"),
 ]
 
 
@@ -733,7 +753,7 @@ _RANGES = [
 _BOOL_FIELDS = ("disable_dropout", "whiten_advantages", "whiten_rewards", "scale_rewards", "adaptive_kl",
                 "use_kl_loss", "use_bias_correction_kl", "drop_uniform_groups",
                 "normalize_rewards", "normalize_each_reward", "push_merged_model", "allow_config_change_on_resume",
-                "print_metrics")
+                "print_metrics", "watch_collapse", "stop_on_collapse")
 
 
 def _range_errors(config) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from hf_ppo import gguf
 from hf_ppo.adapters import save_policy
+from hf_ppo.evaluation import final_evaluation
 from hf_ppo.plots import metric_series, plot_training_curves
 
 logger = logging.getLogger(__name__)
@@ -314,6 +315,7 @@ def write_model_card(
     else:
         reference_text = "the initial policy (a frozen copy of the base model)"
     metrics, last_step, best_step = _metric_rows(log_history)
+    evaluation_step, evaluation = final_evaluation(log_history)
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
     content = env.from_string(_card_template()).render(
@@ -330,6 +332,8 @@ def write_model_card(
         metrics=metrics,
         last_step=last_step,
         best_step=best_step,
+        evaluation=evaluation,
+        evaluation_step=evaluation_step,
         plot_file=PLOT_FILE if plot is not None else None,
         lora=_lora_rows(peft_config),
         hyperparameters=_public_rows(hyperparameters),

@@ -554,7 +554,27 @@ def reward_set(loaded: "LoadedModels", given, tokenizer, args, chat: set[bool], 
     rewards = loaded.reward_model if is_list else [loaded.reward_model]
     classes = loaded.reward_processing_class if is_list else [loaded.reward_processing_class]
     names = unique_names([reward_name(r) for r in (given if is_list else [given])])
-    weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(rewards)
+    return _reward_set(rewards, classes, names, is_list, tokenizer, args, chat, train_dataset, args.reward_weights,
+                       args.normalize_each_reward)
+
+
+def judge_set(given, tokenizer, args, chat: set[bool], train_dataset) -> RewardSet | None:
+    """The evaluation-only rewards (the trainer's `eval_reward_model`: one or a list, in the forms of
+    `reward_model`), loaded and checked as the training rewards are, scored each on its own (weights 1.0, never
+    normalised); None when none is given."""
+    if given is None:
+        return None
+    given = list(given) if isinstance(given, (list, tuple)) else [given]
+    if not given:
+        raise ValueError("eval_reward_model is an empty list: give a judge (id, path, model or callable) or None.")
+    judges, classes = load_rewards(given, None, args, compute_dtype(args.bf16, args.fp16), args.device)
+    names = unique_names([reward_name(r) for r in given])
+    return _reward_set(judges, classes, names, True, tokenizer, args, chat, train_dataset, None, False)
+
+
+def _reward_set(rewards, classes, names, is_list, tokenizer, args, chat, train_dataset, weights,
+                normalize_each) -> RewardSet:
+    weights = weights if weights is not None else [1.0] * len(rewards)
     if len(weights) != len(rewards):
         raise ValueError(f"reward_weights has {len(weights)} weights but there {'are' if len(rewards) > 1 else 'is'} "
                          f"{len(rewards)} reward{'s' if len(rewards) > 1 else ''} ({', '.join(names)}): give one weight "
@@ -569,7 +589,7 @@ def reward_set(loaded: "LoadedModels", given, tokenizer, args, chat: set[bool], 
             tokenizers.append(reward_tokenizer(reward, tokenizer, processing_class, input_format, chat))
             probe_reward_callable(reward, train_dataset, tokenizer)
     return RewardSet(rewards, tokenizers, names, [float(w) for w in weights], input_format=args.reward_input_format,
-                     normalize_each=args.normalize_each_reward, is_list=is_list)
+                     normalize_each=normalize_each, is_list=is_list)
 
 
 def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:

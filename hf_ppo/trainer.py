@@ -20,16 +20,17 @@ import torch
 from transformers import Trainer, set_seed
 from transformers.trainer_callback import ProgressCallback
 
-from . import checkpoint, hub, loading, rewards, sharding
+from . import checkpoint, hub, loading, rewards, sharding, watch
 from .config import PPOConfig
 from .data import PromptCollator, RolloutRepeatSampler, prepare_datasets
 from .environment import check_environment
 from .estimators import kl_loss_coef
+from .evaluation import Evaluator
 from .generation import WeightsChangedCallback, make_rollout_engine, sequence_inputs
 from .guard import NonFiniteGuard, check_finite_weights, nonfinite_problem, score_hint
 from .ppo_math import AdaptiveKLController, FixedKLController, RunningMoments, ppo_loss
 from .reporting import PPOProgressCallback, maybe_log_samples
-from .rollout import MinibatchSchedule, RolloutBatch, rollout, sample_and_score
+from .rollout import MinibatchSchedule, RolloutBatch, rollout
 from .step import StepAPI
 
 
@@ -53,6 +54,7 @@ class PPOLMTrainer(StepAPI, Trainer):
         critic_model: with `critic='separate'`, an id / path / model to start the critic from instead of the reward
             model (needed with a reward callable); with any critic, a folder `model.save_critic` wrote.
         environment: an `environment.Environment`: multi-turn / tool-use episodes replace steps 1-3 of training.
+        eval_reward_model: judges that only evaluation reads (`evaluation.py`), in the forms of `reward_model`.
     """
 
     # compute_loss already divides by the minibatch's token (or sequence) count, so Trainer must not divide again.
@@ -66,7 +68,7 @@ class PPOLMTrainer(StepAPI, Trainer):
         reward_model=None, ref_model=None,
         train_dataset=None, eval_dataset=None,
         peft_config=None, reward_processing_class=None,
-        critic_model=None, environment=None,
+        critic_model=None, environment=None, eval_reward_model=None,
         value_model=None,  # TRL 1.12's name for a critic model of its own: critic="separate" from it
         callbacks=None, optimizers=(None, None),
     ):
@@ -91,11 +93,12 @@ class PPOLMTrainer(StepAPI, Trainer):
                                                              loading.max_positions(policy.config))
         self.rewards = loading.reward_set(loaded, reward_model, tokenizer, args, chat, train_dataset)  # step 3
         self.reward_tokenizer = self.rewards.tokenizer
+        self.evaluator = Evaluator(loading.judge_set(eval_reward_model, tokenizer, args, chat, train_dataset))
 
         super().__init__(
             model=policy, args=args, data_collator=PromptCollator(tokenizer.pad_token_id),
             train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
-            callbacks=callbacks, optimizers=optimizers,
+            callbacks=watch.add_watch(callbacks, args, self._last_complete_checkpoint), optimizers=optimizers,
         )
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(PPOProgressCallback(self.args))
@@ -275,18 +278,15 @@ class PPOLMTrainer(StepAPI, Trainer):
             self._metrics.clear()
         super().log(logs, start_time)
 
-    # ---- evaluation: sample and score the eval prompts -----------------------------------------------------------------
+    # ---- evaluation: the policy against its reference (evaluation.py; eval_loss = -mean training score) -------------
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        scores = self._eval_scores(super()._prepare_inputs(inputs))
-        return -scores.mean().detach(), None, None
+        return self.evaluator.step(self, super()._prepare_inputs(inputs)).detach(), None, None
 
-    @torch.no_grad()
-    def _eval_scores(self, inputs) -> torch.Tensor:
-        """Scores of freshly sampled responses to eval prompts (steps 1-3; eval_loss = -mean score)."""
-        return sample_and_score(self.rollout_engine, self.accelerator.unwrap_model(self.model), self.rewards,
-                                inputs["queries"], inputs["query_mask"], inputs["prompts"],
-                                tokenizer=self.processing_class, stop_token_ids=self.stop_token_ids,
-                                batch_size=self.args.local_rollout_forward_batch_size).scores
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        output.metrics.update(self.evaluator.finish(self, metric_key_prefix))
+        return output
 
     # ---- saving: the policy alone; checkpoints add the value head and PPO state ------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:

@@ -128,7 +128,9 @@ def test_evaluation_samples_from_the_assigned_engine(scripted_run, tokenizer):
     engine = ScriptedEngine(script_for(tokenizer))
     trainer.rollout_engine = engine
     metrics = trainer.evaluate()
-    assert engine.kinds() == ["generate"]
+    assert engine.kinds() == ["generate", "generate"]  # the reference's responses (sampled once), then the policy's
+    trainer.evaluate()
+    assert engine.kinds() == ["generate", "generate", "generate"]  # the reference's are cached
     completions = reward.calls[-1][1]
     assert completions == tokenizer.batch_decode(truncated_script(tokenizer), skip_special_tokens=True)
     assert metrics["eval_loss"] == pytest.approx(-sum(c.count("e") for c in completions) / len(completions))
