@@ -28,6 +28,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from .ppo_math import kl_estimate, masked_sum
 from .reporting import warn_user
@@ -75,10 +76,12 @@ class Side:
     stopped: torch.Tensor
 
 
-class _Generator:
-    """A frozen reference model seen as `sample_and_score` expects a policy (it samples from `.policy_model`)."""
+class _Generator(nn.Module):
+    """A frozen reference model seen as `sample_and_score` expects a policy (a module that samples from
+    `.policy_model`)."""
 
     def __init__(self, model):
+        super().__init__()
         self.policy_model = model
 
 

@@ -84,7 +84,8 @@ class CausalLMOutputWithValue(ModelOutput):
 class ValueHead(nn.Module):
     """The `hidden -> 1` value head: its linear layer is `.summary`, where TRL's value head kept it, so the model's
     state keys are TRL's (`v_head.summary.weight`, `v_head.summary.bias`) and code written for TRL works;
-    `.weight` / `.bias` reach the same parameters. Older full state dicts (`v_head.weight`) still load."""
+    `.weight`, `.bias`, `in_features` and `out_features` reach that layer's, as when the head was a Linear. Older
+    full state dicts (`v_head.weight`) still load."""
 
     def __init__(self, width: int, dtype: torch.dtype, device):
         super().__init__()
@@ -98,6 +99,14 @@ class ValueHead(nn.Module):
     @property
     def bias(self) -> nn.Parameter:
         return self.summary.bias
+
+    @property
+    def in_features(self) -> int:
+        return self.summary.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.summary.out_features
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.summary(hidden)

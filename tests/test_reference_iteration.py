@@ -98,6 +98,7 @@ def test_one_iteration_matches_the_plain_reference(name, paths, tmp_path):
     expected["response_mask"] = torch.tensor([[t < s["n"] for t in range(R)] for s in seqs])
     expected["responses"] = torch.tensor([s["response"][:s["n"]] + [tokenizer.pad_token_id] * (R - s["n"])
                                           for s in seqs])
+    expected["policy_mask"] = expected["response_mask"]  # no environment: every response token is the policy's
     expected["contains_stop"] = torch.tensor([s["stopped"] for s in seqs])
     expected["scores"] = torch.tensor([s["score"] for s in seqs])
     for field in ("logprobs", "ref_logprobs", "values", "rewards", "non_score_rewards", "advantages", "returns"):
