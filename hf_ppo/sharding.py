@@ -11,7 +11,7 @@ gradients and write the sharded checkpoints. hf_ppo adds what PPO needs on top:
 - a 4-bit (QLoRA) base is stored in the compute dtype (`sharded_by_accelerate`, read by `loading.py`), so
   `fully_shard`, which shards floating-point tensors only, shards it too;
 - configurations that cannot be sharded are refused when `PPOConfig` is built, before a model loads
-  (`sharding_problems`): DeepSpeed ZeRO-3, FSDP version 1.
+  (`sharding_problems`): DeepSpeed ZeRO-3, FSDP version 1, an accelerate older than the tested one.
 """
 
 from __future__ import annotations
@@ -25,6 +25,18 @@ from torch import nn
 FSDP_FIX = ("To shard parameters, use FSDP2: accelerate launch --config_file recipes/accelerate/fsdp.yaml "
             "recipes/ppo.py ... (fsdp_version: 2).")
 _GATHERED: set[int] = set()  # ids of the FSDP roots gathered right now
+# The accelerate release hf_ppo's FSDP2 path is tested with (CI's newest leg; accelerate has FSDP2 from 1.6, untested
+# here below this): older ones are refused for FSDP, while the rest of hf_ppo keeps the wider range of pyproject.toml.
+FSDP_ACCELERATE = "1.15.0"
+
+
+def fsdp_supported() -> bool:
+    """Whether the installed accelerate is one hf_ppo's FSDP2 path is tested with (>= `FSDP_ACCELERATE`)."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("accelerate")) >= Version(FSDP_ACCELERATE)
 
 
 def _env_true(name: str) -> bool:
@@ -73,6 +85,13 @@ def sharding_problems(args) -> list[str]:
                         "whole weights on every GPU, works: recipes/accelerate/deepspeed_zero2.yaml.)")
     version = fsdp_version(args)
     if version is None:
+        return problems
+    if not fsdp_supported():
+        from importlib.metadata import version as installed
+
+        problems.append(f"FSDP with hf_ppo needs accelerate >= {FSDP_ACCELERATE} (the release its FSDP2 path is tested "
+                        f"with); this environment has accelerate {installed('accelerate')}: pip install -U "
+                        f"'accelerate>={FSDP_ACCELERATE}'.")
         return problems
     if version != 2:
         problems.append(f"FSDP version {version} is not supported: hf_ppo gathers the sharded weights for sampling "

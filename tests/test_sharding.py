@@ -21,6 +21,10 @@ import torch
 import yaml
 
 from hf_ppo import PPOConfig, tiny
+from hf_ppo.sharding import FSDP_ACCELERATE, fsdp_supported
+
+# The FSDP2 path is tested with accelerate >= FSDP_ACCELERATE only (CI's floor leg has an older one: it checks the error).
+needs_fsdp2 = pytest.mark.skipif(not fsdp_supported(), reason=f"FSDP2 needs accelerate >= {FSDP_ACCELERATE}")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,6 +121,7 @@ def fsdp_runs(setup):
             for i, (name, variant) in enumerate(VARIANTS.items())}
 
 
+@needs_fsdp2
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_fsdp_trains_like_ddp_and_rank0_saves_a_normal_policy(setup, fsdp_runs, name):
@@ -158,6 +163,7 @@ def test_fsdp_trains_like_ddp_and_rank0_saves_a_normal_policy(setup, fsdp_runs, 
 
 
 @pytest.mark.slow
+@needs_fsdp2
 def test_fsdp_resume_from_a_sharded_checkpoint_matches_the_uninterrupted_run(setup, fsdp_runs):
     root, models, prompts = setup
     uninterrupted = root / "fsdp_full"
@@ -175,6 +181,7 @@ def test_fsdp_resume_from_a_sharded_checkpoint_matches_the_uninterrupted_run(set
     ({}, {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "ZeRO-3"),
     ({}, {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, "FSDP version 1"),
 ], ids=["zero3_args", "zero3_accelerate", "fsdp1"])
+@needs_fsdp2
 def test_unshardable_configurations_fail_at_construction(monkeypatch, tmp_path, setting, env, needle):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -183,6 +190,7 @@ def test_unshardable_configurations_fail_at_construction(monkeypatch, tmp_path, 
     assert "fsdp.yaml" in str(error.value)
 
 
+@needs_fsdp2
 def test_fsdp2_configuration_is_accepted_and_stores_4bit_weights_in_the_compute_dtype(monkeypatch, tmp_path):
     from hf_ppo.loading import quantization_config
 
@@ -192,3 +200,15 @@ def test_fsdp2_configuration_is_accepted_and_stores_4bit_weights_in_the_compute_
     PPOConfig(output_dir=str(tmp_path), use_cpu=True, policy_quantization="4bit")
     # fully_shard shards floating-point tensors only: the 4-bit base must be stored as bf16 to be sharded.
     assert quantization_config("4bit", torch.bfloat16).bnb_4bit_quant_storage == torch.bfloat16
+
+
+def test_fsdp_with_an_accelerate_older_than_the_tested_one_is_refused(monkeypatch, tmp_path):
+    import hf_ppo.sharding as sharding
+
+    monkeypatch.setattr(sharding, "FSDP_ACCELERATE", "99.0")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    with pytest.raises(ValueError, match=r"FSDP with hf_ppo needs accelerate >= 99.0 .*pip install -U 'accelerate>=99.0'"):
+        PPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    PPOConfig(output_dir=str(tmp_path), use_cpu=True)  # without FSDP, any accelerate of the tested range
