@@ -79,6 +79,8 @@ def test_config_maps_trl_0_11_fields_by_hand():
     # gradient accumulation: one optimizer step per mini_batch_size x gradient_accumulation_steps = 32 samples
     acc = PPOConfig(batch_size=64, mini_batch_size=16, gradient_accumulation_steps=2)
     assert (acc.per_device_train_batch_size, acc.gradient_accumulation_steps, acc.num_mini_batches) == (16, 2, 2)
+    fwd = PPOConfig(batch_size=64, mini_batch_size=16, forward_batch_size=8)  # TRL 0.11: overwrites mini_batch_size
+    assert (fwd.per_device_train_batch_size, fwd.num_mini_batches) == (8, 8)
     # TRL 0.11's defaults, not hf_ppo's
     trl = PPOConfig()
     assert (trl.learning_rate, trl.kl_coef, trl.adaptive_kl, trl.rollout_batch_size, trl.num_mini_batches) == (
