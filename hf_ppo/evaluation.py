@@ -103,6 +103,10 @@ class Evaluator:
         """Sample and score both sides for one batch of eval prompts; return the eval loss (-mean training score of
         the policy's responses, as before this evaluation existed)."""
         policy = trainer.accelerator.unwrap_model(trainer.model)
+        if getattr(trainer, "environment", None) is not None and not self._batches:
+            warn_user("evaluate() samples one response per eval prompt from the policy and the reference and scores "
+                      "them with the training rewards: the environment's episodes (turns, tools, its scores) are not "
+                      "part of this evaluation. Evaluate multi-turn behaviour with your environment itself.")
         # The eval loader is sequential: a batch's position and prompts name it (a repeated prompt gets a sample of
         # its own from the reference, as from the policy).
         key = (len(self._batches), inputs["queries"].cpu().numpy().tobytes(),

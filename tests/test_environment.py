@@ -313,3 +313,11 @@ def test_the_other_critics_train_on_an_environment(critic, tiny_models, tokenize
     assert first["val/ratio"] == 1.0 and "loss/value_avg" in first
     batch = trainer._schedule.batch
     assert torch.all(batch.returns[batch.response_mask & ~batch.policy_mask] == 0)
+
+
+def test_evaluate_with_an_environment_says_it_samples_single_turn(tiny_models, tokenizer, tmp_path):
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path, response_length=12),
+                           processing_class=tokenizer, reward_model=lambda p, c: [1.0] * len(c),
+                           train_dataset=dataset(), eval_dataset=dataset(), environment=TwoTurn())
+    with pytest.warns(UserWarning, match=r"the environment's episodes .* are not part of this evaluation"):
+        trainer.evaluate()
