@@ -15,7 +15,7 @@ STAMP := $(VENV)/.hf_ppo-installed
 CPU_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl))
 TORCH_REQ := $(if $(CPU_WHEEL),torch==$(subst +cpu,,$(word 2,$(subst -, ,$(notdir $(CPU_WHEEL))))),torch)
 
-.PHONY: install demo test test-fast test-floors test-latest bench bench-gpu clean
+.PHONY: install demo test test-fast test-floors test-latest bench bench-gpu bench-learning clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,9 @@ bench: $(STAMP)
 
 bench-gpu: $(STAMP)
 	$(PY) bench/bench.py --gpu
+
+bench-learning: $(STAMP)
+	$(PY) bench/learning.py
 
 clean:
 	rm -rf .venv .venv-floors outputs build *.egg-info
