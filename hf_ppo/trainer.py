@@ -52,7 +52,7 @@ class PPOLMTrainer(StepAPI, Trainer):
         reward_processing_class: the reward model's tokenizer when the reward model is passed as an object and its
             tokenizer differs from the policy's (loaded automatically when `reward_model` is an id/path).
         critic_model: with `critic='separate'`, an id / path / model to start the critic from instead of the reward
-            model (needed with a reward callable); with any critic, a folder `model.save_critic` wrote.
+            model (needed with a reward callable); with any critic, a `save_critic` folder / `push_critic_to_hub` repo.
         environment: an `environment.Environment`: multi-turn / tool-use episodes replace steps 1-3 of training.
         eval_reward_model: judges that only evaluation reads (`evaluation.py`), in the forms of `reward_model`.
     """
