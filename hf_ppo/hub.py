@@ -130,7 +130,7 @@ def save_merged_policy(adapter_dir, base_source, folder, tokenizer, init_kwargs:
     return Path(folder)
 
 
-# ---- What the trainer publishes ----------------------------------------------------------------------------------------
+# ---- What the trainer publishes --------------------------------------------------------------------------------------
 CARD_HYPERPARAMETERS = [
     "learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
     "num_mini_batches", "num_ppo_epochs", "response_length", "temperature", "top_k", "top_p", "kl_coef",
@@ -138,8 +138,8 @@ CARD_HYPERPARAMETERS = [
     "whiten_rewards", "missing_eos_penalty", "normalize_rewards", "policy_quantization", "ref_quantization",
     "reward_quantization", "seed", "loss_aggregation", "cliprange_low", "cliprange_high", "dual_clip",
     "advantage_estimator", "num_generations", "scale_rewards", "critic", "critic_warmup_steps", "critic_learning_rate",
-    "critic_updates_per_step", "lam_critic", "importance_sampling_level", "use_kl_loss", "use_bias_correction_kl",
-    "drop_uniform_groups",
+    "critic_updates_per_step", "lam_critic", "critic_hub_model_id", "importance_sampling_level", "use_kl_loss",
+    "use_bias_correction_kl", "drop_uniform_groups",
     "reward_weights", "normalize_each_reward", "overlong_buffer_length"]
 # How the card names each critic and each critic-free estimator.
 _CRITIC_TEXT = {"shared": "a value head on the policy's body", "separate": "a separate critic model",
@@ -647,7 +647,7 @@ def save_policy_folder(policy, output_dir: str, trained_adapter: str | None, tok
         os.remove(card)
 
 
-# ---- A critic, to a repo of its own -----------------------------------------------------------------------------------
+# ---- A critic, to a repo of its own ----------------------------------------------------------------------------------
 # What a critic push may upload, and replace on a later push: what `save_critic` writes, and the card.
 CRITIC_PATTERNS: list[str] = [CRITIC_STATE_FILE, CRITIC_INFO_FILE, "critic/adapter_config.json",
                               "critic/adapter_model.safetensors", *MODEL_PATTERNS, *TOKENIZER_PATTERNS, "README.md"]
@@ -668,7 +668,8 @@ def push_critic(model, repo_id: str, tokenizer=None, *, private: bool | None = N
     from huggingface_hub.utils import validate_repo_id
 
     validate_repo_id(repo_id)
-    retry = "Nothing local changed: fix the cause, then call push_critic_to_hub again; no retraining is needed."
+    retry = ("Nothing local changed: fix the cause, then push again (model.push_critic_to_hub, or trainer.push_to_hub "
+             "with critic_hub_model_id); no retraining is needed.")
     api = HfApi(token=token)
     try:
         existing = api.list_repo_files(repo_id)
@@ -691,6 +692,18 @@ def push_critic(model, repo_id: str, tokenizer=None, *, private: bool | None = N
         write_critic_card(folder, repo_id, info["critic"], base)
         return _upload(folder, repo_id, "the critic", CRITIC_PATTERNS, None, retry, token=token, private=private,
                        commit_message=commit_message, delete_patterns=CRITIC_PATTERNS)
+
+
+def push_run_critic(model, tokenizer, args, policy_repo_id: str, token: str | None):
+    """`trainer.push_to_hub()`'s critic push: to `args.critic_hub_model_id` when set (else nothing), never to the
+    policy's repo `policy_repo_id` (resolved, so a hub_model_id without a namespace is compared as pushed)."""
+    repo_id = args.critic_hub_model_id
+    if repo_id is None:
+        return None
+    if repo_id == policy_repo_id:
+        raise ValueError(f"critic_hub_model_id={repo_id!r} is the policy's repo: the critic goes to a repo of its own, "
+                         f"e.g. critic_hub_model_id='{repo_id}-critic'.")
+    return push_critic(model, repo_id, tokenizer, private=args.hub_private_repo, token=token)
 
 
 def write_critic_card(folder, repo_id: str, critic: str, base: str | None) -> Path:

@@ -385,6 +385,7 @@ class PPOLMTrainer(StepAPI, Trainer):
             return None
         names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
         self._write_card(folder, repo_id, merged=args.push_merged_model, dataset_names=names)
+        hub.push_run_critic(self.accelerator.unwrap_model(self.model), self.processing_class, args, repo_id, token)
         return hub.push_policy_folder(folder, repo_id, token=token,
                                       private=private if private is not None else args.hub_private_repo,
                                       revision=revision if revision is not None else args.hub_revision,

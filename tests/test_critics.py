@@ -183,7 +183,7 @@ def test_warmup_moves_only_the_critic(critic, tiny_models, tokenizer, tmp_path):
     assert trainer.state.log_history[1]["val/ratio"] == 1  # the policy is where it sampled from
 
 
-# ---- critic_updates_per_step: critic-only passes between the policy's ---------------------------------------------------
+# ---- critic_updates_per_step: critic-only passes between the policy's ------------------------------------------------
 def test_schedule_interleaves_critic_only_passes_and_keeps_them_on_resume():
     from hf_ppo.rollout import MinibatchSchedule, RolloutBatch
 
@@ -242,6 +242,23 @@ def test_resume_inside_a_critic_only_pass_is_exact(tiny_models, tokenizer, tmp_p
     assert logged(straight) == logged(resumed) and resumed.iteration == 2
 
 
+def test_critic_hub_model_id_is_a_repo_of_its_own(tmp_path, monkeypatch):
+    def config(**kw):
+        return PPOConfig(output_dir=str(tmp_path), report_to=[], **kw)
+
+    assert config(critic_hub_model_id="me/critic", hub_model_id="me/policy").critic_hub_model_id == "me/critic"
+    with pytest.raises(ValueError, match="must be a Hub repo id 'namespace/name'"):
+        config(critic_hub_model_id="critic")
+    with pytest.raises(ValueError, match="is hub_model_id, the policy's repo: .* critic_hub_model_id='me/x-critic'"):
+        config(critic_hub_model_id="me/x", hub_model_id="me/x")
+    with pytest.raises(ValueError, match="critic_hub_model_id is set, but advantage_estimator='grpo' has no critic"):
+        config(critic_hub_model_id="me/critic", advantage_estimator="grpo", num_generations=2)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    with pytest.raises(ValueError, match="critic_hub_model_id is set with FSDP"):
+        config(critic_hub_model_id="me/critic")
+
+
 def test_critic_updates_need_a_value_loss(tmp_path):
     with pytest.raises(ValueError, match="critic_updates_per_step=2 adds critic-only passes"):
         PPOConfig(output_dir=str(tmp_path), critic_updates_per_step=2, vf_coef=0.0, report_to=[])
@@ -249,7 +266,7 @@ def test_critic_updates_need_a_value_loss(tmp_path):
         PPOConfig(output_dir=str(tmp_path), critic_updates_per_step=0, report_to=[])
 
 
-# ---- a critic that outlives the run: save_critic, then critic_model=<that folder> -----------------------------------------
+# ---- a critic that outlives the run: save_critic, then critic_model=<that folder> ------------------------------------
 SAVED_CASES = {  # name: (critic, LoRA, reward, critic_model the first run starts from)
     "shared": ("shared", True, None, None),
     "separate_lora": ("separate", True, None, None),
@@ -304,7 +321,7 @@ def test_a_saved_critic_starts_the_next_run_with_its_values(case, tiny_models, t
                      else "reward_lora", critic_model=folder)
 
 
-# ---- a critic on the Hub: push_critic_to_hub, then critic_model=<repo id> ------------------------------------------------
+# ---- a critic on the Hub: push_critic_to_hub, then critic_model=<repo id> --------------------------------------------
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
 PUSHED_FILES = {  # beside README.md, critic.safetensors, hf_ppo_critic.json and .gitattributes
     "shared": set(),
@@ -463,7 +480,7 @@ def test_reward_lora_with_a_fully_fine_tuned_policy_uses_the_default_adapter(tin
     assert all(p.requires_grad for p in trainer.model.policy_model.parameters())
 
 
-# ---- TRL 1.12's value_model= ------------------------------------------------------------------------------------------
+# ---- TRL 1.12's value_model= -----------------------------------------------------------------------------------------
 def test_trls_value_model_is_the_separate_critic(tiny_models, tokenizer, tmp_path):
     """`PPOTrainer(value_model=...)` as TRL 1.12 code passes it (a model object or a path): hf_ppo's separate critic,
     started from that model's score head; conflicting settings stop at construction."""
