@@ -119,16 +119,23 @@ def _pushed_critic(repo_id: str, init_kwargs: dict | None) -> str | None:
     other repo, or an id the Hub (or, offline, the cache) does not know, is an ordinary critic source, whose loading
     reports what is wrong with it."""
     from huggingface_hub import hf_hub_download, snapshot_download
-    from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, HFValidationError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (HfHubHTTPError, HFValidationError, LocalEntryNotFoundError,
+                                        RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
 
     kwargs = {k: v for k, v in (init_kwargs or {}).items() if k in ("revision", "token", "cache_dir")}
     try:
         hf_hub_download(repo_id, CRITIC_INFO_FILE, **kwargs)
-    except (EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError, HFValidationError):
-        return None
-    except HfHubHTTPError as err:  # e.g. a server error: guessing "not a critic" could load a critic as a plain model
+    except (HfHubHTTPError, LocalEntryNotFoundError, HFValidationError) as err:
+        answer = err.__cause__ if isinstance(err, LocalEntryNotFoundError) else err  # the Hub's, if it answered
+        if not isinstance(answer, HfHubHTTPError) or isinstance(
+                answer, (RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)):
+            # No such file, repo or revision; not an id; or offline / unreachable with nothing cached (a critic
+            # loaded before would be): an ordinary source, whose loading says what is wrong with it.
+            return None
+        # Any other answer (a server error, a refused token): guessing "not a critic" could load a pushed critic as
+        # a plain model.
+        status = answer.response.status_code if answer.response is not None else type(answer).__name__
         raise OSError(f"Could not tell whether critic_model={repo_id!r} is a critic pushed with push_critic_to_hub: "
-                      f"the Hub answered {err.response.status_code if err.response is not None else err}. Retry, "
-                      "or pass a local folder save_critic wrote.") from err
+                      f"the Hub answered {status}. Retry; check the token (critic_model_init_kwargs={{'token': ...}} "
+                      "or `hf auth login`); or pass a local folder save_critic wrote.") from err
     return snapshot_download(repo_id, **kwargs)

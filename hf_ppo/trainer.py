@@ -367,9 +367,9 @@ class PPOLMTrainer(StepAPI, Trainer):
         """Save the policy to `output_dir`, render its model card and upload only the policy files.
 
         The LoRA adapter (or full weights) + tokenizer + card + training-curve plot; with `push_merged_model`, the
-        adapter merged into a full-precision base instead (in `output_dir/merged`). Never the value head, the
-        reference, the reward model, optimizer state or training_args.bin. A failed push raises `HubPushError`,
-        leaves the local output intact, and can be retried by calling `push_to_hub()` again.
+        adapter merged into a full-precision base instead (in `output_dir/merged`). Never the critic (it goes to
+        `critic_hub_model_id`, its own repo, when set), reference, reward model, optimizer state or training_args.bin.
+        A failed push raises `HubPushError`, leaves the local output intact, and is retried by `push_to_hub()`.
         """
         args = self.args
         token = token if token is not None else args.hub_token

@@ -372,7 +372,7 @@ def test_a_pushed_critic_starts_the_next_run_by_repo_id(case, tiny_models, token
         assert torch.equal(critic_values(first, tokenizer), critic_values(offline, tokenizer))
 
 
-def test_a_critic_repo_is_its_own(tiny_models, tokenizer, tmp_path, local_hub, hub_token):
+def test_a_critic_repo_is_its_own(tiny_models, tokenizer, tmp_path, local_hub, hub_token, monkeypatch):
     from huggingface_hub import HfApi
 
     # A policy (an ordinary model) on the Hub: a critic is never pushed into its repo; as critic_model, it is an
@@ -405,6 +405,18 @@ def test_a_critic_repo_is_its_own(tiny_models, tokenizer, tmp_path, local_hub, h
     again = make_trainer(tiny_models, tokenizer, tmp_path / "again", lora(), reward=count_e, critic="separate",
                          critic_model=repo_id)
     assert torch.equal(critic_values(with_lora, tokenizer), critic_values(again, tokenizer))
+
+    # A Hub that cannot say whether an id is a pushed critic: an error, not a guess (a pushed fully fine-tuned critic
+    # also reads as an ordinary sequence classifier, without its head's bias).
+    import huggingface_hub
+
+    from hf_ppo.critic_store import saved_critic
+
+    monkeypatch.setattr(huggingface_hub.utils._http.time, "sleep", lambda seconds: None)
+    local_hub.fail_with(500, path_contains=CRITIC_INFO_FILE)
+    with pytest.raises(OSError, match=f"Could not tell whether critic_model='{TEST_USER}/other' is a critic pushed "
+                                      "with push_critic_to_hub: the Hub answered 500"):
+        saved_critic(f"{TEST_USER}/other", "separate")
 
 
 # ---- construction errors --------------------------------------------------------------------------------------------
