@@ -27,7 +27,7 @@ import torch
 from transformers import TrainingArguments
 
 from .reporting import warn_user
-from .sharding import sharding_problems
+from .sharding import fsdp_version, sharding_problems
 
 Quantization = Literal["4bit", "8bit", "none"]
 
@@ -319,6 +319,12 @@ class PPOConfig(TrainingArguments):
         default=False,
         metadata={"help": "push_to_hub uploads the adapter merged into a de-quantized base instead of the adapter."},
     )
+    critic_hub_model_id: str | None = field(
+        default=None,
+        metadata={"help": "push_to_hub also pushes the critic (`model.push_critic_to_hub`) to this Hub repo, "
+                  "'namespace/name': a repo of its own, never hub_model_id's. A later run starts from it with "
+                  "critic_model=<this id>. None: the critic stays local."},
+    )
 
     # ---- TRL 1.12 PPOConfig names (migration): mapped onto the fields above in __post_init__ ---------------------
     total_episodes: int | None = field(
@@ -571,6 +577,7 @@ class PPOConfig(TrainingArguments):
             for name, is_set in (("critic_learning_rate", self.critic_learning_rate is not None),
                                  ("critic_warmup_steps", bool(self.critic_warmup_steps)),
                                  ("critic_updates_per_step", self.critic_updates_per_step != 1),
+                                 ("critic_hub_model_id", self.critic_hub_model_id is not None),
                                  ("lam_critic", self.lam_critic is not None),
                                  ("whiten_rewards", self.whiten_rewards is True)):
                 if is_set:
@@ -583,6 +590,7 @@ class PPOConfig(TrainingArguments):
                 if is_set:
                     errors.append(f"{name} is set, but it applies to critic='separate' only (critic={self.critic!r} "
                                   f"loads no critic model): unset {name}, or set critic='separate'.")
+        errors += critic_repo_problems(self.critic_hub_model_id, self.hub_model_id, fsdp_version(self))
         if self.scale_rewards is False and self.advantage_estimator != "grpo":
             errors.append(f"scale_rewards=False applies to advantage_estimator='grpo' only (Dr. GRPO), not "
                           f"{self.advantage_estimator!r}: unset it, or set advantage_estimator='grpo'.")
@@ -770,3 +778,27 @@ def _range_errors(config) -> list[str]:
         if not valid:
             errors.append(f"{name}={value!r}: must be {expected}.")
     return errors
+
+
+def critic_repo_problems(repo_id, policy_repo_id: str | None, fsdp: int | None) -> list[str]:
+    """Why `critic_hub_model_id=repo_id` cannot be pushed to (empty: it can): not a full 'namespace/name' id, the
+    policy's repo, or a critic sharded by FSDP (`push_critic_to_hub` reads it on one process)."""
+    from huggingface_hub.utils import validate_repo_id
+
+    if repo_id is None:
+        return []
+    try:
+        if not isinstance(repo_id, str) or "/" not in repo_id:
+            raise ValueError("no namespace")
+        validate_repo_id(repo_id)
+    except ValueError:
+        return [f"critic_hub_model_id={repo_id!r}: must be a Hub repo id 'namespace/name' (the critic's own repo), "
+                "e.g. 'your-user/my-run-critic'."]
+    problems = []
+    if repo_id == policy_repo_id:
+        problems.append(f"critic_hub_model_id={repo_id!r} is hub_model_id, the policy's repo: the critic goes to a "
+                        f"repo of its own, e.g. critic_hub_model_id='{repo_id}-critic'.")
+    if fsdp is not None:
+        problems.append("critic_hub_model_id is set with FSDP, which shards the critic across processes while the "
+                        "critic push reads it on one: unset critic_hub_model_id (the critic is in the checkpoints).")
+    return problems

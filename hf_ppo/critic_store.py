@@ -8,6 +8,7 @@ read: a fully fine-tuned `"separate"` critic is also a one-label sequence-classi
 weights; the value head is its score layer, whose bias, which a score layer lacks, is in critic.safetensors); a LoRA
 critic is also a PEFT adapter folder (in the subfolder `critic/`, PEFT's layout for an adapter named "critic").
 hf_ppo reloads from critic.safetensors, so the values are bitwise the saved critic's.
+`push_critic_to_hub` (hub.py) pushes such a folder to a Hub repo of its own; `saved_critic` reads that repo back by id.
 """
 
 from __future__ import annotations
@@ -88,20 +89,53 @@ class SavedCritic:
     build_from: str | None
 
 
-def saved_critic(critic_model, critic: str) -> SavedCritic | None:
-    """The saved critic when `critic_model` is a folder `save_critic` wrote, else None (an ordinary critic source).
-    Its kind must be this run's `critic`; an error says which to set."""
-    if not isinstance(critic_model, (str, os.PathLike)) or not os.path.isfile(
-            os.path.join(critic_model, CRITIC_INFO_FILE)):
+def saved_critic(critic_model, critic: str, init_kwargs: dict | None = None) -> SavedCritic | None:
+    """The saved critic when `critic_model` is a folder `save_critic` wrote, or the id of a Hub repo
+    `push_critic_to_hub` pushed (downloaded; from the cache with HF_HUB_OFFLINE=1), else None (an ordinary critic
+    source). `init_kwargs` (`critic_model_init_kwargs`): its `revision`, `token` and `cache_dir` apply to the
+    download. Its kind must be this run's `critic`; an error says which to set."""
+    if not isinstance(critic_model, (str, os.PathLike)):
         return None
     folder = os.fspath(critic_model)
+    if not os.path.isfile(os.path.join(folder, CRITIC_INFO_FILE)):
+        folder = _pushed_critic(folder, init_kwargs) if not os.path.exists(folder) else None
+        if folder is None:
+            return None
     with open(os.path.join(folder, CRITIC_INFO_FILE)) as f:
         info = json.load(f)
     if info.get("critic") != critic:
-        raise ValueError(f"critic_model={folder!r} holds a critic={info.get('critic')!r} critic, but this run has "
-                         f"critic={critic!r}: set PPOConfig(critic={info.get('critic')!r}) to continue from it.")
+        raise ValueError(f"critic_model={os.fspath(critic_model)!r} holds a critic={info.get('critic')!r} critic, but "
+                         f"this run has critic={critic!r}: set PPOConfig(critic={info.get('critic')!r}) to continue "
+                         "from it.")
     state = load_file(os.path.join(folder, CRITIC_STATE_FILE))
     if critic != "separate":  # the shared head and reward_lora are rebuilt on the policy / the reward model
         return SavedCritic(critic, state, None)
     full = os.path.isfile(os.path.join(folder, "config.json"))
     return SavedCritic(critic, state, folder if full else info.get("base"))
+
+
+def _pushed_critic(repo_id: str, init_kwargs: dict | None) -> str | None:
+    """The local snapshot of the Hub repo `repo_id` when it holds a critic (its `hf_ppo_critic.json`), else None: any
+    other repo, or an id the Hub (or, offline, the cache) does not know, is an ordinary critic source, whose loading
+    reports what is wrong with it."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import (HfHubHTTPError, HFValidationError, LocalEntryNotFoundError,
+                                        RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+
+    kwargs = {k: v for k, v in (init_kwargs or {}).items() if k in ("revision", "token", "cache_dir")}
+    try:
+        hf_hub_download(repo_id, CRITIC_INFO_FILE, **kwargs)
+    except (HfHubHTTPError, LocalEntryNotFoundError, HFValidationError) as err:
+        answer = err.__cause__ if isinstance(err, LocalEntryNotFoundError) else err  # the Hub's, if it answered
+        if not isinstance(answer, HfHubHTTPError) or isinstance(
+                answer, (RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)):
+            # No such file, repo or revision; not an id; or offline / unreachable with nothing cached (a critic
+            # loaded before would be): an ordinary source, whose loading says what is wrong with it.
+            return None
+        # Any other answer (a server error, a refused token): guessing "not a critic" could load a pushed critic as
+        # a plain model.
+        status = answer.response.status_code if answer.response is not None else type(answer).__name__
+        raise OSError(f"Could not tell whether critic_model={repo_id!r} is a critic pushed with push_critic_to_hub: "
+                      f"the Hub answered {status}. Retry; check the token (critic_model_init_kwargs={{'token': ...}} "
+                      "or `hf auth login`); or pass a local folder save_critic wrote.") from err
+    return snapshot_download(repo_id, **kwargs)

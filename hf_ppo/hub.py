@@ -1,9 +1,10 @@
 """Publishing the trained policy: which files leave the machine, the model card, and the push itself.
 
-Only the policy is published: the LoRA adapter (or the merged model), its tokenizer, the card and its plot.
-The value head, the reference and reward models, optimizer/scheduler/RNG state and `training_args.bin` stay
-local, enforced twice: an allow-list of policy file names and a deny-list for everything training leaves
+Only the policy is published to the policy's repo: the LoRA adapter (or the merged model), its tokenizer, the card
+and its plot. The value head, the reference and reward models, optimizer/scheduler/RNG state and `training_args.bin`
+stay local, enforced twice: an allow-list of policy file names and a deny-list for everything training leaves
 beside them. A push only reads the output folder, so a failed push loses nothing and can simply be retried.
+A critic is published only on request, to a repo of its own (`push_critic`): what `save_critic` writes, and its card.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from hf_ppo import gguf
 from hf_ppo.adapters import save_policy
+from hf_ppo.critic_store import CRITIC_INFO_FILE, CRITIC_STATE_FILE, save_critic
 from hf_ppo.evaluation import final_evaluation
 from hf_ppo.plots import metric_series, plot_training_curves
 
@@ -24,13 +26,13 @@ logger = logging.getLogger(__name__)
 
 # Top-level files of a saved policy that may be published (fnmatch patterns, matched against the path in the
 # folder). Anything in a subfolder never matches: checkpoints and saved reference/reward models live there.
-POLICY_ALLOW_PATTERNS: list[str] = [
-    "adapter_config.json",
-    "adapter_model.safetensors",
+# A model folder's weights, as `save_pretrained` writes them (a policy's, or a fully fine-tuned critic's).
+MODEL_PATTERNS: list[str] = [
     "config.json",
-    "generation_config.json",
     "model*.safetensors",
     "model*.safetensors.index.json",
+]
+TOKENIZER_PATTERNS: list[str] = [
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -42,6 +44,13 @@ POLICY_ALLOW_PATTERNS: list[str] = [
     "merges.txt",
     "chat_template.jinja",
     "chat_template.json",
+]
+POLICY_ALLOW_PATTERNS: list[str] = [
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    "generation_config.json",
+    *MODEL_PATTERNS,
+    *TOKENIZER_PATTERNS,
     "README.md",
     "*.png",
 ]
@@ -81,7 +90,7 @@ _SECRET_KEY = re.compile(r"token|secret|password|api_key|credential", re.IGNOREC
 
 
 class HubPushError(RuntimeError):
-    """A push of the policy to the Hub failed; the local output folder is intact and the push can be retried."""
+    """A push to the Hub (of the policy, or of a critic) failed; nothing local changed and the push can be retried."""
 
 
 # ---- Which files are the policy ------------------------------------------------------------------------------------
@@ -121,7 +130,7 @@ def save_merged_policy(adapter_dir, base_source, folder, tokenizer, init_kwargs:
     return Path(folder)
 
 
-# ---- What the trainer publishes ----------------------------------------------------------------------------------------
+# ---- What the trainer publishes --------------------------------------------------------------------------------------
 CARD_HYPERPARAMETERS = [
     "learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
     "num_mini_batches", "num_ppo_epochs", "response_length", "temperature", "top_k", "top_p", "kl_coef",
@@ -129,8 +138,8 @@ CARD_HYPERPARAMETERS = [
     "whiten_rewards", "missing_eos_penalty", "normalize_rewards", "policy_quantization", "ref_quantization",
     "reward_quantization", "seed", "loss_aggregation", "cliprange_low", "cliprange_high", "dual_clip",
     "advantage_estimator", "num_generations", "scale_rewards", "critic", "critic_warmup_steps", "critic_learning_rate",
-    "critic_updates_per_step", "lam_critic", "importance_sampling_level", "use_kl_loss", "use_bias_correction_kl",
-    "drop_uniform_groups",
+    "critic_updates_per_step", "lam_critic", "critic_hub_model_id", "importance_sampling_level", "use_kl_loss",
+    "use_bias_correction_kl", "drop_uniform_groups",
     "reward_weights", "normalize_each_reward", "overlong_buffer_length"]
 # How the card names each critic and each critic-free estimator.
 _CRITIC_TEXT = {"shared": "a value head on the policy's body", "separate": "a separate critic model",
@@ -536,7 +545,6 @@ def push_policy_folder(
     Raises `ValueError` before any request when `folder` holds no policy weights or when `create_pr` is combined
     with a branch; `HubPushError` when the Hub cannot be reached or refuses the push. `folder` is only read.
     """
-    from huggingface_hub import HfApi
     from huggingface_hub.utils import filter_repo_objects
 
     folder = Path(folder)
@@ -553,6 +561,19 @@ def push_policy_folder(
             f"hub_revision={revision!r}: set one of them."
         )
     _warn_on_local_base_path(folder)
+    return _upload(folder, repo_id, "the policy", POLICY_ALLOW_PATTERNS, list(POLICY_IGNORE_PATTERNS),
+                   f"The local output in {folder} is intact (a push only reads it): fix the cause, then retry with "
+                   "trainer.push_to_hub(); no retraining is needed.",
+                   token=token, private=private, branch=branch, create_pr=create_pr, commit_message=commit_message)
+
+
+def _upload(folder, repo_id: str, what: str, allow_patterns: list[str], ignore_patterns: list[str] | None,
+            retry: str, *, token: str | None, private: bool | None, branch: str | None = None,
+            create_pr: bool = False, commit_message: str, delete_patterns: list[str] | None = None):
+    """Create `repo_id` if needed (and branch `branch` from main), then commit the allowed files of `folder` in one
+    commit. Any failure is a `HubPushError` naming `what` was pushed, the cause, and `retry` (what to do next)."""
+    from huggingface_hub import HfApi
+
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
@@ -561,18 +582,20 @@ def push_policy_folder(
         return api.upload_folder(
             repo_id=repo_id,
             folder_path=folder,
-            allow_patterns=POLICY_ALLOW_PATTERNS,
-            ignore_patterns=list(POLICY_IGNORE_PATTERNS),  # a copy: upload_folder appends its defaults in place
+            allow_patterns=allow_patterns,
+            ignore_patterns=ignore_patterns,  # a fresh list: upload_folder appends its defaults in place
+            delete_patterns=delete_patterns,
             revision=branch,
             create_pr=create_pr,
             commit_message=commit_message,
         )
     except Exception as err:
-        raise HubPushError(
-            f"Could not push the policy to the Hub repo {repo_id!r}: {_describe_failure(err, api.endpoint)}. "
-            f"The local output in {folder} is intact (a push only reads it): fix the cause, then retry with "
-            "trainer.push_to_hub(); no retraining is needed."
-        ) from err
+        raise _push_error(what, repo_id, err, api.endpoint, retry) from err
+
+
+def _push_error(what: str, repo_id: str, err: Exception, endpoint: str, retry: str) -> HubPushError:
+    return HubPushError(f"Could not push {what} to the Hub repo {repo_id!r}: {_describe_failure(err, endpoint)}. "
+                        f"{retry}")
 
 
 def _warn_on_local_base_path(folder: Path) -> None:
@@ -622,3 +645,113 @@ def save_policy_folder(policy, output_dir: str, trained_adapter: str | None, tok
     make_base_path_absolute(output_dir)
     if not had_card and os.path.isfile(card):
         os.remove(card)
+
+
+# ---- A critic, to a repo of its own ----------------------------------------------------------------------------------
+# What a critic push may upload, and replace on a later push: what `save_critic` writes, and the card.
+CRITIC_PATTERNS: list[str] = [CRITIC_STATE_FILE, CRITIC_INFO_FILE, "critic/adapter_config.json",
+                              "critic/adapter_model.safetensors", *MODEL_PATTERNS, *TOKENIZER_PATTERNS, "README.md"]
+
+
+def push_critic(model, repo_id: str, tokenizer=None, *, private: bool | None = None, token: str | None = None,
+                commit_message: str = "Upload hf_ppo critic") -> str:
+    """Push the critic of `model` to the Hub model repo `repo_id`, a repo of its own: the files `save_critic` writes
+    (written to a temporary folder) and a card saying which critic it is, its base and how to load it
+    (`critic_model="<repo_id>"`). No policy weights: `save_critic` writes none. A repo holding files that no critic
+    push wrote (a policy's) is refused before anything is uploaded; a critic pushed there before is replaced (its
+    files that the new critic lacks are deleted; files the user added stay). Returns the commit url (a
+    `huggingface_hub.CommitInfo`); a failed push raises `HubPushError`."""
+    import tempfile
+
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    validate_repo_id(repo_id)
+    retry = ("Nothing local changed: fix the cause, then push again (model.push_critic_to_hub, or trainer.push_to_hub "
+             "with critic_hub_model_id); no retraining is needed.")
+    api = HfApi(token=token)
+    try:
+        existing = api.list_repo_files(repo_id)
+    except RepositoryNotFoundError:
+        existing = []  # a new repo (or one this token cannot see: creating it says which)
+    except Exception as err:
+        raise _push_error("the critic", repo_id, err, api.endpoint, retry) from err
+    foreign = [f for f in existing if f != ".gitattributes"]
+    if foreign and CRITIC_INFO_FILE not in existing:
+        raise ValueError(f"The Hub repo {repo_id!r} holds files no critic push wrote ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}): a critic never goes into a policy's repo. Push the "
+                         f"critic to a repo of its own, e.g. '{repo_id}-critic'.")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = save_critic(model, os.path.join(tmp, "critic"), tokenizer)
+        info = json.loads(Path(folder, CRITIC_INFO_FILE).read_text())
+        base = info["base"] if info["base"] is not None else getattr(model.config, "_name_or_path", None)
+        if base and _hub_id(base) is None:
+            logger.warning("The critic's base model is a local path (%s): the pushed critic loads only where that "
+                           "path exists. Start the critic from a Hub id to make it loadable anywhere.", base)
+        write_critic_card(folder, repo_id, info["critic"], base)
+        return _upload(folder, repo_id, "the critic", CRITIC_PATTERNS, None, retry, token=token, private=private,
+                       commit_message=commit_message, delete_patterns=CRITIC_PATTERNS)
+
+
+def push_run_critic(model, tokenizer, args, policy_repo_id: str, token: str | None):
+    """`trainer.push_to_hub()`'s critic push: to `args.critic_hub_model_id` when set (else nothing), never to the
+    policy's repo `policy_repo_id` (resolved, so a hub_model_id without a namespace is compared as pushed)."""
+    repo_id = args.critic_hub_model_id
+    if repo_id is None:
+        return None
+    if repo_id == policy_repo_id:
+        raise ValueError(f"critic_hub_model_id={repo_id!r} is the policy's repo: the critic goes to a repo of its own, "
+                         f"e.g. critic_hub_model_id='{repo_id}-critic'.")
+    return push_critic(model, repo_id, tokenizer, private=args.hub_private_repo, token=token)
+
+
+def write_critic_card(folder, repo_id: str, critic: str, base: str | None) -> Path:
+    """The critic's README.md: an hf_ppo critic, which `critic` kind, its base model, how to load it."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    full = critic == "separate" and Path(folder, "config.json").is_file()
+    lora = critic != "shared" and not full
+    base_id = _hub_id(base)
+    card_data = ModelCardData(base_model=base_id, library_name="peft" if lora else None,
+                              tags=[*CARD_TAGS, "critic", "value-model"], model_name=repo_id.split("/")[-1])
+    holds = {"shared": "a value head (`hidden -> 1`) that reads the hidden states of the policy it was trained beside",
+             "separate": "a LoRA adapter (in `critic/`, PEFT's layout) + value head on its base" if lora else
+             "a fully fine-tuned critic, also a one-label `AutoModelForSequenceClassification` (the value head is its "
+             "score layer; the head's bias is only in `critic.safetensors`)",
+             "reward_lora": "a LoRA adapter (in `critic/`, PEFT's layout) + value head on the reward model's base"}
+    carries = {"shared": "The value head reads the policy's body: its values carry over only to the same policy "
+                         "weights (the policy it was trained beside, its adapter included).",
+               "separate": "It carries over to any policy with the same tokenizer.",
+               "reward_lora": "Pass the same reward model: the adapter sits on it, and the reward scores with the "
+                              "adapter disabled."}
+    content = f"""---
+{card_data.to_yaml()}
+---
+
+# {repo_id.split("/")[-1]}
+
+The critic (value model) of a PPO run trained with hf_ppo: `critic="{critic}"`, {_CRITIC_TEXT[critic]}. It holds
+{holds[critic]}. It is not a policy: it predicts a value per response token for GAE, and generates nothing.
+
+- Base model: {_model_text(base_id, base)}
+- Files: `{CRITIC_STATE_FILE}` (the critic's state, exactly as a checkpoint stores it) and `{CRITIC_INFO_FILE}` (which
+  critic it is, and its base)
+
+## How to load
+
+Start a new run's critic from it, with the same `critic` setting:
+
+```python
+from hf_ppo import PPOConfig, PPOLMTrainer
+
+args = PPOConfig(..., critic="{critic}")
+trainer = PPOLMTrainer(model=..., args=args, reward_model=..., critic_model="{repo_id}")
+```
+
+hf_ppo rebuilds the critic as the saved run did and loads `{CRITIC_STATE_FILE}` into it: its values are bitwise the
+pushed critic's. {carries[critic]}
+"""
+    path = Path(folder) / "README.md"
+    ModelCard(content).save(path)  # parsing it here fails fast on broken YAML metadata
+    return path

@@ -1025,7 +1025,7 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
     if ref is not None:
         check_vocab(ref, tokenizer, "reference model", REFERENCE_VOCAB_FIX)
     reward, reward_processing_class = load_rewards(reward_model, reward_processing_class, args, dtype, device)
-    saved = saved_critic(critic_model, args.critic)  # a critic `save_critic` wrote: rebuilt, then its state loaded
+    saved = saved_critic(critic_model, args.critic, args.critic_model_init_kwargs)  # rebuilt, then its state loaded
     critic_model = saved.build_from if saved is not None else critic_model
     critic = load_critic(args.critic, critic_model, *critic_reward(args.critic, reward_model, reward,
                                                                    reward_processing_class, critic_model),

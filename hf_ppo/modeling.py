@@ -180,6 +180,15 @@ class _ActorCritic(_GradientCheckpointingNames, nn.Module):
 
         return save_critic(self, folder, tokenizer)
 
+    def push_critic_to_hub(self, repo_id: str, tokenizer=None, *, private: bool | None = None,
+                           token: str | None = None, commit_message: str = "Upload hf_ppo critic"):
+        """Push the critic, as `save_critic` writes it, with a model card, to the Hub repo `repo_id` (a repo of its
+        own; never the policy's): a later run starts from it with `PPOLMTrainer(critic_model=repo_id)`
+        (`hub.push_critic`). Returns the commit info."""
+        from .hub import push_critic  # hub reads critic_store, which reads this module
+
+        return push_critic(self, repo_id, tokenizer, private=private, token=token, commit_message=commit_message)
+
     @property
     def _no_split_modules(self) -> list[str]:
         """The decoder-layer classes of the models inside (policy, critic), as transformers names them: accelerate's

@@ -52,7 +52,7 @@ class PPOLMTrainer(StepAPI, Trainer):
         reward_processing_class: the reward model's tokenizer when the reward model is passed as an object and its
             tokenizer differs from the policy's (loaded automatically when `reward_model` is an id/path).
         critic_model: with `critic='separate'`, an id / path / model to start the critic from instead of the reward
-            model (needed with a reward callable); with any critic, a folder `model.save_critic` wrote.
+            model (needed with a reward callable); with any critic, a `save_critic` folder / `push_critic_to_hub` repo.
         environment: an `environment.Environment`: multi-turn / tool-use episodes replace steps 1-3 of training.
         eval_reward_model: judges that only evaluation reads (`evaluation.py`), in the forms of `reward_model`.
     """
@@ -367,9 +367,9 @@ class PPOLMTrainer(StepAPI, Trainer):
         """Save the policy to `output_dir`, render its model card and upload only the policy files.
 
         The LoRA adapter (or full weights) + tokenizer + card + training-curve plot; with `push_merged_model`, the
-        adapter merged into a full-precision base instead (in `output_dir/merged`). Never the value head, the
-        reference, the reward model, optimizer state or training_args.bin. A failed push raises `HubPushError`,
-        leaves the local output intact, and can be retried by calling `push_to_hub()` again.
+        adapter merged into a full-precision base instead (in `output_dir/merged`). Never the critic (it goes to
+        `critic_hub_model_id`, its own repo, when set), reference, reward model, optimizer state or training_args.bin.
+        A failed push raises `HubPushError`, leaves the local output intact, and is retried by `push_to_hub()`.
         """
         args = self.args
         token = token if token is not None else args.hub_token
@@ -385,6 +385,7 @@ class PPOLMTrainer(StepAPI, Trainer):
             return None
         names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
         self._write_card(folder, repo_id, merged=args.push_merged_model, dataset_names=names)
+        hub.push_run_critic(self.accelerator.unwrap_model(self.model), self.processing_class, args, repo_id, token)
         return hub.push_policy_folder(folder, repo_id, token=token,
                                       private=private if private is not None else args.hub_private_repo,
                                       revision=revision if revision is not None else args.hub_revision,

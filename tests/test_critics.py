@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from hf_ppo import PPOConfig, PPOLMTrainer
+from hf_ppo.critic_store import CRITIC_INFO_FILE
 from hf_ppo.hub import POLICY_IGNORE_PATTERNS
 from hf_ppo.modeling import PolicyAndCritic, ValueModel
 from hf_ppo.rewards import reward_model_scores
@@ -182,7 +183,7 @@ def test_warmup_moves_only_the_critic(critic, tiny_models, tokenizer, tmp_path):
     assert trainer.state.log_history[1]["val/ratio"] == 1  # the policy is where it sampled from
 
 
-# ---- critic_updates_per_step: critic-only passes between the policy's ---------------------------------------------------
+# ---- critic_updates_per_step: critic-only passes between the policy's ------------------------------------------------
 def test_schedule_interleaves_critic_only_passes_and_keeps_them_on_resume():
     from hf_ppo.rollout import MinibatchSchedule, RolloutBatch
 
@@ -241,6 +242,23 @@ def test_resume_inside_a_critic_only_pass_is_exact(tiny_models, tokenizer, tmp_p
     assert logged(straight) == logged(resumed) and resumed.iteration == 2
 
 
+def test_critic_hub_model_id_is_a_repo_of_its_own(tmp_path, monkeypatch):
+    def config(**kw):
+        return PPOConfig(output_dir=str(tmp_path), report_to=[], **kw)
+
+    assert config(critic_hub_model_id="me/critic", hub_model_id="me/policy").critic_hub_model_id == "me/critic"
+    with pytest.raises(ValueError, match="must be a Hub repo id 'namespace/name'"):
+        config(critic_hub_model_id="critic")
+    with pytest.raises(ValueError, match="is hub_model_id, the policy's repo: .* critic_hub_model_id='me/x-critic'"):
+        config(critic_hub_model_id="me/x", hub_model_id="me/x")
+    with pytest.raises(ValueError, match="critic_hub_model_id is set, but advantage_estimator='grpo' has no critic"):
+        config(critic_hub_model_id="me/critic", advantage_estimator="grpo", num_generations=2)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    with pytest.raises(ValueError, match="critic_hub_model_id is set with FSDP"):
+        config(critic_hub_model_id="me/critic")
+
+
 def test_critic_updates_need_a_value_loss(tmp_path):
     with pytest.raises(ValueError, match="critic_updates_per_step=2 adds critic-only passes"):
         PPOConfig(output_dir=str(tmp_path), critic_updates_per_step=2, vf_coef=0.0, report_to=[])
@@ -248,7 +266,7 @@ def test_critic_updates_need_a_value_loss(tmp_path):
         PPOConfig(output_dir=str(tmp_path), critic_updates_per_step=0, report_to=[])
 
 
-# ---- a critic that outlives the run: save_critic, then critic_model=<that folder> -----------------------------------------
+# ---- a critic that outlives the run: save_critic, then critic_model=<that folder> ------------------------------------
 SAVED_CASES = {  # name: (critic, LoRA, reward, critic_model the first run starts from)
     "shared": ("shared", True, None, None),
     "separate_lora": ("separate", True, None, None),
@@ -301,6 +319,104 @@ def test_a_saved_critic_starts_the_next_run_with_its_values(case, tiny_models, t
     with pytest.raises(ValueError, match=f"holds a critic='{critic}' critic, but this run has critic="):
         make_trainer(tiny_models, tokenizer, tmp_path / "third", lora(), critic="shared" if critic != "shared"
                      else "reward_lora", critic_model=folder)
+
+
+# ---- a critic on the Hub: push_critic_to_hub, then critic_model=<repo id> --------------------------------------------
+TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+PUSHED_FILES = {  # beside README.md, critic.safetensors, hf_ppo_critic.json and .gitattributes
+    "shared": set(),
+    "separate_lora": {"critic/adapter_config.json", "critic/adapter_model.safetensors"},
+    "separate_full": {"config.json", "model.safetensors"} | TOKENIZER_FILES,
+    "reward_lora": {"critic/adapter_config.json", "critic/adapter_model.safetensors"},
+}
+
+
+@pytest.mark.parametrize("case", list(SAVED_CASES))
+def test_a_pushed_critic_starts_the_next_run_by_repo_id(case, tiny_models, tokenizer, tmp_path, local_hub, hub_token,
+                                                        monkeypatch):
+    critic, with_lora, reward, start = SAVED_CASES[case]
+    start = tiny_models[start] if start else None
+    first = make_trainer(tiny_models, tokenizer, tmp_path / "first", lora() if with_lora else None, reward=reward,
+                         critic=critic, critic_model=start, max_steps=2)
+    first.train()  # one iteration: the critic has moved from its start
+    repo_id = f"{TEST_USER}/tiny-critic-{case}"
+    first.model.push_critic_to_hub(repo_id, first.processing_class, token=hub_token)
+
+    pushed = local_hub.files(repo_id)
+    assert set(pushed) == {".gitattributes", "README.md", "critic.safetensors", "hf_ppo_critic.json",
+                           *PUSHED_FILES[case]}  # no policy file: no top-level adapter, no policy weights
+    assert load_file(first.model.save_critic(str(tmp_path / "saved"), first.processing_class)
+                     + "/critic.safetensors").keys() == critic_state(first).keys()
+    card = pushed["README.md"].decode()
+    assert "hf_ppo" in card and f'critic="{critic}"' in card and f'critic_model="{repo_id}"' in card
+    assert str(tmp_path) not in card and hub_token not in card
+
+    second = make_trainer(tiny_models, tokenizer, tmp_path / "second", lora() if with_lora else None, reward=reward,
+                          critic=critic, critic_model=repo_id)
+    if case == "shared":  # the head reads the policy's body: its values are the pushed ones on the trained policy
+        second.model.policy_model.load_state_dict(first.model.policy_model.state_dict())
+    saved, loaded = critic_state(first), second.model.critic_state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
+    assert torch.equal(critic_values(first, tokenizer), critic_values(second, tokenizer))
+    with pytest.raises(ValueError, match=f"holds a critic='{critic}' critic, but this run has critic="):
+        make_trainer(tiny_models, tokenizer, tmp_path / "third", lora(), critic="shared" if critic != "shared"
+                     else "reward_lora", critic_model=repo_id)
+    if case == "separate_lora":  # offline (HF_HUB_OFFLINE=1), the cached critic loads with no request
+        import huggingface_hub
+
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        asked = len(local_hub.requests)
+        offline = make_trainer(tiny_models, tokenizer, tmp_path / "offline", lora(), critic=critic,
+                               critic_model=repo_id)
+        assert len(local_hub.requests) == asked
+        assert torch.equal(critic_values(first, tokenizer), critic_values(offline, tokenizer))
+
+
+def test_a_critic_repo_is_its_own(tiny_models, tokenizer, tmp_path, local_hub, hub_token, monkeypatch):
+    from huggingface_hub import HfApi
+
+    # A policy (an ordinary model) on the Hub: a critic is never pushed into its repo; as critic_model, it is an
+    # ordinary critic source (a causal LM: the value head starts at zero).
+    api = HfApi(token=hub_token)
+    policy_repo = f"{TEST_USER}/tiny-policy"
+    api.create_repo(policy_repo)
+    api.upload_folder(repo_id=policy_repo, folder_path=tiny_models["policy"])
+    full = make_trainer(tiny_models, tokenizer, tmp_path / "full", reward=count_e, critic="separate",
+                        critic_model=policy_repo)
+    assert torch.count_nonzero(full.model.critic.head.weight) == 0
+    with pytest.raises(ValueError, match="holds files no critic push wrote .* a repo of its own"):
+        full.model.push_critic_to_hub(policy_repo, full.processing_class, token=hub_token)
+    assert CRITIC_INFO_FILE not in local_hub.files(policy_repo)
+
+    # A critic pushed again replaces the one there: the fully fine-tuned critic's model files go, so the LoRA critic
+    # pushed after it loads as a LoRA critic.
+    repo_id = f"{TEST_USER}/tiny-critic"
+    full.model.push_critic_to_hub(repo_id, full.processing_class, token=hub_token)
+    assert "config.json" in local_hub.files(repo_id)
+    api.upload_file(path_or_fileobj=b"notes", path_in_repo="NOTES.md", repo_id=repo_id)  # the user's own file
+    with_lora = make_trainer(tiny_models, tokenizer, tmp_path / "lora", lora(), reward=count_e, critic="separate",
+                             critic_model=tiny_models["policy"])
+    with torch.no_grad():
+        for p in with_lora.model.critic_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    with_lora.model.push_critic_to_hub(repo_id, token=hub_token)
+    assert set(local_hub.files(repo_id)) == {".gitattributes", "README.md", "critic.safetensors", "hf_ppo_critic.json",
+                                             "NOTES.md", *PUSHED_FILES["separate_lora"]}
+    again = make_trainer(tiny_models, tokenizer, tmp_path / "again", lora(), reward=count_e, critic="separate",
+                         critic_model=repo_id)
+    assert torch.equal(critic_values(with_lora, tokenizer), critic_values(again, tokenizer))
+
+    # A Hub that cannot say whether an id is a pushed critic: an error, not a guess (a pushed fully fine-tuned critic
+    # also reads as an ordinary sequence classifier, without its head's bias).
+    import huggingface_hub
+
+    from hf_ppo.critic_store import saved_critic
+
+    monkeypatch.setattr(huggingface_hub.utils._http.time, "sleep", lambda seconds: None)
+    local_hub.fail_with(500, path_contains=CRITIC_INFO_FILE)
+    with pytest.raises(OSError, match=f"Could not tell whether critic_model='{TEST_USER}/other' is a critic pushed "
+                                      "with push_critic_to_hub: the Hub answered 500"):
+        saved_critic(f"{TEST_USER}/other", "separate")
 
 
 # ---- construction errors --------------------------------------------------------------------------------------------
@@ -376,7 +492,7 @@ def test_reward_lora_with_a_fully_fine_tuned_policy_uses_the_default_adapter(tin
     assert all(p.requires_grad for p in trainer.model.policy_model.parameters())
 
 
-# ---- TRL 1.12's value_model= ------------------------------------------------------------------------------------------
+# ---- TRL 1.12's value_model= -----------------------------------------------------------------------------------------
 def test_trls_value_model_is_the_separate_critic(tiny_models, tokenizer, tmp_path):
     """`PPOTrainer(value_model=...)` as TRL 1.12 code passes it (a model object or a path): hf_ppo's separate critic,
     started from that model's score head; conflicting settings stop at construction."""

@@ -561,6 +561,7 @@ BAD_VALUES = {
     "lam_critic": 1.5, "critic_updates_per_step": 0,
     "importance_sampling_level": "group", "use_kl_loss": "yes", "use_bias_correction_kl": 1,
     "drop_uniform_groups": "on", "watch_collapse": "true", "stop_on_collapse": "false", "collapse_kl_threshold": 0.0,
+    "critic_hub_model_id": "no-namespace",
 }
 # Reviewed: fields for which every value of their type is legal (a name, a label).
 ACCEPTS_ANY_VALUE = {

@@ -67,6 +67,34 @@ def test_train_push_load_generate(tiny_models, tokenizer, prompts_dataset, lora_
             torch.testing.assert_close(value, dict(trained.named_parameters())[name])
 
 
+def test_push_to_hub_pushes_the_critic_to_its_own_repo(tiny_models, tokenizer, prompts_dataset, lora_config, tmp_path,
+                                                        local_hub, hub_token):
+    from hf_ppo.critic_store import CRITIC_INFO_FILE, CRITIC_STATE_FILE
+    from hf_ppo.hub import push_run_critic
+
+    repo_id, critic_repo = f"{TEST_USER}/tiny-ppo", f"{TEST_USER}/tiny-ppo-critic"
+    args = make_args(tmp_path, max_steps=4, hub_model_id=repo_id, hub_token=hub_token, critic="separate",
+                     critic_hub_model_id=critic_repo)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer,
+                           reward_model=tiny_models["reward"], train_dataset=prompts_dataset, peft_config=lora_config)
+    trainer.train()
+    trainer.push_to_hub()
+    policy_files, critic_files = set(local_hub.files(repo_id)), set(local_hub.files(critic_repo))
+    assert "adapter_model.safetensors" in policy_files and not {CRITIC_STATE_FILE, CRITIC_INFO_FILE} & policy_files
+    assert {CRITIC_STATE_FILE, CRITIC_INFO_FILE, "README.md"} <= critic_files
+    assert "adapter_model.safetensors" not in critic_files
+    assert critic_repo in local_hub.files(repo_id)["README.md"].decode()  # the policy's card names the critic's repo
+
+    again = PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path, critic="separate"),
+                         processing_class=tokenizer, reward_model=tiny_models["reward"],
+                         train_dataset=prompts_dataset, peft_config=lora_config, critic_model=critic_repo)
+    saved, loaded = trainer.model.critic_state_dict(), again.model.critic_state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
+    # A hub_model_id without a namespace resolves to the critic's repo: refused before anything is pushed.
+    with pytest.raises(ValueError, match="is the policy's repo: the critic goes to a repo of its own"):
+        push_run_critic(trainer.model, tokenizer, args, critic_repo, hub_token)
+
+
 def test_push_merged_model(tiny_models, tokenizer, prompts_dataset, lora_config, tmp_path, local_hub, hub_token):
     repo_id = f"{TEST_USER}/tiny-ppo-merged"
     args = make_args(tmp_path, max_steps=4, push_to_hub=True, hub_model_id=repo_id, hub_token=hub_token,
