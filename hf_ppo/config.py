@@ -498,7 +498,7 @@ class PPOConfig(TrainingArguments):
         if self.drop_uniform_groups is True and isinstance(self.num_generations, int) and self.num_generations < 2:
             errors.append("drop_uniform_groups=True compares the responses to one prompt: set num_generations >= 2.")
         refill = self.max_refill_rounds
-        if isinstance(refill, int) and not isinstance(refill, bool) and refill > 0 and self.drop_uniform_groups is not True:
+        if type(refill) is int and refill > 0 and self.drop_uniform_groups is not True:
             errors.append(f"max_refill_rounds={refill} refills the places of the groups drop_uniform_groups drops, and "
                           "it is off: set drop_uniform_groups=True, or max_refill_rounds=0.")
         if self.importance_sampling_level not in ("token", "sequence"):

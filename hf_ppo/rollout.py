@@ -327,8 +327,8 @@ def rollout(
     prompts come as `num_generations` consecutive copies of each (`data.RolloutRepeatSampler`); the group
     estimators compare the responses of each group. Without a critic, `values` are zeros and unused. With
     `drop_uniform_groups`, the groups whose shaped scores are all equal leave the update (`without_uniform_groups`)
-    after the statistics, which describe everything sampled (`rollout_with_refill` refills their places). With an `environment` (`environment.py`) steps 1-3 are
-    its episodes (`environment_samples`, `response_length` wide).
+    after the statistics, which describe everything sampled (`rollout_with_refill` refills their places). With an
+    `environment` (`environment.py`) steps 1-3 are its episodes (`environment_samples`, `response_length` wide).
     """
     if len(queries) % num_generations:
         raise ValueError(f"{len(queries)} prompts are not whole groups of num_generations={num_generations}.")
@@ -383,9 +383,10 @@ def rollout(
 
 
 def without_uniform_groups(batch: RolloutBatch, scores: torch.Tensor, k: int) -> tuple[RolloutBatch, torch.Tensor]:
-    """DAPO's dynamic sampling, the dropping half (the refill: `rollout_with_refill`): the rows of every group of `k` whose `scores` (B,) are all equal
-    get an all-False response_mask and policy_mask, so they leave every loss term and its normaliser (the minibatch's real tokens
-    or responses); the batch keeps its size. Returns the batch and the number of groups dropped (a float tensor)."""
+    """DAPO's dynamic sampling, the dropping half (the refill: `rollout_with_refill`): the rows of every group of `k`
+    whose `scores` (B,) are all equal get an all-False response_mask and policy_mask, so they leave every loss term
+    and its normaliser (the minibatch's real tokens or responses); the batch keeps its size. Returns the batch and the
+    number of groups dropped (a float tensor)."""
     kept = ~uniform_groups(scores, k).unsqueeze(1)
     return (replace(batch, response_mask=batch.response_mask & kept, policy_mask=batch.policy_mask & kept),
             (~kept).sum().float() / k)
