@@ -221,10 +221,17 @@ class PPOConfig(TrainingArguments):
     )
     drop_uniform_groups: bool = field(
         default=False,
-        metadata={"help": "DAPO's dynamic sampling without the refill: the responses of a prompt whose "
-                  "`num_generations` scores are all equal (no signal for a group baseline) leave the update: they "
-                  "are excluded from every loss term and its mean, and the batch is not refilled. "
-                  "`rollout/groups_dropped` logs how many. Needs num_generations >= 2."},
+        metadata={"help": "DAPO's dynamic sampling: the responses of a prompt whose `num_generations` scores are "
+                  "all equal (no signal for a group baseline) leave the update: they are excluded from every loss "
+                  "term and its mean. `max_refill_rounds` > 0 refills their places with groups from extra prompts. "
+                  "`rollout/groups_dropped` logs how many groups stay dropped. Needs num_generations >= 2."},
+    )
+    max_refill_rounds: int = field(
+        default=0,
+        metadata={"help": "DAPO's refill (verl's max_num_gen_batches - 1): with drop_uniform_groups, up to this many "
+                  "extra rounds per iteration, each sampling and scoring one more rollout batch of prompts drawn "
+                  "from train_dataset, whose groups with signal take the places of dropped ones. Each round costs "
+                  "one rollout's generation and scoring. 0: drop without refilling."},
     )
 
     # ---- Loss variants (defaults: the clipped PPO loss as above, a token mean) --------------------------------------
@@ -496,6 +503,10 @@ class PPOConfig(TrainingArguments):
             errors.append(f"kl_estimator={self.kl_estimator!r}: choose 'k1', 'k2' or 'k3'.")
         if self.drop_uniform_groups is True and isinstance(self.num_generations, int) and self.num_generations < 2:
             errors.append("drop_uniform_groups=True compares the responses to one prompt: set num_generations >= 2.")
+        refill = self.max_refill_rounds
+        if type(refill) is int and refill > 0 and self.drop_uniform_groups is not True:
+            errors.append(f"max_refill_rounds={refill} refills the places of the groups drop_uniform_groups drops, and "
+                          "it is off: set drop_uniform_groups=True, or max_refill_rounds=0.")
         if self.importance_sampling_level not in ("token", "sequence"):
             errors.append(f"importance_sampling_level={self.importance_sampling_level!r}: choose 'token' or "
                           "'sequence' (GSPO).")
@@ -693,6 +704,7 @@ class PPOConfig(TrainingArguments):
                     whiten_advantages=self.whiten_advantages, advantage_estimator=self.advantage_estimator,
                     num_generations=self.num_generations, scale_rewards=self.scale_rewards,
                     use_kl_loss=self.use_kl_loss, drop_uniform_groups=self.drop_uniform_groups,
+                    max_refill_rounds=self.max_refill_rounds,
                     memory_bytes=self.logits_memory_bytes)
 
     @property
@@ -745,6 +757,8 @@ _RANGES = [
     ("critic_updates_per_step", False, lambda v: isinstance(v, int) and v >= 1,
      "an integer >= 1 (critic passes per policy pass; 1: off)"),
     ("num_generations", False, lambda v: v >= 1, "an integer >= 1 (responses per prompt)"),
+    ("max_refill_rounds", False, lambda v: isinstance(v, int) and v >= 0,
+     "an integer >= 0 (extra sampling rounds per iteration; 0: off)"),
     ("entropy_coef", False, math.isfinite, "a finite number (0: off)"),
     ("kl_coef", False, lambda v: 0 <= v < math.inf, ">= 0 (a negative beta rewards drifting from the reference)"),
     ("kl_target", False, lambda v: 0 < v < math.inf, "> 0"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -188,6 +189,29 @@ class RolloutRepeatSampler(Sampler):
         return self.num_batches * self.global_batch_size * self.repeat
 
 
+class RefillPrompts:
+    """The extra prompt groups of DAPO's refill (`rollout.rollout_with_refill`): `extra(round)` is one process's
+    rollout batch, rollout_batch_size / num_generations distinct prompts of `dataset`, each num_generations times in a
+    row, collated by `collator`.
+
+    The prompts are a pure function of (seed, the optimizer step the rollout starts at, the round, the process), drawn
+    with a generator of their own: the global RNG (the sampling noise, which checkpoints restore) is not touched, so
+    a resumed run draws the same refill prompts as the run it continues. They may repeat the main batch's prompts.
+    """
+
+    def __init__(self, dataset, collator, args, step: int):
+        self.dataset, self.collator, self.step = dataset, collator, step
+        self.seed, self.process, self.k = args.seed, args.process_index, args.num_generations
+        self.num_prompts = args.rollout_batch_size // args.num_generations
+
+    def __call__(self, round_: int) -> dict:
+        key = [self.seed, self.step, round_, self.process]
+        seed = int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:8], "little") >> 1
+        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(seed))
+        rows = [self.dataset[i] for i in order[:self.num_prompts].tolist()]
+        return self.collator([row for row in rows for _ in range(self.k)])
+
+
 def check_rollout_batch(args, train_dataset) -> None:
     """Fail at construction when one iteration needs more prompts than `train_dataset` has; warn when `max_steps`
     ends part-way through an iteration."""
@@ -230,6 +254,9 @@ def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, context: int 
     training set; returns (train, eval, chat) where chat is the set of "is a chat dataset" values seen."""
     kwargs = dict(context=context, max_prompt_length=args.max_prompt_length, response_length=args.response_length,
                   num_proc=args.dataset_num_proc)
+    if train_dataset is None and args.max_refill_rounds:
+        raise ValueError(f"max_refill_rounds={args.max_refill_rounds} refills with prompts sampled from train_dataset, "
+                         "and there is none: pass train_dataset, or set max_refill_rounds=0.")
     train_dataset = prepare_prompts(train_dataset, tokenizer, "train_dataset", **kwargs)
     eval_dataset = prepare_prompts(eval_dataset, tokenizer, "eval_dataset", **kwargs)
     check_rollout_batch(args, train_dataset)

@@ -139,7 +139,7 @@ CARD_HYPERPARAMETERS = [
     "reward_quantization", "seed", "loss_aggregation", "cliprange_low", "cliprange_high", "dual_clip",
     "advantage_estimator", "num_generations", "scale_rewards", "critic", "critic_warmup_steps", "critic_learning_rate",
     "critic_updates_per_step", "lam_critic", "critic_hub_model_id", "importance_sampling_level", "use_kl_loss",
-    "use_bias_correction_kl", "drop_uniform_groups",
+    "use_bias_correction_kl", "drop_uniform_groups", "max_refill_rounds",
     "reward_weights", "normalize_each_reward", "overlong_buffer_length"]
 # How the card names each critic and each critic-free estimator.
 _CRITIC_TEXT = {"shared": "a value head on the policy's body", "separate": "a separate critic model",

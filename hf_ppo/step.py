@@ -71,6 +71,10 @@ class StepAPI:
         tokens/*_len_mean, time/ppo/total) and hf_ppo's metric names; they are logged too (`log`).
         """
         start, args = time.perf_counter(), self.args
+        if args.max_refill_rounds:
+            raise ValueError(f"step(): max_refill_rounds={args.max_refill_rounds} refills with prompts sampled from "
+                             "train_dataset, and step() trains on the caller's samples: set max_refill_rounds=0 "
+                             "(drop_uniform_groups still drops the uniform groups), or sample more in your loop.")
         inputs = given_samples(queries, responses, scores, response_masks, expected=args.rollout_batch_size,
                                tokenizer=self.processing_class, device=args.device)
         model = self._step_model()

@@ -22,7 +22,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from . import checkpoint, hub, loading, rewards, sharding, watch
 from .config import PPOConfig
-from .data import PromptCollator, RolloutRepeatSampler, prepare_datasets
+from .data import PromptCollator, RefillPrompts, RolloutRepeatSampler, prepare_datasets
 from .environment import check_environment
 from .estimators import kl_loss_coef
 from .evaluation import Evaluator
@@ -30,7 +30,7 @@ from .generation import WeightsChangedCallback, make_rollout_engine, sequence_in
 from .guard import NonFiniteGuard, check_finite_weights, nonfinite_problem, score_hint
 from .ppo_math import AdaptiveKLController, FixedKLController, RunningMoments, ppo_loss
 from .reporting import PPOProgressCallback, maybe_log_samples
-from .rollout import MinibatchSchedule, RolloutBatch, rollout
+from .rollout import MinibatchSchedule, RolloutBatch, rollout_with_refill
 from .step import StepAPI
 
 
@@ -173,8 +173,8 @@ class PPOLMTrainer(StepAPI, Trainer):
     # ---- rollout: steps 1-10 --------------------------------------------------------------------------------------
     @torch.no_grad()
     def _rollout(self, inputs: dict) -> RolloutBatch | None:
-        """Steps 1-9 (`rollout.rollout`), then the trainer's part: the non-finite guard, metrics, step 10 (the KL
-        controller); None when the rollout held NaN/inf and was dropped."""
+        """Steps 1-9 (`rollout.rollout_with_refill`), then the trainer's part: the non-finite guard, metrics, step 10
+        (the KL controller); None when the rollout held NaN/inf and was dropped."""
         args, tokenizer = self.args, self.processing_class
         model = self.accelerator.unwrap_model(self.model)
         if self._train_phase_start is not None:
@@ -186,13 +186,14 @@ class PPOLMTrainer(StepAPI, Trainer):
             model.eval()
         moments = self.reward_moments.state_dict() if self.reward_moments is not None else None
         each_moments = self.rewards.state_dict()
-        result = rollout(model, inputs["queries"], inputs["query_mask"], inputs["prompts"],
-                         engine=self.rollout_engine, ref_model=self.ref_model, ref_adapter=self.ref_adapter,
-                         reward=self.rewards, tokenizer=tokenizer, stop_token_ids=self.stop_token_ids,
-                         gather=self.accelerator.gather, shape_scores=functools.partial(
-                             rewards.shape_scores, reward_moments=self.reward_moments, reward_clip=args.reward_clip,
-                             gather=self.accelerator.gather), kl_coef=self.kl_ctl.value, **args.rollout_settings,
-                         environment=inputs.get("environment", self.environment), response_length=args.response_length)
+        result = rollout_with_refill(
+            model, inputs["queries"], inputs["query_mask"], inputs["prompts"], engine=self.rollout_engine,
+            ref_model=self.ref_model, ref_adapter=self.ref_adapter, reward=self.rewards, tokenizer=tokenizer,
+            stop_token_ids=self.stop_token_ids, gather=self.accelerator.gather, shape_scores=functools.partial(
+                rewards.shape_scores, reward_moments=self.reward_moments, reward_clip=args.reward_clip,
+                gather=self.accelerator.gather), kl_coef=self.kl_ctl.value, **args.rollout_settings,
+            environment=inputs.get("environment", self.environment), response_length=args.response_length,
+            extra_prompts=RefillPrompts(self.train_dataset, self.data_collator, args, self.state.global_step))
         if toggle:
             model.train()
         batch = result.batch
@@ -211,7 +212,7 @@ class PPOLMTrainer(StepAPI, Trainer):
         # Metrics, averaged over processes (so every rank's KL controller sees the same KL).
         stats = self.accelerator.reduce(torch.stack(list(result.stats.values())), reduction="mean")
         self._record(dict(zip(result.stats, stats)))
-        generated_tokens = batch.policy_mask.sum().item() * args.world_size
+        generated_tokens = result.generated_tokens * args.world_size
         self._record({"objective/kl_coef": self.kl_ctl.value, "time/generate": result.generate_seconds,
                       "time/score": result.score_seconds,
                       "rollout/tokens_per_second": generated_tokens / max(result.generate_seconds, 1e-9)})

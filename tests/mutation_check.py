@@ -38,6 +38,7 @@ SUBSET = [
     "tests/test_resume_settings.py",
     "tests/test_objective_wiring.py",
     "tests/test_guard_wiring.py",
+    "tests/test_data.py",
 ]
 COPIED = ["hf_ppo", "tests", "model_cards", "pyproject.toml"]
 
@@ -210,6 +211,11 @@ MUTATIONS = [
              [(L, "        policy.load_critic_state_dict(saved.state)\n", "        pass\n")]),
     Mutation("uniform_groups_kept", "drop_uniform_groups never drops",
              [(R, "policy_mask=batch.policy_mask & kept)", "policy_mask=batch.policy_mask)")]),
+    Mutation("refill_takes_uniform_groups", "the refill puts groups without signal in the dropped places",
+             [(R, "donors = (~extra_dropped.reshape(-1, k)[:, 0]).nonzero()",
+               "donors = (extra_dropped.reshape(-1, k)[:, 0]).nonzero()")]),
+    Mutation("refill_prompts_repeat_each_round", "every refill round samples the same extra prompts",
+             [(D, "key = [self.seed, self.step, round_, self.process]", "key = [self.seed, self.step, 0, self.process]")]),
     Mutation("lam_critic_ignored", "the critic's returns use lam, not lam_critic",
              [(E, "returns = compute_gae(rewards, values, mask, s.gamma, s.lam_critic)[1]",
                "returns = compute_gae(rewards, values, mask, s.gamma, s.lam)[1]")]),

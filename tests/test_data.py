@@ -69,3 +69,24 @@ def test_collator_left_pads_and_masks():
     assert out["query_mask"].tolist() == [[True, True, True], [False, False, True]]
     assert out["query_mask"].dtype == torch.bool
     assert out["prompts"] == ["a", [{"role": "user", "content": "b"}]]  # raw prompts (text or chat), in order
+
+
+def test_refill_prompts_are_whole_groups_fixed_by_seed_step_round_and_process():
+    from types import SimpleNamespace
+
+    from hf_ppo.data import RefillPrompts
+
+    dataset = [{"input_ids": list(range(1, 2 + i % 3)), "prompt": f"p{i}"} for i in range(20)]
+    args = SimpleNamespace(seed=0, process_index=0, num_generations=2, rollout_batch_size=8)
+
+    def drawn(step=5, round_=0, **changes):
+        return RefillPrompts(dataset, PromptCollator(pad_token_id=0), SimpleNamespace(**{**vars(args), **changes}),
+                             step)(round_)
+
+    batch = drawn()
+    prompts = batch["prompts"]
+    assert len(prompts) == 8 and prompts[::2] == prompts[1::2] and len(set(prompts)) == 4  # 4 groups of k=2
+    assert batch["queries"].shape == (8, 3) and torch.equal(batch["query_mask"], batch["queries"] != 0)
+    assert drawn()["prompts"] == prompts  # the same draw on a resumed run
+    others = [drawn(step=6), drawn(round_=1), drawn(seed=1), drawn(process_index=1)]
+    assert all(other["prompts"] != prompts for other in others)

@@ -264,6 +264,20 @@ def test_step_masks_environment_tokens_and_checks_its_arguments(tiny_models, tok
         trainer.step(queries, responses, [1.0])
 
 
+def test_step_refuses_the_refill_which_samples_train_dataset(tiny_models, tokenizer, tmp_path):
+    args = make_args(tmp_path, per_device_train_batch_size=2, num_mini_batches=1, max_steps=2, num_generations=2,
+                     drop_uniform_groups=True, max_refill_rounds=1)
+    with pytest.raises(ValueError, match="max_refill_rounds=1 refills with prompts sampled from train_dataset, and "
+                                         "there is none"):
+        PPOLMTrainer(model=tiny_models["policy"], processing_class=tokenizer, args=args)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], processing_class=tokenizer, args=args,
+                           train_dataset=dataset(), reward_model=lambda prompts, completions: [0.0] * len(prompts))
+    queries = [torch.tensor(tokenizer.encode("the movie was"))] * 2
+    with pytest.raises(ValueError, match=r"step\(\): max_refill_rounds=1 .* set max_refill_rounds=0"):
+        trainer.step(queries, [torch.tensor([10, 11])] * 2, [1.0, 0.0])
+    assert trainer.state.global_step == 0
+
+
 def test_a_trl_0_11_loop_trains_with_generate_and_step(tiny_models, tokenizer, tmp_path):
     # The README's TRL 0.11 loop body: generate your own responses, score them, step().
     from scripted_engine import fingerprint

@@ -7,6 +7,7 @@ and QLoRA with no critic anywhere, an exact resume of a grpo run part-way throug
 
 import math
 import os
+from dataclasses import fields
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from hf_ppo.data import RolloutRepeatSampler
 from hf_ppo.estimators import ESTIMATORS, EstimatorSettings, estimate, kl_loss_coef
 from hf_ppo.modeling import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
 from hf_ppo.ppo_math import logprobs_from_logits, ppo_loss, reinforce_pp_advantages
+from hf_ppo.rollout import RolloutBatch, merge_groups
 
 CRITIC_METRICS = {"val/explained_variance", "loss/value_avg", "val/clipfrac_avg"}
 PROMPTS = [f"{a} {b}" for a in ("the movie was", "the food was", "the book was", "the show was")
@@ -241,13 +243,20 @@ def uniform_for_most(prompts, completions):
     return [0.0 if p.endswith(("great", "dull", "fun")) else float(c.count("e")) for p, c in zip(prompts, completions)]
 
 
+def dropped_counts(trainer) -> list[float]:
+    return [e["rollout/groups_dropped"] for e in trainer.state.log_history if "rollout/groups_dropped" in e]
+
+
 # ---- exact resume of a critic-free run part-way through an iteration ------------------------------------------------
-def test_grpo_resume_mid_iteration_is_bitwise_exact(tiny_models, tokenizer, tmp_path):
+@pytest.mark.parametrize("refill", [0, 4])
+def test_grpo_resume_mid_iteration_is_bitwise_exact(refill, tiny_models, tokenizer, tmp_path):
     # 4 optimizer steps per iteration (2 epochs x 2 minibatches), 2 iterations, saved at step 3; adaptive KL, so the
     # KL loss term's coefficient changes between iterations and must be restored too. With drop_uniform_groups and a
-    # reward that gives most groups one score, so the dropped groups' masks must come back with the rollout.
+    # reward that gives most groups one score, so the dropped groups' masks must come back with the rollout; with
+    # the refill, the first rollout's merged groups come back from the checkpoint and the second one (made after the
+    # resume) must draw the same extra prompts.
     kwargs = dict(advantage_estimator="grpo", num_ppo_epochs=2, max_steps=8, adaptive_kl=True, kl_coef=0.1,
-                  drop_uniform_groups=True, reward=uniform_for_most)
+                  drop_uniform_groups=True, reward=uniform_for_most, max_refill_rounds=refill)
     straight = make_trainer(tiny_models, tokenizer, tmp_path / "straight", lora(), save_strategy="steps",
                             save_steps=3, **kwargs)
     straight.train()
@@ -264,8 +273,10 @@ def test_grpo_resume_mid_iteration_is_bitwise_exact(tiny_models, tokenizer, tmp_
                  and "runtime" not in k and k not in ("train_loss", "total_flos")} for e in trainer.state.log_history]
 
     assert len(logged(straight)) == 9 and logged(straight) == logged(resumed)
-    dropped = [e["rollout/groups_dropped"] for e in straight.state.log_history if "rollout/groups_dropped" in e]
+    dropped = dropped_counts(straight)
     assert len(dropped) == 2 and all(d == int(d) and 0 <= d <= 4 for d in dropped) and sum(dropped) > 0
+    refilled = [e["rollout/groups_refilled"] for e in straight.state.log_history if "rollout/groups_refilled" in e]
+    assert len(refilled) == (2 if refill else 0) and all(n > 0 for n in refilled)
 
 
 def test_uniform_groups_leave_the_loss_and_its_mean():
@@ -288,6 +299,128 @@ def test_uniform_groups_leave_the_loss_and_its_mean():
     assert loss_normalizer(kept.policy_mask, "seq_mean_token_mean").item() == 2  # responses, not 4
 
 
+# ---- DAPO's refill: dropped groups' places taken by groups with signal from extra prompts -------------------------
+def rollout_batch(queries, query_mask, responses, response_mask, scores):
+    """A RolloutBatch whose float fields hold the row number (+1) at real positions, to follow rows through a merge."""
+    B, R = responses.shape
+    rows = torch.arange(1.0, B + 1).unsqueeze(1).expand(B, R) * response_mask
+    return RolloutBatch(queries, query_mask, responses, response_mask, *[rows.clone() for _ in range(3)], scores,
+                        torch.ones(B, dtype=torch.bool), *[rows.clone() for _ in range(4)])
+
+
+def test_refill_puts_only_groups_with_signal_in_the_dropped_places_at_the_wider_shape():
+    pad = 0
+    # Main batch: 3 groups of k=2, prompts 2 wide, responses 3 wide; groups 0 and 2 dropped.
+    main = rollout_batch(torch.arange(1, 13).reshape(6, 2), torch.ones(6, 2, dtype=torch.bool),
+                         torch.arange(20, 38).reshape(6, 3), torch.ones(6, 3, dtype=torch.bool), torch.arange(6.0))
+    dropped = torch.tensor([True, True, False, False, True, True])
+    # Extra batch: 3 groups, prompts 4 wide (row 0 left-padded by 2), responses 5 wide; group 0 uniform (no signal).
+    query_mask = torch.ones(6, 4, dtype=torch.bool)
+    query_mask[0, :2] = False
+    response_mask = torch.ones(6, 5, dtype=torch.bool)
+    response_mask[3, 2:] = False
+    extra = rollout_batch(torch.arange(101, 125).reshape(6, 4) * query_mask, query_mask,
+                          torch.arange(200, 230).reshape(6, 5), response_mask, torch.arange(10.0, 16.0))
+    merged, left, count = merge_groups(main, dropped, extra, torch.tensor([True, True, False, False, False, False]),
+                                       k=2, pad_token_id=pad)
+    assert count == 2 and not left.any() and len(merged) == 6
+    assert merged.queries.shape == (6, 4) and merged.responses.shape == (6, 5)
+    assert all(getattr(merged, f.name).shape == (6, 5) for f in fields(merged) if f.name not in
+               ("queries", "query_mask", "scores", "contains_stop"))
+    # Dropped group 0 <- extra group 1 (rows 2, 3), dropped group 2 <- extra group 2 (rows 4, 5); never extra group 0.
+    assert merged.scores.tolist() == [12.0, 13.0, 2.0, 3.0, 14.0, 15.0]
+    for into, take in [(0, 2), (1, 3), (4, 4), (5, 5)]:
+        for f in fields(merged):
+            assert torch.equal(getattr(merged, f.name)[into], getattr(extra, f.name)[take]), (f.name, into)
+    # The kept group: its prompts left-padded (pad, masked), its responses right-padded (pad, masked, 0).
+    assert merged.queries[2:4, :2].eq(pad).all() and not merged.query_mask[2:4, :2].any()
+    assert torch.equal(merged.queries[2:4, 2:], main.queries[2:4]) and merged.query_mask[2:4, 2:].all()
+    assert torch.equal(merged.responses[2:4, :3], main.responses[2:4]) and merged.responses[2:4, 3:].eq(pad).all()
+    assert not merged.response_mask[2:4, 3:].any() and not merged.policy_mask[2:4, 3:].any()
+    assert torch.equal(merged.advantages[2:4, :3], main.advantages[2:4]) and not merged.advantages[2:4, 3:].any()
+    # Fewer donors than holes: the first hole is refilled, the second stays dropped; no donor, nothing changes.
+    merged, left, count = merge_groups(main, dropped, extra, torch.tensor([True] * 4 + [False] * 2), k=2,
+                                       pad_token_id=pad)
+    assert count == 1 and left.tolist() == [False] * 4 + [True] * 2 and merged.scores.tolist()[:2] == [14.0, 15.0]
+    unchanged, left, count = merge_groups(main, dropped, extra, torch.ones(6, dtype=torch.bool), k=2, pad_token_id=pad)
+    assert unchanged is main and count == 0 and torch.equal(left, dropped)
+
+
+@pytest.mark.parametrize("other_process_dropped, rounds", [(True, 2), (False, 0)])
+def test_refill_rounds_run_while_any_process_has_dropped_groups(other_process_dropped, rounds, monkeypatch):
+    # This process has no dropped group; the other one (seen through `gather`) has, or not. Every round gathers
+    # across processes, so all of them sample the same number of rounds.
+    from types import SimpleNamespace
+
+    from hf_ppo import rollout as rollout_module
+
+    def fake_rollout(policy, queries, query_mask, prompts, **settings):
+        B = len(prompts)
+        batch = rollout_batch(queries, query_mask, torch.ones(B, 2, dtype=torch.long),
+                              torch.ones(B, 2, dtype=torch.bool), torch.arange(float(B)))
+        return rollout_module.Rollout(batch, {"rollout/groups_dropped": torch.tensor(0.0)}, 1.0, 2.0,
+                                      dropped=torch.zeros(B, dtype=torch.bool), generated_tokens=2 * B)
+
+    monkeypatch.setattr(rollout_module, "rollout", fake_rollout)
+    drawn = []
+
+    def extra_prompts(round_):
+        drawn.append(round_)
+        return {"queries": torch.ones(4, 3, dtype=torch.long), "query_mask": torch.ones(4, 3, dtype=torch.bool),
+                "prompts": ["x"] * 4}
+
+    result = rollout_module.rollout_with_refill(
+        None, torch.ones(4, 2, dtype=torch.long), torch.ones(4, 2, dtype=torch.bool), ["p"] * 4, max_refill_rounds=2,
+        extra_prompts=extra_prompts, num_generations=2, tokenizer=SimpleNamespace(pad_token_id=0),
+        gather=lambda flag: torch.cat([flag, torch.tensor([float(other_process_dropped)])]))
+    assert drawn == list(range(rounds)) and result.stats["rollout/refill_rounds"].item() == rounds
+    assert result.stats["rollout/groups_refilled"].item() == 0 and result.stats["rollout/groups_dropped"].item() == 0
+    # The cost of every round is counted: seconds and sampled tokens.
+    assert (result.generate_seconds, result.score_seconds, result.generated_tokens) == (1 + rounds, 2 + 2 * rounds,
+                                                                                         8 * (1 + rounds))
+
+
+def test_padding_a_rollout_batch_leaves_its_logprobs_and_values(tiny_models, tokenizer):
+    # The merged batch is wider than the rollout that sampled a row: the update must see the same numbers there.
+    from hf_ppo.rollout import padded, policy_forward
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_models["policy"], value_head_init_std=0.5)
+    queries = tokenizer(["the movie was", "bad"], return_tensors="pt", padding=True)
+    responses = torch.randint(5, 50, (2, 4))
+    response_mask = torch.tensor([[True] * 4, [True, True, False, False]])
+    batch = rollout_batch(queries["input_ids"], queries["attention_mask"].bool(), responses, response_mask,
+                          torch.zeros(2))
+    wide = padded(batch, batch.queries.shape[1] + 3, 7, tokenizer.pad_token_id)
+
+    def forward(b):
+        return policy_forward(model, b.queries, b.query_mask, b.responses, b.response_mask, temperature=1.0,
+                              batch_size=2)
+
+    (logprobs, values, _), (wide_logprobs, wide_values, _) = forward(batch), forward(wide)
+    assert torch.allclose(wide_logprobs[:, :4][response_mask], logprobs[response_mask], atol=1e-5)
+    assert torch.allclose(wide_values[:, :4][response_mask], values[response_mask], atol=1e-5)
+
+
+def test_refill_leaves_fewer_groups_dropped_and_logs_it(tiny_models, tokenizer, tmp_path):
+    # 12 of the 16 prompts always score 0: a rollout of 4 prompt groups holds 1 with signal on average.
+    kwargs = dict(advantage_estimator="grpo", max_steps=8, drop_uniform_groups=True, reward=uniform_for_most)
+    plain = make_trainer(tiny_models, tokenizer, tmp_path / "plain", lora(), **kwargs)
+    plain.train()
+    refilled = make_trainer(tiny_models, tokenizer, tmp_path / "refill", lora(), max_refill_rounds=2, **kwargs)
+    refilled.train()
+    assert len(dropped_counts(plain)) == len(dropped_counts(refilled)) == 4
+    assert sum(dropped_counts(refilled)) < sum(dropped_counts(plain))
+    logs = [e for e in refilled.state.log_history if "rollout/groups_dropped" in e]
+    assert all(0 <= e["rollout/refill_rounds"] <= 2 for e in logs)
+    assert all(e["rollout/groups_refilled"] == int(e["rollout/groups_refilled"]) for e in logs)
+    assert sum(e["rollout/groups_refilled"] for e in logs) > 0
+    # A round is sampled only while groups are dropped: a rollout left with dropped groups used both rounds.
+    assert all(e["rollout/refill_rounds"] == 2 for e in logs if e["rollout/groups_dropped"] > 0)
+    assert not any("rollout/groups_refilled" in e for e in plain.state.log_history)
+    assert plain.state.log_history[0]["objective/scores"] == refilled.state.log_history[0]["objective/scores"]
+
+
 # ---- construction errors ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides,message", [
     (dict(advantage_estimator="rloo", num_generations=1), "set num_generations >= 2"),
@@ -299,6 +432,9 @@ def test_uniform_groups_leave_the_loss_and_its_mean():
     (dict(use_kl_loss=True, kl_coef=0.0), "use_kl_loss=True with kl_coef=0"),
     (dict(importance_sampling_level="group"), "importance_sampling_level='group'"),
     (dict(num_generations=1, drop_uniform_groups=True), "drop_uniform_groups=True compares the responses"),
+    (dict(max_refill_rounds=2), "max_refill_rounds=2 refills .* set drop_uniform_groups=True"),
+    (dict(max_refill_rounds=-1, drop_uniform_groups=True), r"max_refill_rounds=-1: must be an integer >= 0"),
+    (dict(max_refill_rounds=1.5, drop_uniform_groups=True), r"max_refill_rounds=1.5: must be an integer >= 0"),
     (dict(advantage_estimator="rloo", critic_updates_per_step=2), "critic_updates_per_step is set"),
     (dict(num_generations=1, lam_critic=1.5), r"lam_critic=1.5: must be None \(lam\) or in \[0, 1\]"),
     (dict(advantage_estimator="ppo"), "advantage_estimator='ppo'"),
