@@ -69,14 +69,36 @@ def settings(args) -> dict:
              if f.name not in _TRAINING_ARGUMENTS_FIELDS and f.name not in _NOT_COMPARED]
     values = {name: getattr(args, name) for name in [*names, *_GEOMETRY]}
     values["world_size"] = args.world_size
+    return _plain(values)
+
+
+def _plain(values: dict) -> dict:
     return {k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
 
 
-def compare_settings(saved: dict, current: dict) -> dict[str, str]:
-    """{setting: "checkpoint X, now Y"} for each setting that differs between the checkpoint and this run."""
-    missing = object()
+def default_settings(args) -> dict:
+    """The declared default of every field of `args`' dataclass, as `settings` records values.
+
+    A checkpoint written by an hf_ppo that predates a field does not record it; that version ran as the field's
+    default does (a new field's default keeps the earlier behaviour), so the field is only a change when it is set to
+    something else now."""
+    defaults = {}
+    for f in dataclasses.fields(args):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return _plain(defaults)
+
+
+def compare_settings(saved: dict, current: dict, defaults: dict | None = None) -> dict[str, str]:
+    """{setting: "checkpoint X, now Y"} for each setting that differs between the checkpoint and this run. A setting
+    the checkpoint does not record (written before it existed) is not a change while it holds its value in
+    `defaults` (`default_settings`)."""
+    missing, defaults = object(), defaults or {}
     return {name: f"checkpoint {saved.get(name, '(not recorded)')!r}, now {current.get(name, '(not set)')!r}"
-            for name in sorted(set(saved) | set(current)) if saved.get(name, missing) != current.get(name, missing)}
+            for name in sorted(set(saved) | set(current)) if saved.get(name, missing) != current.get(name, missing)
+            and not (name not in saved and name in current and current[name] == defaults.get(name, missing))}
 
 
 def describe_changes(changed: dict[str, str], sep: str = "\n- ") -> str:
@@ -308,7 +330,7 @@ def load_ppo_state(folder: str, args, device) -> SavedPPOState:
     if state.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"{os.path.join(folder, PPO_STATE_FILE)} has format {state.get('format')!r}; this "
                               f"hf_ppo reads format {FORMAT_VERSION}. Resume with the hf_ppo version that wrote it.")
-    changed = compare_settings(state["settings"], settings(args))
+    changed = compare_settings(state["settings"], settings(args), default_settings(args))
     if changed and not args.allow_config_change_on_resume:
         raise CheckpointError(
             f"{folder} was written with other settings:\n- " + describe_changes(changed) + "\nResume with the "

@@ -173,8 +173,7 @@ class PPOLMTrainer(StepAPI, Trainer):
     # ---- rollout: steps 1-10 --------------------------------------------------------------------------------------
     @torch.no_grad()
     def _rollout(self, inputs: dict) -> RolloutBatch | None:
-        """Steps 1-9 (`rollout.rollout_with_refill`), then the trainer's part: the non-finite guard, metrics, step 10
-        (the KL controller); None when the rollout held NaN/inf and was dropped."""
+        """Steps 1-9 (`rollout.rollout_with_refill`), then the NaN guard, metrics, step 10; None if it was dropped."""
         args, tokenizer = self.args, self.processing_class
         model = self.accelerator.unwrap_model(self.model)
         if self._train_phase_start is not None:

@@ -14,7 +14,7 @@ import pytest
 from transformers import TrainingArguments
 
 from hf_ppo import PPOConfig
-from hf_ppo.checkpoint import compare_settings, settings
+from hf_ppo.checkpoint import compare_settings, default_settings, settings
 
 # Reviewed: PPOConfig fields a resume may change, each with why it does not change what training computes.
 MAY_CHANGE_ON_RESUME = {
@@ -75,3 +75,15 @@ def test_every_field_that_changes_the_run_is_compared_on_resume(args, name):
 @pytest.mark.parametrize("name", sorted(MAY_CHANGE_ON_RESUME))
 def test_fields_that_may_change_are_not_compared(args, name):
     assert changed_names(args, name) == set(), f"{name} is compared on resume but listed as free to change"
+
+
+@pytest.mark.parametrize("name", [n for n in PPO_FIELDS if n not in MAY_CHANGE_ON_RESUME])
+def test_a_checkpoint_from_before_a_field_existed_resumes_at_its_default(args, name):
+    """A checkpoint written by an hf_ppo without `name` ran as its default does: resuming with the default is no
+    change (upgrading hf_ppo mid-run keeps the run); any other value is named."""
+    older = {k: v for k, v in settings(args).items() if k != name}
+    assert compare_settings(older, settings(args), default_settings(args)) == {}
+    other = copy.copy(args)
+    object.__setattr__(other, name, Changed())
+    changed = compare_settings(older, settings(other), default_settings(args))
+    assert set(changed) == {name} and "(not recorded)" in changed[name]
