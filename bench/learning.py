@@ -238,20 +238,32 @@ def mean_sd(values: list[float], digits: int = 2) -> str:
     return f"{statistics.mean(values):+.{digits}f} +/- {sd:.{digits}f}"
 
 
+def versus_peer(rows: list[dict], peer: list[dict]) -> str:
+    """The held-out reward's difference from the peer's, +/- twice its standard error over seeds (Welch): a
+    configuration beats the peer by more than the seed noise when the interval excludes 0."""
+    if len(rows) < 2 or len(peer) < 2:
+        return ""
+    a, b = [r["held_out_reward"] for r in rows], [r["held_out_reward"] for r in peer]
+    se = (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
+    return f"{statistics.mean(a) - statistics.mean(b):+.2f} +/- {2 * se:.2f}"
+
+
 def table(runs: list[dict]) -> str:
-    lines = ["| task | configuration | held-out reward | win rate vs SFT | held-out KL | CPU s (train) | seeds |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| task | configuration | held-out reward | vs the peer (+/- 2 SE) | win rate vs SFT | held-out KL | "
+             "CPU s (train) | seeds |", "|---|---|---|---|---|---|---|---|"]
     for task in TASKS:
+        peer = [r for r in runs if r["task"] == task and r["config"] == PEER]
         for config in CONFIGS:
             rows = [r for r in runs if r["task"] == task and r["config"] == config]
             if rows:
                 col = lambda key, digits=2: mean_sd([r[key] for r in rows], digits)  # noqa: E731
-                lines.append(f"| {task} | {config} | {col('held_out_reward')} | {col('win_rate')} | "
+                lines.append(f"| {task} | {config} | {col('held_out_reward')} | "
+                             f"{versus_peer(rows, peer) if config != PEER else ''} | {col('win_rate')} | "
                              f"{col('held_out_kl')} | {statistics.mean(r['cpu_seconds'] for r in rows):.0f} | "
                              f"{len(rows)} |")
         reference = [r["reference_reward"] for r in runs if r["task"] == task]
         if reference:
-            lines.append(f"| {task} | (the SFT reference, same evaluations) | {mean_sd(reference)} | | | | |")
+            lines.append(f"| {task} | (the SFT reference, same evaluations) | {mean_sd(reference)} | | | | | |")
     return "\n".join(lines)
 
 

@@ -39,9 +39,14 @@ def test_dry_run_plans_every_configuration_and_the_peer_on_both_tasks(learning, 
 def test_table_gives_mean_and_sd_over_seeds_and_the_reference_row(learning):
     runs = [fake_run("demo", "grpo k=4", s, r) for s, r in enumerate([1.0, 2.0, 3.0])]
     md = learning.table(runs)
-    assert "| demo | grpo k=4 | +2.00 +/- 1.00 | +0.60 +/- 0.00 | +1.00 +/- 0.00 | 11 | 3 |" in md
+    assert "| demo | grpo k=4 | +2.00 +/- 1.00 |  | +0.60 +/- 0.00 | +1.00 +/- 0.00 | 11 | 3 |" in md
     assert "| demo | (the SFT reference, same evaluations) | -0.10 +/- 0.00 |" in md
     assert "| rule |" not in md
+    # Beside the peer: the difference of the means +/- twice its Welch standard error.
+    runs += [fake_run("demo", learning.PEER, s, r) for s, r in enumerate([0.0, 0.5, 1.0])]
+    md = learning.table(runs)
+    assert "| demo | grpo k=4 | +2.00 +/- 1.00 | +1.50 +/- 1.29 |" in md  # 2 * sqrt(1/3 + 0.25/3) = 1.29
+    assert "| demo | trl 1.12 PPOTrainer | +0.50 +/- 0.50 |  |" in md
 
 
 def test_results_block_is_appended_once_then_replaced(learning, tmp_path):
