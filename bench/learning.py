@@ -3,6 +3,7 @@
     python bench/learning.py --dry-run              # the runs the full table makes, without running them
     python bench/learning.py --quick                # a smoke run: every configuration and the peer, 2 iterations
     python bench/learning.py                        # the full table: 30 iterations, seeds 0-4, both tasks
+    python bench/learning.py --iterations 10        # the same table at a third of the budget: who learns faster
     python bench/learning.py --jobs 1               # one run at a time (default 2: one per core, 1 thread each)
 
 Every configuration trains the same LoRA (r 16, all linear layers) adapter on the demo's 4-bit SFT policy (hf_ppo's
@@ -64,7 +65,19 @@ CONFIGS = {
     "rloo k=4": {"advantage_estimator": "rloo", "num_generations": 4},
     PEER: None,
 }
+# Follow-ups run on the rule task only when named (`--tasks rule --configs ...`): what might close the gap to the peer
+# there (bench/RESULTS.md, below the table).
+FOLLOW_UPS = {
+    "separate, critic lr 10x": {"critic": "separate", "critic_learning_rate": 2e-3},
+    "shared, critic lr 50x": {"critic_learning_rate": 1e-2},
+    "separate critic recipe": {"critic": "separate", "critic_learning_rate": 2e-3, "critic_warmup_steps": 16,
+                               "critic_updates_per_step": 2, "lam_critic": 1.0},
+    "default, no grad clipping": {"max_grad_norm": 0.0},
+    "separate, no grad clipping": {"critic": "separate", "max_grad_norm": 0.0},
+    "grpo k=4, no std (Dr. GRPO)": {"advantage_estimator": "grpo", "num_generations": 4, "scale_rewards": False},
+}
 TASKS = ("demo", "rule")
+ALL = {**CONFIGS, **FOLLOW_UPS}
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
 # The demo recipe's settings, shared by hf_ppo's runs, the peer's and the evaluator.
 SETTINGS = {"response_length": 12, "temperature": 0.7, "missing_eos_penalty": 1.0, "learning_rate": 2e-4,
@@ -74,9 +87,20 @@ DEMO_CACHE = ROOT / "outputs" / "demo" / "cache"
 BEGIN, END = "<!-- bench:learning:begin -->", "<!-- bench:learning:end -->"
 
 
-def sizes(quick: bool) -> tuple[int, int, int]:
-    """(iterations, responses per iteration, held-out prompts)."""
-    return (2, 16, 16) if quick else (30, 64, 256)
+ITERATIONS = 30  # the table's budget: 30 x 64 = 1,920 samples
+
+
+def sizes(quick: bool, iterations: int | None = None) -> tuple[int, int, int]:
+    """(iterations, responses per iteration, held-out prompts); `iterations` overrides the budget (`--iterations`)."""
+    default = (2, 16, 16) if quick else (ITERATIONS, 64, 256)
+    return (iterations or default[0], *default[1:])
+
+
+def marks(iterations: int) -> tuple[str, str]:
+    """RESULTS.md's marks around the table of a budget (the table's own budget keeps the plain marks)."""
+    if iterations == ITERATIONS:
+        return BEGIN, END
+    return BEGIN.replace("learning", f"learning-it{iterations}"), END.replace("learning", f"learning-it{iterations}")
 
 
 def demo_models(quick: bool) -> tuple[str, str]:
@@ -119,7 +143,7 @@ def train_hf_ppo(task: str, config: str, seed: int, iterations: int, responses: 
 
     from hf_ppo import PPOConfig, PPOLMTrainer
 
-    overrides = CONFIGS[config]
+    overrides = ALL[config]
     args = PPOConfig(
         output_dir=tempfile.mkdtemp(), per_device_train_batch_size=responses // SETTINGS["num_mini_batches"],
         num_total_batches=iterations, policy_quantization="4bit", reward_quantization="4bit", report_to=[],
@@ -189,7 +213,7 @@ def quiet(trainer) -> None:
     trainer.remove_callback(PrinterCallback)
 
 
-def one(task: str, config: str, seed: int, quick: bool) -> dict:
+def one(task: str, config: str, seed: int, quick: bool, iterations: int | None = None) -> dict:
     """One run, start to finish: train (hf_ppo in this process, the peer in its venv), save, evaluate."""
     import torch
 
@@ -197,10 +221,10 @@ def one(task: str, config: str, seed: int, quick: bool) -> dict:
 
     torch.set_num_threads(1)
     silence_known_warnings()
-    iterations, responses, held_out = sizes(quick)
+    iterations, responses, held_out = sizes(quick, iterations)
     sft, reward = demo_models(quick)
     policy_dir = tempfile.mkdtemp(prefix="learning-policy-")
-    if CONFIGS[config] is None:
+    if ALL[config] is None:
         trained = train_peer(task, seed, iterations, responses, sft, reward, policy_dir)
     else:
         trained = train_hf_ppo(task, config, seed, iterations, responses, sft, reward, policy_dir)
@@ -208,17 +232,21 @@ def one(task: str, config: str, seed: int, quick: bool) -> dict:
             "samples": iterations * responses, **trained, **evaluate(task, seed, held_out, sft, reward, policy_dir)}
 
 
-def result_path(task: str, config: str, seed: int, quick: bool) -> Path:
+def result_path(task: str, config: str, seed: int, quick: bool, iterations: int | None = None) -> Path:
     slug = re.sub(r"[^a-z0-9]+", "-", config.lower()).strip("-")
-    return OUT / ("learning-quick" if quick else "learning") / task / slug / f"seed{seed}.json"
+    folder = "learning-quick" if quick else "learning"
+    if iterations not in (None, ITERATIONS):
+        folder += f"-it{iterations}"
+    return OUT / folder / task / slug / f"seed{seed}.json"
 
 
-def launch(task: str, config: str, seed: int, quick: bool, fresh: bool) -> dict:
+def launch(task: str, config: str, seed: int, quick: bool, fresh: bool, iterations: int | None = None) -> dict:
     """Run `one` in a process of its own (one torch thread), or reuse its saved result."""
-    path = result_path(task, config, seed, quick)
+    path = result_path(task, config, seed, quick, iterations)
     if path.exists() and not fresh:
         return json.loads(path.read_text())
     cmd = [sys.executable, __file__, "--one", task, config, str(seed)] + (["--quick"] if quick else [])
+    cmd += ["--iterations", str(iterations)] if iterations else []
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     log = path.with_suffix(".log")
@@ -253,7 +281,7 @@ def table(runs: list[dict]) -> str:
              "CPU s (train) | seeds |", "|---|---|---|---|---|---|---|---|"]
     for task in TASKS:
         peer = [r for r in runs if r["task"] == task and r["config"] == PEER]
-        for config in CONFIGS:
+        for config in ALL:
             rows = [r for r in runs if r["task"] == task and r["config"] == config]
             if rows:
                 col = lambda key, digits=2: mean_sd([r[key] for r in rows], digits)  # noqa: E731
@@ -268,21 +296,24 @@ def table(runs: list[dict]) -> str:
 
 
 def write_results(runs: list[dict], command: str, results: Path = HERE / "RESULTS.md") -> None:
-    """The table into `results` (bench/RESULTS.md) between the learning marks (appended the first time)."""
+    """The table into `results` (bench/RESULTS.md) between its budget's marks (appended the first time)."""
     import platform
 
     import torch
     import transformers
 
-    block = (f"{BEGIN}\n## The learning table\n\nDate: {time.strftime('%Y-%m-%d')}. Machine: {platform.machine()}, "
+    iterations = runs[0]["iterations"]
+    begin, end = marks(iterations)
+    title = "The learning table" + ("" if iterations == ITERATIONS else f" at {iterations} iterations")
+    block = (f"{begin}\n## {title}\n\nDate: {time.strftime('%Y-%m-%d')}. Machine: {platform.machine()}, "
              f"{os.cpu_count()} CPU cores, torch {torch.__version__}, transformers {transformers.__version__}, "
              f"trl 1.12.0 for the peer. Command: `{command}` (one torch thread per run, two runs at a time). "
              f"{runs[0]['iterations']} iterations x {runs[0]['responses']} responses = {runs[0]['samples']} samples "
              f"per run; held-out reward, win rate and KL from one evaluator on 256 held-out prompts (see "
-             f"bench/learning.py); mean +/- sd over seeds.\n\n{table(runs)}\n{END}")
+             f"bench/learning.py); mean +/- sd over seeds.\n\n{table(runs)}\n{end}")
     text = results.read_text()
-    if BEGIN in text:
-        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    if begin in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     results.write_text(text)
@@ -295,32 +326,35 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="2 iterations of 16 responses, seed 0, 16 held-out prompts, the demo's quick models")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0-4 (quick: 0)")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(ALL),
+                        help="default: the table's (CONFIGS); FOLLOW_UPS run only when named")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each one torch thread)")
     parser.add_argument("--fresh", action="store_true", help="rerun runs whose results are saved")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help=f"the budget per run (default {ITERATIONS}; quick: 2): a shorter one shows who learns faster")
     parser.add_argument("--one", nargs=3, metavar=("TASK", "CONFIG", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         task, config, seed = args.one
-        print(json.dumps(one(task, config, int(seed), args.quick)))
+        print(json.dumps(one(task, config, int(seed), args.quick, args.iterations)))
         return []
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2, 3, 4])
-    iterations, responses, held_out = sizes(args.quick)
+    iterations, responses, held_out = sizes(args.quick, args.iterations)
     plan = [(task, config, seed) for task in args.tasks for config in args.configs for seed in seeds]
     print(f"[learning] {len(plan)} runs of {iterations} iterations x {responses} responses "
           f"({iterations * responses} samples each); {held_out} held-out prompts")
     if args.dry_run:
         for task, config, seed in plan:
-            print(f"  {task:5s} {config:22s} seed {seed}: {json.dumps(CONFIGS[config])}")
+            print(f"  {task:5s} {config:22s} seed {seed}: {json.dumps(ALL[config])}")
         return []
     demo_models(args.quick)  # built once, before the runs share it
-    if any(CONFIGS[c] is None for c in args.configs):
+    if any(ALL[c] is None for c in args.configs):
         import bench
 
         bench.ensure_peer_env()
 
     def go(item):
-        r = launch(*item, args.quick, args.fresh)
+        r = launch(*item, args.quick, args.fresh, args.iterations)
         print(f"[learning] {r['task']} / {r['config']} / seed {r['seed']}: held-out reward {r['held_out_reward']:+.3f}"
               f" (SFT {r['reference_reward']:+.3f}), win rate {r['win_rate']:.2f}, KL {r['held_out_kl']:.2f}, "
               f"{r['cpu_seconds']} CPU s", flush=True)
@@ -329,11 +363,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         runs = list(pool.map(go, plan))
     md = table(runs)
-    out = OUT / ("learning-quick.md" if args.quick else "learning.md")
+    out = OUT / ("learning-quick.md" if args.quick else
+                 "learning.md" if iterations == ITERATIONS else f"learning-it{iterations}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md + "\n")
     if not args.quick and set(args.tasks) == set(TASKS) and set(args.configs) == set(CONFIGS) and len(seeds) >= 5:
-        write_results(runs, "python bench/learning.py")
+        write_results(runs, "python bench/learning.py" + ("" if iterations == ITERATIONS else
+                                                           f" --iterations {iterations}"))
     print("\n" + md)
     return runs
 

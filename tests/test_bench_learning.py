@@ -57,6 +57,21 @@ def test_results_block_is_appended_once_then_replaced(learning, tmp_path):
     text = results.read_text()
     assert text.startswith("# Results\n\nthe timing table\n") and text.count(learning.BEGIN) == 1
     assert "| demo | rloo k=4 | +2.00 +/- 0.00 |" in text and "| demo | rloo k=4 | +1.00" not in text
+    # A shorter budget (--iterations 10) gets a block of its own beside the table's.
+    early = dict(fake_run("demo", "rloo k=4", 0, 3.0), iterations=10, samples=640)
+    learning.write_results([early], "python bench/learning.py --iterations 10", results)
+    text = results.read_text()
+    assert text.count(learning.BEGIN) == 1 and "| demo | rloo k=4 | +2.00 +/- 0.00 |" in text
+    begin, end = learning.marks(10)
+    assert begin != learning.BEGIN and text.count(begin) == 1
+    assert "| demo | rloo k=4 | +3.00" in text[text.index(begin):text.index(end)]
+
+
+def test_a_shorter_budget_keeps_its_results_apart(learning):
+    assert learning.sizes(False) == (30, 64, 256) and learning.sizes(False, 10) == (10, 64, 256)
+    table_path = learning.result_path("rule", "grpo k=4", 3, False)
+    assert learning.result_path("rule", "grpo k=4", 3, False, 30) == table_path
+    assert learning.result_path("rule", "grpo k=4", 3, False, 10).parts[-4] == "learning-it10"
 
 
 @pytest.mark.slow
