@@ -17,6 +17,7 @@ from hf_ppo.critic_store import CRITIC_INFO_FILE
 from hf_ppo.hub import POLICY_IGNORE_PATTERNS
 from hf_ppo.modeling import PolicyAndCritic, ValueModel
 from hf_ppo.rewards import reward_model_scores
+from hf_ppo.sharding import FSDP_ACCELERATE, fsdp_supported
 from hub_fixtures import TEST_USER
 
 TEXTS = ["the movie was great and the plot was fun", "the food was bad", "the book was lovely ."]
@@ -242,7 +243,7 @@ def test_resume_inside_a_critic_only_pass_is_exact(tiny_models, tokenizer, tmp_p
     assert logged(straight) == logged(resumed) and resumed.iteration == 2
 
 
-def test_critic_hub_model_id_is_a_repo_of_its_own(tmp_path, monkeypatch):
+def test_critic_hub_model_id_is_a_repo_of_its_own(tmp_path):
     def config(**kw):
         return PPOConfig(output_dir=str(tmp_path), report_to=[], **kw)
 
@@ -253,10 +254,14 @@ def test_critic_hub_model_id_is_a_repo_of_its_own(tmp_path, monkeypatch):
         config(critic_hub_model_id="me/x", hub_model_id="me/x")
     with pytest.raises(ValueError, match="critic_hub_model_id is set, but advantage_estimator='grpo' has no critic"):
         config(critic_hub_model_id="me/critic", advantage_estimator="grpo", num_generations=2)
+
+
+@pytest.mark.skipif(not fsdp_supported(), reason=f"FSDP needs accelerate >= {FSDP_ACCELERATE}: refused before this")
+def test_critic_hub_model_id_is_refused_with_fsdp(tmp_path, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
     with pytest.raises(ValueError, match="critic_hub_model_id is set with FSDP"):
-        config(critic_hub_model_id="me/critic")
+        PPOConfig(output_dir=str(tmp_path), report_to=[], critic_hub_model_id="me/critic")
 
 
 def test_critic_updates_need_a_value_loss(tmp_path):
@@ -455,12 +460,13 @@ def test_critic_with_another_vocabulary_is_refused(tiny_models, tokenizer, tmp_p
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(critic="shared", critic_model="x"), "critic='separate' to train a critic started from critic_model"),
-    (dict(critic="reward_lora", critic_model="x"), "critic_model applies to critic='separate'"),
+    (dict(critic="shared", critic_model="policy"), "critic='separate' to train a critic started from critic_model"),
+    (dict(critic="reward_lora", critic_model="policy"), "critic_model applies to critic='separate'"),
     (dict(critic="separate", critic_quantization="4bit"), "needs LoRA"),
 ])
 def test_bad_critic_choices_fail_at_construction(overrides, message, tiny_models, tokenizer, tmp_path):
-    critic_model = overrides.pop("critic_model", None)
+    # A model folder that is no saved critic (a Hub id would first be asked whether it is a pushed critic).
+    critic_model = tiny_models.get(overrides.pop("critic_model", None))
     with pytest.raises(ValueError, match=message):
         make_trainer(tiny_models, tokenizer, tmp_path, critic_model=critic_model, **overrides)
 
