@@ -169,12 +169,14 @@ def train_peer(task: str, seed: int, iterations: int, responses: int, sft: str, 
     """Train the peer in its own venv (bench/learning_peer.py); its CPU seconds and last logged KL."""
     import bench
 
-    bench.ensure_peer_env()
+    if not bench.peer_python().exists():  # main() made it for a whole table; a lone `--one` makes it here
+        bench.ensure_peer_env()
     spec = {"task": task, "seed": seed, "iterations": iterations, "responses": responses, "sft": sft,
             "reward": reward, "policy_dir": policy_dir, "lora": LORA, "settings": SETTINGS, "prompts": train_prompts()}
     spec_file = Path(tempfile.mkdtemp()) / "spec.json"
     spec_file.write_text(json.dumps(spec))
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1")
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1",
+               TMPDIR=tempfile.gettempdir())  # the run's folder (`one`): removed with it
     proc = subprocess.run([str(bench.peer_python()), str(HERE / "learning_peer.py"), str(spec_file)],
                           capture_output=True, text=True, env=env, cwd=ROOT)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("LEARNING_PEER ")]
@@ -223,13 +225,22 @@ def one(task: str, config: str, seed: int, quick: bool, iterations: int | None =
     silence_known_warnings()
     iterations, responses, held_out = sizes(quick, iterations)
     sft, reward = demo_models(quick)
-    policy_dir = tempfile.mkdtemp(prefix="learning-policy-")
-    if ALL[config] is None:
-        trained = train_peer(task, seed, iterations, responses, sft, reward, policy_dir)
-    else:
-        trained = train_hf_ppo(task, config, seed, iterations, responses, sft, reward, policy_dir)
+    # Every temporary file of the run (prompts, output folders, the saved adapter) goes into one folder, removed at
+    # the end: a table of 60 runs leaves nothing behind in the system's temporary directory.
+    outer = tempfile.tempdir
+    with tempfile.TemporaryDirectory(prefix="learning-run-") as tmp:
+        tempfile.tempdir = tmp
+        try:
+            policy_dir = os.path.join(tmp, "policy")
+            if ALL[config] is None:
+                trained = train_peer(task, seed, iterations, responses, sft, reward, policy_dir)
+            else:
+                trained = train_hf_ppo(task, config, seed, iterations, responses, sft, reward, policy_dir)
+            scores = evaluate(task, seed, held_out, sft, reward, policy_dir)
+        finally:
+            tempfile.tempdir = outer
     return {"task": task, "config": config, "seed": seed, "iterations": iterations, "responses": responses,
-            "samples": iterations * responses, **trained, **evaluate(task, seed, held_out, sft, reward, policy_dir)}
+            "samples": iterations * responses, **trained, **scores}
 
 
 def result_path(task: str, config: str, seed: int, quick: bool, iterations: int | None = None) -> Path:
