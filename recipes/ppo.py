@@ -11,8 +11,8 @@
 from __future__ import annotations
 
 # Every name the recipe had when its code lived here, for scripts and tests that load this file as a module.
-from hf_ppo.recipe import *  # noqa: F401,F403
-from hf_ppo.recipe import run
+from hf_ppo.cli.recipe import *  # noqa: F401,F403
+from hf_ppo.cli.recipe import run
 
 if __name__ == "__main__":
     run()

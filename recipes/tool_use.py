@@ -29,8 +29,8 @@ import torch
 from datasets import Dataset
 
 from hf_ppo import EnvSample, Environment, PPOConfig, PPOLMTrainer
-from hf_ppo.rollout import environment_samples
-from hf_ppo.tiny import build_causal_lm, build_tokenizer
+from hf_ppo.rollout.steps import environment_samples
+from hf_ppo.cli.tiny import build_causal_lm, build_tokenizer
 
 MARKER = "<|calc|>"
 

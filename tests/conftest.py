@@ -19,7 +19,7 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Paths of a tiny Llama policy and a tiny Llama reward model (num_labels=1), sharing one tokenizer."""
-    from hf_ppo.tiny import save_tiny_models
+    from hf_ppo.cli.tiny import save_tiny_models
 
     policy, reward = save_tiny_models(tmp_path_factory.mktemp("tiny"))
     return {"policy": policy, "reward": reward}
@@ -49,7 +49,7 @@ def lora_config():
 @pytest.fixture(scope="module")
 def tok():
     """A fresh tiny tokenizer (module-scoped: tests that change it do not leak into other modules)."""
-    from hf_ppo.tiny import build_tokenizer
+    from hf_ppo.cli.tiny import build_tokenizer
 
     return build_tokenizer()
 

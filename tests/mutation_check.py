@@ -4,9 +4,8 @@
     python tests/mutation_check.py -k shuffle   # only mutations whose name contains "shuffle"
     python tests/mutation_check.py --list       # the mutations, without running anything
 
-Each mutation replaces an exact snippet of today's code (rollout.py, rewards.py, estimators.py, generation.py, trainer.py,
-modeling.py, loading.py, ppo_math.py, data.py, config.py, guard.py, checkpoint.py) with
-a bug of a kind a refactor introduces. It is applied to a temporary COPY of the repository (the working tree is never
+Each mutation replaces an exact snippet of today's code (a file under hf_ppo/: rollout/, models/, algorithms/, trainer/)
+with a bug of a kind a refactor introduces. It is applied to a temporary COPY of the repository (the working tree is never
 touched), and a fast subset of the suite (`SUBSET`) runs against the copy with `-x`. The score is caught / total;
 it must stay at 100%. A snippet that no longer appears exactly once in the code is reported STALE: when code moves,
 move the mutation with it (same bug, new snippet). The script exits non-zero if a mutation is MISSED or STALE, or if
@@ -40,7 +39,7 @@ SUBSET = [
     "tests/test_guard_wiring.py",
     "tests/test_data.py",
 ]
-COPIED = ["hf_ppo", "tests", "model_cards", "pyproject.toml"]
+COPIED = ["hf_ppo", "tests", "pyproject.toml"]
 
 
 @dataclass
@@ -50,8 +49,23 @@ class Mutation:
     edits: list[tuple[str, str, str]]  # (file under hf_ppo/, exact original snippet, replacement)
 
 
-R, T, M, L, G, P = "rollout.py", "trainer.py", "modeling.py", "loading.py", "generation.py", "ppo_math.py"
-E, D, C, GU, CK, W = "estimators.py", "data.py", "config.py", "guard.py", "checkpoint.py", "rewards.py"
+R = "rollout/steps.py"
+RF = "rollout/refill.py"
+SC = "trainer/schedule.py"
+W = "rollout/rewards.py"
+G = "rollout/engines.py"
+LP = "models/policy.py"
+PT = "models/pretrained.py"
+AS = "trainer/assembly.py"
+T = "trainer/ppo_trainer.py"
+CR = "models/critics.py"
+M = "models/value_head.py"
+P = "algorithms/ppo_math.py"
+E = "algorithms/estimators.py"
+C = "trainer/config.py"
+D = "trainer/data.py"
+GU = "trainer/guard.py"
+CK = "trainer/checkpoint.py"
 ARANGE = "torch.arange({0}.shape[1], device={0}.device).expand_as({0})"
 MUTATIONS = [
     # -- the reference ------------------------------------------------------------------------------------------------
@@ -76,7 +90,7 @@ MUTATIONS = [
              [(G, "attention_mask = torch.cat([query_mask, response_mask], dim=1).long()",
                "attention_mask = torch.cat([query_mask, torch.ones_like(response_mask)], dim=1).long()")]),
     Mutation("reward_tokenizer_ignored", "reward model with another tokenizer fed the policy's token ids",
-             [(L, 'if formats == {"concat"} and same_tokenizer(tokenizer, chosen):', "if True:")]),
+             [(W, 'if formats == {"concat"} and same_tokenizer(tokenizer, chosen):', "if True:")]),
     Mutation("reward_text_without_prompt", "reward model with another tokenizer scores the completion alone",
              [(W, "encoded = reward_tokenizer([p + c for p, c in zip(prompt_texts, completions)], padding=True,",
                "encoded = reward_tokenizer(list(completions), padding=True,")]),
@@ -149,10 +163,10 @@ MUTATIONS = [
              [(T, "kl_coef=self.kl_ctl.value,", "kl_coef=args.kl_coef,")]),
     # -- minibatches and the loss -------------------------------------------------------------------------------------
     Mutation("never_shuffled", "the minibatch order never shuffled",
-             [(R, "torch.stack([torch.randperm(len(batch), device=batch.queries.device)\n",
+             [(SC, "torch.stack([torch.randperm(len(batch), device=batch.queries.device)\n",
                "torch.stack([torch.arange(len(batch), device=batch.queries.device)\n")]),
     Mutation("same_order_every_epoch", "the minibatch order the same in every PPO epoch",
-             [(R, "torch.stack([torch.randperm(len(batch), device=batch.queries.device)\n"
+             [(SC, "torch.stack([torch.randperm(len(batch), device=batch.queries.device)\n"
                   "                              for _ in range(num_ppo_epochs * critic_passes)])",
                "torch.randperm(len(batch), device=batch.queries.device).expand(num_ppo_epochs * critic_passes, "
                "-1).clone()")]),
@@ -167,24 +181,24 @@ MUTATIONS = [
     Mutation("rollout_every_step", "old log-probs recomputed every step (a fresh rollout per micro-batch)",
              [(T, "if position == 0 or self._schedule is None or self._schedule.done:", "if True:")]),
     Mutation("micro_batch_normalizer", "loss normalised by the micro-batch's tokens, not the minibatch's",
-             [(R, '"normalizer": loss_normalizer(self.batch.policy_mask[minibatch], self.loss_aggregation),',
+             [(SC, '"normalizer": loss_normalizer(self.batch.policy_mask[minibatch], self.loss_aggregation),',
                '"normalizer": loss_normalizer(self.batch.policy_mask[minibatch[k * self.micro_batch_size:'
                '(k + 1) * self.micro_batch_size]], self.loss_aggregation),')]),
     # -- frozen models, aliasing, dropout -----------------------------------------------------------------------------
     Mutation("dropout_kept", "dropout left on",
-             [(L, "            module.p = 0.0\n", "            pass\n")]),
+             [(PT, "            module.p = 0.0\n", "            pass\n")]),
     Mutation("attention_dropout_kept", "dropout left on (Llama-family float attention dropout)",
-             [(L, "            setattr(obj, name, 0.0)\n", "            pass\n")]),
+             [(PT, "            setattr(obj, name, 0.0)\n", "            pass\n")]),
     Mutation("disable_dropout_skipped", "dropout left on (never called)",
-             [(L, "    if args.disable_dropout:\n", "    if False:\n")]),
+             [(AS, "    if args.disable_dropout:\n", "    if False:\n")]),
     Mutation("frozen_trainable", "the reference (and reward) model left trainable",
-             [(L, "    model.requires_grad_(False)\n", "")]),
+             [(PT, "    model.requires_grad_(False)\n", "")]),
     Mutation("frozen_train_mode", "a frozen model left in training mode",
-             [(L, "    model.eval()\n    model.requires_grad_(False)\n", "    model.requires_grad_(False)\n")]),
+             [(PT, "    model.eval()\n    model.requires_grad_(False)\n", "    model.requires_grad_(False)\n")]),
     Mutation("ref_alias_not_copied", "a reference passed as an object aliasing the policy",
-             [(L, "        ref_model = copy.deepcopy(ref_model)\n", "        pass\n")]),
+             [(LP, "        ref_model = copy.deepcopy(ref_model)\n", "        pass\n")]),
     Mutation("ref_alias_identity_only", "a reference aliasing the policy (a wrapper's body) not detected",
-             [(L, "elif _shares_parameters(ref_model, policy_source):", "elif ref_model is policy_source:")]),
+             [(LP, "elif _shares_parameters(ref_model, policy_source):", "elif ref_model is policy_source:")]),
     # -- advantage estimators, num_generations ---------------------------------------------------------------------------
     Mutation("groups_interleaved", "a prompt's k responses spread over the batch (and across devices)",
              [(D, "chunk = [i for i in order[start:start + self.prompts_per_batch] for _ in range(self.num_generations)]",
@@ -193,13 +207,13 @@ MUTATIONS = [
              [(T, "kl_loss_coef=kl_loss_coef(args.advantage_estimator, self.kl_ctl.value, args.use_kl_loss))",
                "kl_loss_coef=0.0)")]),
     Mutation("critic_kept", "a critic-free estimator keeps the value head (memory, optimizer, checkpoint)",
-             [(L, "    if not ESTIMATORS[args.advantage_estimator].needs_critic:\n        policy = without_critic(",
+             [(AS, "    if not ESTIMATORS[args.advantage_estimator].needs_critic:\n        policy = without_critic(",
                "    if False:\n        policy = without_critic(")]),
     Mutation("groups_ignored", "the group estimators see k=1 (each response its own group)",
              [(C, "num_generations=self.num_generations, scale_rewards", "num_generations=1, scale_rewards")]),
     # -- critics, mixed rewards ---------------------------------------------------------------------------------------
     Mutation("critic_adapter_scores", "the reward scored with the reward_lora critic's adapter enabled",
-             [(M, "with context() if context is not None else contextlib.nullcontext():",
+             [(CR, "with context() if context is not None else contextlib.nullcontext():",
                "with contextlib.nullcontext():")]),
     Mutation("warmup_moves_policy", "the critic warm-up lets the policy move",
              [(T, 'critic_only=inputs.get("critic_only") or self.state.global_step < args.critic_warmup_steps)',
@@ -208,11 +222,11 @@ MUTATIONS = [
              [(T, 'critic_only=inputs.get("critic_only") or self.state.global_step < args.critic_warmup_steps)',
                "critic_only=self.state.global_step < args.critic_warmup_steps)")]),
     Mutation("saved_critic_state_not_loaded", "critic_model=<a saved critic> rebuilds the critic but drops its state",
-             [(L, "        policy.load_critic_state_dict(saved.state)\n", "        pass\n")]),
+             [(AS, "        policy.load_critic_state_dict(saved.state)\n", "        pass\n")]),
     Mutation("uniform_groups_kept", "drop_uniform_groups never drops",
              [(R, "policy_mask=batch.policy_mask & kept)", "policy_mask=batch.policy_mask)")]),
     Mutation("refill_takes_uniform_groups", "the refill puts groups without signal in the dropped places",
-             [(R, "donors = (~extra_dropped.reshape(-1, k)[:, 0]).nonzero()",
+             [(RF, "donors = (~extra_dropped.reshape(-1, k)[:, 0]).nonzero()",
                "donors = (extra_dropped.reshape(-1, k)[:, 0]).nonzero()")]),
     Mutation("refill_prompts_repeat_each_round", "every refill round samples the same extra prompts",
              [(D, "key = [self.seed, self.step, round_, self.process]", "key = [self.seed, self.step, 0, self.process]")]),

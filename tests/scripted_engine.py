@@ -7,7 +7,7 @@ import hashlib
 
 import torch
 
-from hf_ppo.generation import RolloutEngine
+from hf_ppo.rollout.engines import RolloutEngine
 
 
 class ScriptedEngine(RolloutEngine):

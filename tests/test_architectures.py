@@ -18,7 +18,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.tiny import synthetic_reviews
+from hf_ppo.cli.tiny import synthetic_reviews
 
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
@@ -391,7 +391,7 @@ def test_stop_token_id_and_stop_token_none(saved_arch, tmp_path):
     with pytest.raises(ValueError, match="outside the policy's vocabulary"):
         build(stop_token_ids=[10_000])
 
-    from hf_ppo.loading import check_stop_token_ids
+    from hf_ppo.models.tokenizers import check_stop_token_ids
 
     with pytest.raises(ValueError, match="no stop token"):  # e.g. a tokenizer without EOS and the EOS trick on
         check_stop_token_ids([], AutoModelForCausalLM.from_pretrained(folder), needs_stop=True)
@@ -400,7 +400,7 @@ def test_stop_token_id_and_stop_token_none(saved_arch, tmp_path):
 def test_all_linear_lora_skips_the_vision_tower_unless_named(saved_arch):
     from peft import LoraConfig, get_peft_model
 
-    from hf_ppo.loading import language_model_lora_config
+    from hf_ppo.models.policy import language_model_lora_config
 
     model = AutoModelForCausalLM.from_pretrained(saved_arch("gemma3_multimodal"))
     config = LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM")
@@ -414,7 +414,7 @@ def test_all_linear_lora_skips_the_vision_tower_unless_named(saved_arch):
 
 def test_disable_dropout_reaches_float_attributes_and_sub_configs(saved_arch):
     """OPT applies dropout from float attributes (and layerdrop); Gemma 3's vision tower reads its sub-config."""
-    from hf_ppo.loading import disable_dropout
+    from hf_ppo.models.pretrained import disable_dropout
 
     for name in ("opt125m", "gemma3_multimodal"):
         model = AutoModelForCausalLM.from_pretrained(saved_arch(name))
@@ -432,7 +432,7 @@ def test_disable_dropout_reaches_float_attributes_and_sub_configs(saved_arch):
 
 
 def test_same_tokenizer_ignores_the_pad_id(saved_arch):
-    from hf_ppo.loading import same_tokenizer
+    from hf_ppo.models.tokenizers import same_tokenizer
 
     a = AutoTokenizer.from_pretrained(saved_arch("qwen3"))
     b = AutoTokenizer.from_pretrained(saved_arch("qwen3"))

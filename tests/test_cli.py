@@ -1,4 +1,4 @@
-"""The `hf-ppo` console command (hf_ppo/cli.py): each command's --help leads with how to run it; `evaluate` on a saved
+"""hf_ppo.cli (the `hf-ppo` command): train, evaluate, demo.
 policy prints the table and writes the report; the built wheel installs a working command."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_ppo.cli import main
+from hf_ppo.cli.command import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def test_evaluate_prints_the_table_and_writes_the_report(tiny_models, prompts_fi
 
 
 def main_evaluate(tiny_models, prompts_file, *extra):
-    from hf_ppo.cli import evaluate
+    from hf_ppo.cli.command import evaluate
 
     return evaluate(["--policy", tiny_models["policy"], "--reference", tiny_models["policy"], "--reward_model",
                      tiny_models["reward"], "--dataset", prompts_file, "--response_length", "4", *extra])
@@ -68,7 +68,7 @@ def test_the_built_wheel_installs_a_working_command(tiny_models, prompts_file, t
     """Build the wheel from a copy of the sources, install it (no dependencies) in a fresh venv that reads the running
     environment's packages, and run `hf-ppo` from another directory."""
     source = tmp_path / "src"
-    for item in ("hf_ppo", "model_cards", "recipes", "pyproject.toml", "README.md"):
+    for item in ("hf_ppo", "recipes", "pyproject.toml", "README.md"):
         copy = shutil.copytree if (REPO / item).is_dir() else shutil.copy
         copy(REPO / item, source / item, **({"ignore": shutil.ignore_patterns("__pycache__")}
                                             if (REPO / item).is_dir() else {}))
@@ -99,4 +99,4 @@ def test_the_built_wheel_installs_a_working_command(tiny_models, prompts_file, t
     # The wheel carries what the command reads: the card template and the demo config.
     listing = subprocess.run([str(python), "-m", "zipfile", "-l", str(wheel)], check=True, capture_output=True,
                              text=True).stdout
-    assert "hf_ppo/model_cards/policy_card.md.jinja" in listing and "hf_ppo/configs/demo.yaml" in listing
+    assert "hf_ppo/hub/templates/policy_card.md.jinja" in listing and "hf_ppo/configs/demo.yaml" in listing

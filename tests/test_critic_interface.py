@@ -10,12 +10,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from hf_ppo.modeling import AutoModelForCausalLMWithValueHead, PolicyAndCritic
-from hf_ppo.rollout import rollout
-from hf_ppo.tiny import build_causal_lm
+from hf_ppo.models.value_head import AutoModelForCausalLMWithValueHead
+from hf_ppo.models.actor_critic import PolicyAndCritic
+from hf_ppo.rollout.steps import rollout
+from hf_ppo.cli.tiny import build_causal_lm
 from scripted_engine import ScriptedEngine
 
-# What the trainer, checkpoint.py and rollout.py use of an actor-critic (AutoModelForCausalLMWithValueHead has them
+# What the trainer, trainer/checkpoint.py and rollout/steps.py use of an actor-critic (AutoModelForCausalLMWithValueHead has them
 # all; a new actor-critic must too).
 INTERFACE = ["policy_model", "has_critic", "critic_parameters", "critic_device", "critic_state_dict",
              "load_critic_state_dict", "is_peft_model", "quantization_method", "config", "forward",

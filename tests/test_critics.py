@@ -13,11 +13,12 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.critic_store import CRITIC_INFO_FILE
-from hf_ppo.hub import POLICY_IGNORE_PATTERNS
-from hf_ppo.modeling import PolicyAndCritic, ValueModel
-from hf_ppo.rewards import reward_model_scores
-from hf_ppo.sharding import FSDP_ACCELERATE, fsdp_supported
+from hf_ppo.models.critics import CRITIC_INFO_FILE
+from hf_ppo.hub.publish import POLICY_IGNORE_PATTERNS
+from hf_ppo.models.actor_critic import PolicyAndCritic
+from hf_ppo.models.critics import ValueModel
+from hf_ppo.rollout.rewards import reward_model_scores
+from hf_ppo.runtime.sharding import FSDP_ACCELERATE, fsdp_supported
 from hub_fixtures import TEST_USER
 
 TEXTS = ["the movie was great and the plot was fun", "the food was bad", "the book was lovely ."]
@@ -186,7 +187,8 @@ def test_warmup_moves_only_the_critic(critic, tiny_models, tokenizer, tmp_path):
 
 # ---- critic_updates_per_step: critic-only passes between the policy's ------------------------------------------------
 def test_schedule_interleaves_critic_only_passes_and_keeps_them_on_resume():
-    from hf_ppo.rollout import MinibatchSchedule, RolloutBatch
+    from hf_ppo.trainer.schedule import MinibatchSchedule
+    from hf_ppo.rollout.batch import RolloutBatch
 
     B, R = 4, 2
     batch = RolloutBatch(torch.zeros(B, 1, dtype=torch.long), torch.ones(B, 1, dtype=torch.bool),
@@ -345,7 +347,7 @@ def test_a_pushed_critic_starts_the_next_run_by_repo_id(case, tiny_models, token
                          critic=critic, critic_model=start, max_steps=2)
     first.train()  # one iteration: the critic has moved from its start
     repo_id = f"{TEST_USER}/tiny-critic-{case}"
-    first.model.push_critic_to_hub(repo_id, first.processing_class, token=hub_token)
+    first.push_critic_to_hub(repo_id, token=hub_token)
 
     pushed = local_hub.files(repo_id)
     assert set(pushed) == {".gitattributes", "README.md", "critic.safetensors", "hf_ppo_critic.json",
@@ -380,6 +382,8 @@ def test_a_pushed_critic_starts_the_next_run_by_repo_id(case, tiny_models, token
 def test_a_critic_repo_is_its_own(tiny_models, tokenizer, tmp_path, local_hub, hub_token, monkeypatch):
     from huggingface_hub import HfApi
 
+    from hf_ppo.hub import push_critic
+
     # A policy (an ordinary model) on the Hub: a critic is never pushed into its repo; as critic_model, it is an
     # ordinary critic source (a causal LM: the value head starts at zero).
     api = HfApi(token=hub_token)
@@ -390,13 +394,13 @@ def test_a_critic_repo_is_its_own(tiny_models, tokenizer, tmp_path, local_hub, h
                         critic_model=policy_repo)
     assert torch.count_nonzero(full.model.critic.head.weight) == 0
     with pytest.raises(ValueError, match="holds files no critic push wrote .* a repo of its own"):
-        full.model.push_critic_to_hub(policy_repo, full.processing_class, token=hub_token)
+        full.push_critic_to_hub(policy_repo, token=hub_token)
     assert CRITIC_INFO_FILE not in local_hub.files(policy_repo)
 
     # A critic pushed again replaces the one there: the fully fine-tuned critic's model files go, so the LoRA critic
     # pushed after it loads as a LoRA critic.
     repo_id = f"{TEST_USER}/tiny-critic"
-    full.model.push_critic_to_hub(repo_id, full.processing_class, token=hub_token)
+    push_critic(full.model, repo_id, full.processing_class, token=hub_token)  # the function
     assert "config.json" in local_hub.files(repo_id)
     api.upload_file(path_or_fileobj=b"notes", path_in_repo="NOTES.md", repo_id=repo_id)  # the user's own file
     with_lora = make_trainer(tiny_models, tokenizer, tmp_path / "lora", lora(), reward=count_e, critic="separate",
@@ -404,7 +408,11 @@ def test_a_critic_repo_is_its_own(tiny_models, tokenizer, tmp_path, local_hub, h
     with torch.no_grad():
         for p in with_lora.model.critic_parameters():
             p.add_(0.05 * torch.randn_like(p))
-    with_lora.model.push_critic_to_hub(repo_id, token=hub_token)
+    asked = len(local_hub.requests)
+    with pytest.raises(AttributeError, match="moved: push the critic with trainer.push_critic_to_hub"):
+        with_lora.model.push_critic_to_hub(repo_id, token=hub_token)  # a model never publishes itself
+    assert len(local_hub.requests) == asked  # nothing was sent
+    with_lora.push_critic_to_hub(repo_id, token=hub_token)
     assert set(local_hub.files(repo_id)) == {".gitattributes", "README.md", "critic.safetensors", "hf_ppo_critic.json",
                                              "NOTES.md", *PUSHED_FILES["separate_lora"]}
     again = make_trainer(tiny_models, tokenizer, tmp_path / "again", lora(), reward=count_e, critic="separate",
@@ -415,7 +423,7 @@ def test_a_critic_repo_is_its_own(tiny_models, tokenizer, tmp_path, local_hub, h
     # also reads as an ordinary sequence classifier, without its head's bias).
     import huggingface_hub
 
-    from hf_ppo.critic_store import saved_critic
+    from hf_ppo.models.critics import saved_critic
 
     monkeypatch.setattr(huggingface_hub.utils._http.time, "sleep", lambda seconds: None)
     local_hub.fail_with(500, path_contains=CRITIC_INFO_FILE)
@@ -447,7 +455,7 @@ def test_reward_function_needs_critic_model_or_refuses(tiny_models, tokenizer, t
 
 
 def test_critic_with_another_vocabulary_is_refused(tiny_models, tokenizer, tmp_path):
-    from hf_ppo.tiny import build_reward_model, build_tokenizer
+    from hf_ppo.cli.tiny import build_reward_model, build_tokenizer
 
     small = build_tokenizer(vocab_size=300)
     other = tmp_path / "other"
@@ -490,7 +498,7 @@ def test_gradient_checkpointing_reaches_the_critic(critic, tiny_models, tokenize
 
 
 def test_reward_lora_with_a_fully_fine_tuned_policy_uses_the_default_adapter(tiny_models, tokenizer, tmp_path):
-    from hf_ppo.loading import DEFAULT_CRITIC_LORA
+    from hf_ppo.models.critics import DEFAULT_CRITIC_LORA
 
     trainer = make_trainer(tiny_models, tokenizer, tmp_path, critic="reward_lora")  # no peft_config
     ranks = {p.shape[0] for n, p in trainer.model.critic.named_parameters() if "lora_A" in n}

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hf_ppo.data import PromptCollator, RolloutRepeatSampler
+from hf_ppo.trainer.data import PromptCollator, RolloutRepeatSampler
 
 
 def global_batches(sampler: RolloutRepeatSampler) -> list[list[int]]:
@@ -74,7 +74,7 @@ def test_collator_left_pads_and_masks():
 def test_refill_prompts_are_whole_groups_fixed_by_seed_step_round_and_process():
     from types import SimpleNamespace
 
-    from hf_ppo.data import RefillPrompts
+    from hf_ppo.trainer.data import RefillPrompts
 
     dataset = [{"input_ids": list(range(1, 2 + i % 3)), "prompt": f"p{i}"} for i in range(20)]
     args = SimpleNamespace(seed=0, process_index=0, num_generations=2, rollout_batch_size=8)

@@ -12,9 +12,9 @@ from datasets import Dataset
 from test_reliability import assert_same_weights, logged, make_args
 
 from hf_ppo import EnvSample, Environment, PPOLMTrainer
-from hf_ppo.environment import collate, credit_to_policy_tokens
-from hf_ppo.ppo_math import ppo_loss
-from hf_ppo.rollout import compute_advantages
+from hf_ppo.rollout.environments import collate, credit_to_policy_tokens
+from hf_ppo.algorithms.ppo_math import ppo_loss
+from hf_ppo.rollout.steps import compute_advantages
 
 REPLY = [7, 8, 9]  # the environment's reply: three fixed token ids
 
@@ -139,10 +139,10 @@ def test_environment_tokens_get_zero_kl_zero_advantage_and_zero_gradient(env_bat
 
 
 def test_first_ratio_is_exactly_one_and_the_loss_reads_the_policy_mask(tiny_models, tokenizer, tmp_path, monkeypatch):
-    import hf_ppo.trainer
+    import hf_ppo.trainer.ppo_trainer
 
-    calls, real = [], hf_ppo.trainer.ppo_loss
-    monkeypatch.setattr(hf_ppo.trainer, "ppo_loss", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    calls, real = [], hf_ppo.trainer.ppo_trainer.ppo_loss
+    monkeypatch.setattr(hf_ppo.trainer.ppo_trainer, "ppo_loss", lambda *a, **kw: calls.append(a) or real(*a, **kw))
     trainer = env_trainer(tiny_models, tokenizer, tmp_path, num_ppo_epochs=1, num_mini_batches=1, max_steps=1)
     trainer.train()
     first = trainer.state.log_history[0]
@@ -209,7 +209,7 @@ def test_a_missing_score_without_a_reward_model_is_an_error_naming_the_fix(tiny_
 
 
 def test_an_environment_that_is_not_one_fails_at_construction(tiny_models, tokenizer, tmp_path):
-    with pytest.raises(TypeError, match="subclass hf_ppo.environment.Environment"):
+    with pytest.raises(TypeError, match="subclass hf_ppo.Environment"):
         env_trainer(tiny_models, tokenizer, tmp_path, environment=object())
 
 

@@ -16,11 +16,12 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.data import RolloutRepeatSampler
-from hf_ppo.estimators import ESTIMATORS, EstimatorSettings, estimate, kl_loss_coef
-from hf_ppo.modeling import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
-from hf_ppo.ppo_math import logprobs_from_logits, ppo_loss, reinforce_pp_advantages
-from hf_ppo.rollout import RolloutBatch, merge_groups
+from hf_ppo.trainer.data import RolloutRepeatSampler
+from hf_ppo.algorithms.estimators import ESTIMATORS, EstimatorSettings, estimate, kl_loss_coef
+from hf_ppo.models.value_head import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
+from hf_ppo.algorithms.ppo_math import logprobs_from_logits, ppo_loss, reinforce_pp_advantages
+from hf_ppo.rollout.batch import RolloutBatch
+from hf_ppo.rollout.refill import merge_groups
 
 CRITIC_METRICS = {"val/explained_variance", "loss/value_avg", "val/clipfrac_avg"}
 PROMPTS = [f"{a} {b}" for a in ("the movie was", "the food was", "the book was", "the show was")
@@ -127,7 +128,7 @@ def test_use_kl_loss_takes_the_kl_out_of_the_reward_for_every_estimator():
     assert kl_loss_coef("gae", 0.3) == 0.0 and kl_loss_coef("gae", 0.3, use_kl_loss=True) == 0.3
     assert kl_loss_coef("grpo", 0.3) == 0.3
     # Step 8 as the rollout runs it (log-probs in, the KL measured with kl_estimator k1 = log 2 per token).
-    from hf_ppo.rollout import compute_advantages
+    from hf_ppo.rollout.steps import compute_advantages
 
     logp, ref = torch.full((1, 2), -1.0), torch.full((1, 2), -1.0 - math.log(2.0))
     settings = dict(kl_coef=1.0, kl_estimator="k1", gamma=1.0, lam=1.0, whiten_rewards=False, whiten_advantages=False)
@@ -280,8 +281,9 @@ def test_grpo_resume_mid_iteration_is_bitwise_exact(refill, tiny_models, tokeniz
 
 
 def test_uniform_groups_leave_the_loss_and_its_mean():
-    from hf_ppo.ppo_math import aggregate_loss, loss_normalizer, uniform_groups
-    from hf_ppo.rollout import RolloutBatch, without_uniform_groups
+    from hf_ppo.algorithms.ppo_math import aggregate_loss, loss_normalizer, uniform_groups
+    from hf_ppo.rollout.batch import RolloutBatch
+    from hf_ppo.rollout.steps import without_uniform_groups
 
     assert uniform_groups(torch.tensor([1.0, 1.0, 0.0, 2.0, 3.0, 3.0]), 2).tolist() == [True, True, False, False,
                                                                                           True, True]
@@ -352,13 +354,14 @@ def test_refill_rounds_run_while_any_process_has_dropped_groups(other_process_dr
     # across processes, so all of them sample the same number of rounds.
     from types import SimpleNamespace
 
-    from hf_ppo import rollout as rollout_module
+    from hf_ppo.rollout import refill as rollout_module
+    from hf_ppo.rollout import steps
 
     def fake_rollout(policy, queries, query_mask, prompts, **settings):
         B = len(prompts)
         batch = rollout_batch(queries, query_mask, torch.ones(B, 2, dtype=torch.long),
                               torch.ones(B, 2, dtype=torch.bool), torch.arange(float(B)))
-        return rollout_module.Rollout(batch, {"rollout/groups_dropped": torch.tensor(0.0)}, 1.0, 2.0,
+        return steps.Rollout(batch, {"rollout/groups_dropped": torch.tensor(0.0)}, 1.0, 2.0,
                                       dropped=torch.zeros(B, dtype=torch.bool), generated_tokens=2 * B)
 
     monkeypatch.setattr(rollout_module, "rollout", fake_rollout)
@@ -382,7 +385,8 @@ def test_refill_rounds_run_while_any_process_has_dropped_groups(other_process_dr
 
 def test_padding_a_rollout_batch_leaves_its_logprobs_and_values(tiny_models, tokenizer):
     # The merged batch is wider than the rollout that sampled a row: the update must see the same numbers there.
-    from hf_ppo.rollout import padded, policy_forward
+    from hf_ppo.rollout.refill import padded
+    from hf_ppo.rollout.steps import policy_forward
 
     torch.manual_seed(0)
     model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_models["policy"], value_head_init_std=0.5)

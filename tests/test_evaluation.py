@@ -1,4 +1,4 @@
-"""Policy-vs-reference evaluation (hf_ppo/evaluation.py): the win rate and its interval by hand, the metrics during
+"""Policy-vs-reference evaluation (hf_ppo/evaluation/): the win rate and its interval by hand, the metrics during
 training, the report file, judges that training never sees, the model card."""
 
 import math
@@ -9,7 +9,8 @@ import torch
 from datasets import Dataset
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.evaluation import REPORT_FILE, REPORT_MARK, win_rate
+from hf_ppo.evaluation.report import REPORT_FILE, REPORT_MARK
+from hf_ppo.evaluation.evaluator import win_rate
 
 
 def count_e(prompts, completions):

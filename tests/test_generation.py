@@ -13,7 +13,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.generation import KVCacheSampler, RolloutEngine, StaticCacheSampler
+from hf_ppo.rollout.engines import KVCacheSampler, RolloutEngine, StaticCacheSampler
 from scripted_engine import ScriptedEngine, fingerprint
 
 PROMPTS = ["the movie was", "the food was great", "bad", "the show was"]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.generation import KVCacheSampler, StaticCacheSampler
-from hf_ppo.versions import CHECKPOINTING_ARG
+from hf_ppo.rollout.engines import KVCacheSampler, StaticCacheSampler
+from hf_ppo.runtime.versions import CHECKPOINTING_ARG
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

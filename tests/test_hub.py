@@ -20,15 +20,9 @@ from hub_fixtures import HUB_ENDPOINT, TEST_ORG, TEST_TOKEN, TEST_USER
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_ppo.hub import (
-    POLICY_ALLOW_PATTERNS,
-    HubPushError,
-    policy_files,
-    push_policy_folder,
-    resolve_repo_id,
-    write_model_card,
-)
-from hf_ppo.tiny import build_causal_lm, build_tokenizer
+from hf_ppo.hub.publish import (POLICY_ALLOW_PATTERNS, HubPushError, published_policy_files, push_policy_folder, resolve_repo_id)
+from hf_ppo.hub.cards import write_model_card
+from hf_ppo.cli.tiny import build_causal_lm, build_tokenizer
 
 ADAPTER_FILES = {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json",
                  "chat_template.jinja", "README.md", "training_curves.png"}
@@ -112,7 +106,7 @@ def test_endpoint_is_the_local_hub():
 
 
 def test_policy_files_are_top_level_policy_files_only(adapter_folder):
-    assert set(policy_files(adapter_folder)) == ADAPTER_FILES
+    assert set(published_policy_files(adapter_folder)) == ADAPTER_FILES
     assert "model*.safetensors" in POLICY_ALLOW_PATTERNS
 
 
@@ -391,7 +385,7 @@ def test_card_template_ships_in_the_wheel(tmp_path):
     repo = Path(__file__).resolve().parent.parent
     src = tmp_path / "src"
     src.mkdir()
-    for name in ["pyproject.toml", "hf_ppo", "model_cards", "recipes/configs"]:  # what pyproject.toml packages
+    for name in ["pyproject.toml", "hf_ppo", "recipes/configs"]:  # what pyproject.toml packages
         copy = shutil.copytree if (repo / name).is_dir() else shutil.copy
         copy(repo / name, src / name)
     for cache in src.rglob("__pycache__"):
@@ -399,7 +393,7 @@ def test_card_template_ships_in_the_wheel(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path / "dist")], check=True, timeout=300, capture_output=True)
     wheel = next((tmp_path / "dist").glob("hf_ppo-*.whl"))
-    assert "hf_ppo/model_cards/policy_card.md.jinja" in zipfile.ZipFile(wheel).namelist()
+    assert "hf_ppo/hub/templates/policy_card.md.jinja" in zipfile.ZipFile(wheel).namelist()
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     script = ("import sys, hf_ppo.hub as hub; assert hub.__file__.startswith(sys.argv[1]); "

@@ -10,8 +10,8 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-from hf_ppo.modeling import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
-from hf_ppo.tiny import build_causal_lm
+from hf_ppo.models.value_head import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
+from hf_ppo.cli.tiny import build_causal_lm
 
 Wrapper = AutoModelForCausalLMWithValueHead
 

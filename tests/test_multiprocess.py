@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hf_ppo import tiny
+from hf_ppo.cli import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import pytest
 from hub_fixtures import seed_offline_cache
 from safetensors.torch import load_file
 
-from hf_ppo.tiny import build_causal_lm, build_tokenizer
+from hf_ppo.cli.tiny import build_causal_lm, build_tokenizer
 
 REPO_ID = "hf-ppo-test/tiny-policy"
 

@@ -1,4 +1,4 @@
-"""hf_ppo.ppo_math against numbers worked out by hand, plus the invariances the trainer relies on.
+"""hf_ppo.algorithms.ppo_math against numbers worked out by hand, plus the invariances the trainer relies on.
 
 Every expected value carries its arithmetic in a comment. Tensors are float64 where the hand numbers need it.
 """
@@ -12,31 +12,7 @@ import pytest
 import torch
 import torch.utils._python_dispatch
 
-from hf_ppo.ppo_math import (
-    AdaptiveKLController,
-    LOSS_AGGREGATIONS,
-    FixedKLController,
-    RunningMoments,
-    aggregate_loss,
-    compute_gae,
-    compute_rewards,
-    entropy_from_logits,
-    explained_variance,
-    grpo_advantages,
-    kl_estimate,
-    kl_loss_per_token,
-    logprobs_from_logits,
-    loss_normalizer,
-    masked_mean,
-    masked_var,
-    masked_whiten,
-    policy_loss,
-    ppo_loss,
-    reinforce_pp_advantages,
-    rloo_advantages,
-    sequence_to_token_advantages,
-    value_loss,
-)
+from hf_ppo.algorithms.ppo_math import (AdaptiveKLController, LOSS_AGGREGATIONS, FixedKLController, RunningMoments, aggregate_loss, compute_gae, compute_rewards, entropy_from_logits, explained_variance, grpo_advantages, kl_estimate, kl_loss_per_token, logprobs_from_logits, loss_normalizer, masked_mean, masked_var, masked_whiten, policy_loss, ppo_loss, reinforce_pp_advantages, rloo_advantages, sequence_to_token_advantages, value_loss)
 
 F64 = torch.float64
 T, F = True, False

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hf_ppo import tiny
+from hf_ppo.cli import tiny
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 

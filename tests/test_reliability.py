@@ -13,9 +13,9 @@ import torch
 from datasets import Dataset
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.checkpoint import CheckpointError, problems
-from hf_ppo.guard import NonFiniteError
-from hf_ppo.rewards import check_reward_values
+from hf_ppo.trainer.checkpoint import CheckpointError, problems
+from hf_ppo.trainer.guard import NonFiniteError
+from hf_ppo.rollout.rewards import check_reward_values
 
 
 def count_e(prompts, completions):
@@ -139,7 +139,7 @@ def reference_4_steps(tiny_models, tokenizer, tmp_path_factory):
 def test_crash_while_saving_keeps_previous_checkpoint(crash, reference_4_steps, tiny_models, tokenizer, lora_config,
                                                       tmp_path, monkeypatch):
     import transformers
-    from hf_ppo import checkpoint as ckpt
+    from hf_ppo.trainer import checkpoint as ckpt
 
     out = tmp_path / "out"
     kwargs = dict(max_steps=4, num_ppo_epochs=1, save_strategy="steps", save_steps=2, save_total_limit=1)
@@ -225,7 +225,7 @@ def test_killed_process_mid_save_resumes(tiny_models, tokenizer, lora_config, tm
         from transformers import AutoTokenizer
         from peft import LoraConfig
         from hf_ppo import PPOConfig, PPOLMTrainer
-        import hf_ppo.checkpoint as ckpt
+        import hf_ppo.trainer.checkpoint as ckpt
         torch.set_num_threads(1)
         real = ckpt._atomic_write
         def write(path, data):
@@ -406,7 +406,7 @@ def test_a_negative_entropy_bonus_warns(tmp_path):
      r"row 1, turn 0 needs a 'role' \(string\) and a 'content'"),
 ])
 def test_bad_data_rows_are_named(tokenizer, rows, message):
-    from hf_ppo.data import prepare_prompts
+    from hf_ppo.trainer.data import prepare_prompts
 
     tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
     tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -487,7 +487,7 @@ def test_a_rotation_that_would_delete_another_programs_checkpoint_is_refused(tin
 
 
 def test_an_incomplete_checkpoint_is_never_moved_onto_another_programs_folder(tmp_path):
-    from hf_ppo.checkpoint import MARKER_FILE, hide_incomplete
+    from hf_ppo.trainer.checkpoint import MARKER_FILE, hide_incomplete
 
     ours = tmp_path / "checkpoint-3"
     ours.mkdir()

@@ -1,11 +1,11 @@
-"""What the user reads while PPO runs (hf_ppo/reporting.py): the progress bar's caption and the sample tables."""
+"""What the user reads while PPO runs (hf_ppo/trainer/progress.py): the progress bar's caption and the sample tables."""
 
 from __future__ import annotations
 
 import pytest
 
 from hf_ppo import PPOConfig
-from hf_ppo.reporting import PPOProgressCallback, log_samples_table
+from hf_ppo.trainer.progress import PPOProgressCallback, log_samples_table
 
 
 @pytest.mark.parametrize("estimator,label", [("k1", "kl_k1"), ("k2", "kl"), ("k3", "kl")])

@@ -14,7 +14,7 @@ import pytest
 from transformers import TrainingArguments
 
 from hf_ppo import PPOConfig
-from hf_ppo.checkpoint import compare_settings, default_settings, settings
+from hf_ppo.trainer.checkpoint import compare_settings, default_settings, settings
 
 # Reviewed: PPOConfig fields a resume may change, each with why it does not change what training computes.
 MAY_CHANGE_ON_RESUME = {
@@ -68,7 +68,7 @@ def test_the_reviewed_list_names_only_real_fields():
 @pytest.mark.parametrize("name", [n for n in PPO_FIELDS if n not in MAY_CHANGE_ON_RESUME] + list(GEOMETRY))
 def test_every_field_that_changes_the_run_is_compared_on_resume(args, name):
     assert changed_names(args, name) == {name}, (
-        f"PPOConfig.{name} is not compared on resume: compare it (hf_ppo/checkpoint.py), or, if changing it on resume "
+        f"PPOConfig.{name} is not compared on resume: compare it (hf_ppo/trainer/checkpoint.py), or, if changing it on resume "
         "cannot change what training computes, add it with its reason to MAY_CHANGE_ON_RESUME")
 
 

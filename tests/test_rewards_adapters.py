@@ -8,7 +8,7 @@ from datasets import Dataset
 from safetensors import safe_open
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.rewards import reward_input_format, score_responses
+from hf_ppo.rollout.rewards import reward_input_format, score_responses
 from hub_fixtures import TEST_USER
 
 QUESTION, ANSWER = "the movie was", " great fun"
@@ -36,7 +36,7 @@ def build_pair_tokenizer():
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from hf_ppo.tiny import synthetic_reviews
+    from hf_ppo.cli.tiny import synthetic_reviews
 
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -117,7 +117,7 @@ def test_pair_format_scores_a_deberta_reward_model_like_by_hand(deberta, tiny_mo
 
 def test_chat_and_concat_formats_with_a_decoder_reward_model(tiny_models, tokenizer, tmp_path):
     """A decoder reward model with its own tokenizer: chat prompts -> its template; text prompts -> prompt + answer."""
-    from hf_ppo.tiny import build_reward_model, build_tokenizer
+    from hf_ppo.cli.tiny import build_reward_model, build_tokenizer
 
     reward_tok = build_tokenizer(vocab_size=300, chat_template="{% for m in messages %}[{{ m['role'] }}] "
                                  "{{ m['content'] }}\n{% endfor %}")
@@ -172,7 +172,7 @@ def test_forced_formats_that_cannot_apply_fail_at_construction(deberta, tiny_mod
 def test_reward_object_loads_its_tokenizer_from_its_path(tiny_models, tokenizer, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    from hf_ppo.tiny import build_reward_model, build_tokenizer
+    from hf_ppo.cli.tiny import build_reward_model, build_tokenizer
 
     other = build_tokenizer(vocab_size=600, seed=1)  # a larger, different vocabulary: ids must not be shared
     folder = tmp_path / "reward600"
@@ -202,7 +202,7 @@ def test_reward_object_loads_its_tokenizer_from_its_path(tiny_models, tokenizer,
 
 
 def test_reward_tokenizer_without_pad_gets_one_for_scoring(tiny_models, tokenizer, tmp_path):
-    from hf_ppo.tiny import build_reward_model, build_tokenizer
+    from hf_ppo.cli.tiny import build_reward_model, build_tokenizer
 
     # A reward model with a vocabulary of its own (the same vocabulary would take the token-id fast path, where the
     # reward tokenizer's pad never matters).
@@ -335,7 +335,7 @@ def test_named_adapters_train_one_and_use_the_other_as_reference(sft_adapter, ti
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from hf_ppo.rollout import policy_forward, reference_logprobs
+    from hf_ppo.rollout.steps import policy_forward, reference_logprobs
 
     base = AutoModelForCausalLM.from_pretrained(tiny_models["policy"])
     model = PeftModel.from_pretrained(base, sft_adapter, adapter_name="sft")
@@ -395,7 +395,7 @@ def test_named_adapters_train_one_and_use_the_other_as_reference(sft_adapter, ti
 def test_a_decoder_reward_scores_a_too_long_input_on_its_last_tokens(tiny_models, tokenizer):
     from transformers import AutoModelForSequenceClassification
 
-    from hf_ppo.rewards import reward_model_scores
+    from hf_ppo.rollout.rewards import reward_model_scores
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_models["reward"]).eval()
     long = tokenizer("the movie was great fun and the plot was dull", return_tensors="pt")["input_ids"][0]

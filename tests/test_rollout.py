@@ -7,10 +7,11 @@ from dataclasses import fields
 import pytest
 import torch
 
-from hf_ppo.generation import generate, sample_token
-from hf_ppo.ppo_math import LOSS_AGGREGATIONS
-from hf_ppo.rollout import (ROLLOUT_STATS, MinibatchSchedule, RolloutBatch, Samples, rollout, sample_and_score,
-                            truncate_after_stop)
+from hf_ppo.rollout.engines import generate, sample_token
+from hf_ppo.algorithms.ppo_math import LOSS_AGGREGATIONS
+from hf_ppo.rollout.steps import ROLLOUT_STATS, Samples, rollout, sample_and_score, truncate_after_stop
+from hf_ppo.trainer.schedule import MinibatchSchedule
+from hf_ppo.rollout.batch import RolloutBatch
 from scripted_engine import ScriptedEngine
 
 

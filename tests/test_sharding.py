@@ -20,8 +20,9 @@ import pytest
 import torch
 import yaml
 
-from hf_ppo import PPOConfig, tiny
-from hf_ppo.sharding import FSDP_ACCELERATE, fsdp_supported
+from hf_ppo import PPOConfig
+from hf_ppo.cli import tiny
+from hf_ppo.runtime.sharding import FSDP_ACCELERATE, fsdp_supported
 
 # The FSDP2 path is tested with accelerate >= FSDP_ACCELERATE only (CI's floor leg has an older one: it checks the error).
 needs_fsdp2 = pytest.mark.skipif(not fsdp_supported(), reason=f"FSDP2 needs accelerate >= {FSDP_ACCELERATE}")
@@ -43,7 +44,7 @@ DRIVER = textwrap.dedent("""
             self.distributed_type, self.fsdp_plugin = DistributedType.FSDP, fsdp_plugin
     AcceleratorState.__init__ = init_fsdp_on_cpu
 
-    from hf_ppo import sharding
+    from hf_ppo.runtime import sharding
     sys.path.insert(0, os.path.dirname(sys.argv[1]))
     import ppo  # recipes/ppo.py
 
@@ -192,7 +193,7 @@ def test_unshardable_configurations_fail_at_construction(monkeypatch, tmp_path, 
 
 @needs_fsdp2
 def test_fsdp2_configuration_is_accepted_and_stores_4bit_weights_in_the_compute_dtype(monkeypatch, tmp_path):
-    from hf_ppo.loading import quantization_config
+    from hf_ppo.models.pretrained import quantization_config
 
     assert quantization_config("4bit", torch.bfloat16).bnb_4bit_quant_storage == torch.uint8  # unsharded: packed bytes
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
@@ -203,7 +204,7 @@ def test_fsdp2_configuration_is_accepted_and_stores_4bit_weights_in_the_compute_
 
 
 def test_fsdp_with_an_accelerate_older_than_the_tested_one_is_refused(monkeypatch, tmp_path):
-    import hf_ppo.sharding as sharding
+    from hf_ppo.runtime import sharding
 
     monkeypatch.setattr(sharding, "FSDP_ACCELERATE", "99.0")
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")

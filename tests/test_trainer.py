@@ -206,7 +206,7 @@ def test_missing_or_eos_pad_is_replaced_by_an_unused_special_token(tiny_models, 
 
 
 def test_reward_model_with_two_labels(tiny_models, tokenizer, tmp_path):
-    from hf_ppo.tiny import build_reward_model
+    from hf_ppo.cli.tiny import build_reward_model
 
     model = build_reward_model(tokenizer)
     model.config.num_labels = 2
@@ -254,7 +254,7 @@ def test_chat_prompts_are_rendered_with_the_template(tiny_models, tokenizer, tmp
 
 
 def test_reward_model_with_another_vocabulary_needs_its_tokenizer(tiny_models, tokenizer, tmp_path):
-    from hf_ppo.tiny import build_reward_model, build_tokenizer
+    from hf_ppo.cli.tiny import build_reward_model, build_tokenizer
 
     small = build_tokenizer(vocab_size=300)
     with pytest.raises(ValueError, match="reward_processing_class"):

@@ -69,8 +69,8 @@ def test_train_push_load_generate(tiny_models, tokenizer, prompts_dataset, lora_
 
 def test_push_to_hub_pushes_the_critic_to_its_own_repo(tiny_models, tokenizer, prompts_dataset, lora_config, tmp_path,
                                                         local_hub, hub_token):
-    from hf_ppo.critic_store import CRITIC_INFO_FILE, CRITIC_STATE_FILE
-    from hf_ppo.hub import push_run_critic
+    from hf_ppo.models.critics import CRITIC_INFO_FILE, CRITIC_STATE_FILE
+    from hf_ppo.hub.publish import push_run_critic
 
     repo_id, critic_repo = f"{TEST_USER}/tiny-ppo", f"{TEST_USER}/tiny-ppo-critic"
     args = make_args(tmp_path, max_steps=4, hub_model_id=repo_id, hub_token=hub_token, critic="separate",
@@ -117,7 +117,7 @@ def test_push_merged_model(tiny_models, tokenizer, prompts_dataset, lora_config,
 
 def test_failed_push_keeps_output_and_can_be_retried(tiny_models, tokenizer, prompts_dataset, lora_config, tmp_path,
                                                      local_hub, hub_token):
-    from hf_ppo.hub import HubPushError
+    from hf_ppo.hub.publish import HubPushError
 
     repo_id = f"{TEST_USER}/tiny-ppo-retry"
     args = make_args(tmp_path, max_steps=4, push_to_hub=True, hub_model_id=repo_id, hub_token=hub_token)
@@ -158,8 +158,8 @@ def test_missing_model_id_names_it(tmp_path, prompts_dataset, request, monkeypat
 
 def test_reward_model_with_a_different_tokenizer(tiny_models, tokenizer, tmp_path):
     """The reward model reads text in its own vocabulary and chat template: decode, re-template, re-tokenize."""
-    from hf_ppo.rewards import score_responses
-    from hf_ppo.tiny import CHAT_TEMPLATE, build_reward_model, build_tokenizer
+    from hf_ppo.rollout.rewards import score_responses
+    from hf_ppo.cli.tiny import CHAT_TEMPLATE, build_reward_model, build_tokenizer
 
     reward_tok = build_tokenizer(vocab_size=300)
     reward_tok.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"

@@ -47,7 +47,7 @@ def _params(function) -> list[str]:
 @pytest.mark.parametrize("name", sorted(SEAMS))
 def test_trainer_has_the_method_with_its_parameters(name):
     assert hasattr(Trainer, name), f"transformers {transformers.__version__}: Trainer.{name} is gone; hf_ppo " \
-                                   f"overrides or calls it (see hf_ppo/trainer.py)."
+                                   f"overrides or calls it (see hf_ppo/trainer/ppo_trainer.py)."
     params = _params(getattr(Trainer, name))
     expected = SEAMS[name]
     assert params[:len(expected)] == expected, (

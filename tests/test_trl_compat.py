@@ -23,10 +23,10 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
 from hf_ppo import AutoModelForCausalLMWithValueHead, PPOConfig, PPOLMTrainer
-from hf_ppo.data import prepare_prompts
-from hf_ppo.loading import disable_dropout
-from hf_ppo.ppo_math import masked_mean, masked_sum, masked_var, masked_whiten
-from hf_ppo.tiny import build_causal_lm, build_tokenizer
+from hf_ppo.trainer.data import prepare_prompts
+from hf_ppo.models.pretrained import disable_dropout
+from hf_ppo.algorithms.ppo_math import masked_mean, masked_sum, masked_var, masked_whiten
+from hf_ppo.cli.tiny import build_causal_lm, build_tokenizer
 
 Wrapper = AutoModelForCausalLMWithValueHead
 HIDDEN = 64  # bitsandbytes' CPU 4-bit kernels need in_features >= 64
@@ -295,9 +295,9 @@ def test_pretokenized_prompts_errors_name_the_fix(tok):
 def test_recipe_keeps_pretokenized_prompts(tok):
     recipe = _load_recipe()
     data = Dataset.from_dict({"input_ids": [[5, 6], [7]], "attention_mask": [[1, 1], [1]], "label": [0, 1]})
-    kept = recipe.prepare_prompts(data, "prompt", tok, "ds")  # the default --prompt_column finds input_ids
+    kept = recipe.prompts_from_column(data, "prompt", tok, "ds")  # the default --prompt_column finds input_ids
     assert kept.column_names == ["input_ids", "attention_mask"]
-    renamed = recipe.prepare_prompts(data.rename_column("input_ids", "ids"), "ids", tok, "ds")
+    renamed = recipe.prompts_from_column(data.rename_column("input_ids", "ids"), "ids", tok, "ds")
     assert renamed["input_ids"] == [[5, 6], [7]]
 
 

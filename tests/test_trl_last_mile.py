@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM, BartConfig, BartForConditionalGen
 from transformers import T5ForConditionalGeneration
 
 from hf_ppo import AutoModelForCausalLMWithValueHead, PPOConfig, PPOLMTrainer
-from hf_ppo.loading import trl_inputs
-from hf_ppo.tiny import build_causal_lm, build_tokenizer
+from hf_ppo.trainer.assembly import trl_inputs
+from hf_ppo.cli.tiny import build_causal_lm, build_tokenizer
 
 Wrapper = AutoModelForCausalLMWithValueHead
 TRL_HEAD_KEYS = {"v_head.summary.weight", "v_head.summary.bias"}

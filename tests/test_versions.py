@@ -19,9 +19,10 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from hf_ppo import AutoModelForCausalLMWithValueHead, versions
-from hf_ppo.generation import generate
-from hf_ppo.tiny import build_causal_lm
+from hf_ppo import AutoModelForCausalLMWithValueHead
+from hf_ppo.runtime import versions
+from hf_ppo.rollout.engines import generate
+from hf_ppo.cli.tiny import build_causal_lm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "deps"))

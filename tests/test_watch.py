@@ -1,4 +1,4 @@
-"""The collapse and reward-hacking watch (hf_ppo/watch.py): each signature from logged metrics, once; silence on a
+"""The collapse and reward-hacking watch (hf_ppo/trainer/watch.py): each signature from logged metrics, once; silence on a
 healthy run; a run made to collapse (a far too high learning rate) warns, and stops when asked."""
 
 import warnings
@@ -8,7 +8,7 @@ from datasets import Dataset
 from transformers import TrainerControl, TrainerState
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.watch import CollapseWarning, CollapseWatch
+from hf_ppo.trainer.watch import CollapseWarning, CollapseWatch
 
 PROMPTS = Dataset.from_dict({"prompt": ["the movie was", "the food was", "the book was", "the show was"] * 2})
 

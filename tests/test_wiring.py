@@ -23,7 +23,7 @@ from transformers import (
 
 import plain_ppo
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.modeling import AutoModelForCausalLMWithValueHead
+from hf_ppo.models.value_head import AutoModelForCausalLMWithValueHead
 from wiring_models import PROMPTS, RecordingTrainer, build_wiring_models, row_key
 
 

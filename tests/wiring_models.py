@@ -19,7 +19,7 @@ import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, TrainerCallback
 
 from hf_ppo import PPOLMTrainer
-from hf_ppo.tiny import build_causal_lm, build_reward_model, build_tokenizer
+from hf_ppo.cli.tiny import build_causal_lm, build_reward_model, build_tokenizer
 
 # Distinct prompts of very different lengths (left padding matters; a row is identified by its prompt).
 PROMPTS = ["the movie was", "the food was great and the service", "a", "the book was bad but the plot was fun and",

@@ -1,0 +1,144 @@
+"""Step 8 of a rollout: the advantage estimators, one function each behind one interface.
+
+An estimator maps a rollout's shaped scores (B,), per-token KL (B, R), response mask (B, R) and the critic's
+values (B, R) (None for a critic-free estimator) to the per-token `rewards`, `non_score_rewards`, `advantages` and
+`returns` (B, R), 0 at masked positions. The B rows are grouped by prompt: with `k = num_generations` responses per
+prompt, rows i*k .. i*k+k-1 answer prompt i (`data.RolloutRepeatSampler` lays them out so).
+
+Where the KL penalty enters, as each method's paper / reference implementation does it:
+
+- gae (PPO, Ziegler et al. 2019; Huang et al. 2024): -kl_coef * KL_t in every token's reward, GAE with the critic.
+- rloo (Ahmadian et al. 2024; TRL's RLOO): in the reward, at the sequence level: R_i = score_i - kl_coef *
+  sum_t KL_t, then the leave-one-out baseline; every token of a response gets its R_i - baseline.
+- any of them with `use_kl_loss` (`estimate`): the KL leaves the reward and becomes grpo's loss term.
+- grpo (Shao et al. 2024): a loss term, kl_coef * KL_k3(policy || reference) per token, added to the PPO loss in
+  the update (`kl_in_loss`); the advantages use the scores alone. `non_score_rewards` still holds -kl_coef * KL_t,
+  so `objective/non_score_reward` and `objective/rlhf_reward` report the penalised objective (the KL measured with
+  `kl_estimator`, the loss term's being k3).
+- reinforce_pp (Hu 2025): in every token's reward (like gae), returns summed to the end, whitened over the batch.
+
+`rewards` is what the advantages were computed from (per token, the score at the last real token); `returns` is
+the critic's target for gae, and for the critic-free estimators the return each response's advantage starts from
+(R_i on every real token for rloo and grpo, the reward-to-go G_t for reinforce_pp): logged, never trained on.
+Adding an estimator is one function with this signature and one `ESTIMATORS` entry.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+
+from .ppo_math import (
+    compute_gae,
+    compute_rewards,
+    group_centred,
+    grpo_advantages,
+    masked_sum,
+    masked_whiten,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    sequence_to_token_advantages,
+)
+
+
+class EstimatorSettings(NamedTuple):
+    """The PPOConfig fields the estimators read, and the KL controller's current coefficient."""
+
+    kl_coef: float
+    num_generations: int = 1
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_rewards: bool = False
+    whiten_advantages: bool = True
+    scale_rewards: bool = True
+    lam_critic: float | None = None  # None: lam
+
+
+def gae(scores, kl, mask, values, s: EstimatorSettings, step_rewards=None) -> dict[str, torch.Tensor]:
+    """PPO's estimator: KL-penalised per-token rewards (plus an environment's per-position `step_rewards` (B, R)),
+    optional reward whitening (no mean shift), GAE with the critic's values, advantage whitening over the batch's
+    real tokens (returns keep the raw advantages).
+
+    Decoupled GAE (VAPO, Yue et al. 2025): the critic's returns are GAE(`lam_critic`) advantages + values, the actor's
+    advantages GAE(`lam`); with `lam_critic` None (or equal to `lam`) one GAE serves both."""
+    if values is None:
+        raise ValueError("advantage_estimator='gae' needs a critic's values: this model has no critic.")
+    rewards, non_score_rewards = compute_rewards(scores, kl, mask, s.kl_coef)
+    if step_rewards is not None:
+        rewards = rewards + torch.where(mask, step_rewards, torch.zeros_like(step_rewards))
+    if s.whiten_rewards:
+        rewards = masked_whiten(rewards, mask, shift_mean=False)
+    advantages, returns = compute_gae(rewards, values, mask, s.gamma, s.lam)
+    if s.lam_critic is not None and s.lam_critic != s.lam:
+        returns = compute_gae(rewards, values, mask, s.gamma, s.lam_critic)[1]
+    whitened = masked_whiten(advantages, mask) if s.whiten_advantages else advantages
+    return {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": whitened, "returns": returns}
+
+
+def rloo(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tensor]:
+    """RLOO: R_i = score_i - kl_coef * sum_t KL_t; A_i = R_i - mean of the other k-1 responses' R; A_i on every real
+    token, whitened over the batch's real tokens when `whiten_advantages` (TRL's `normalize_advantages`)."""
+    rewards, non_score_rewards = compute_rewards(scores, kl, mask, s.kl_coef)
+    sequence_returns = masked_sum(rewards, mask, dim=1)
+    advantages = sequence_to_token_advantages(rloo_advantages(sequence_returns, s.num_generations), mask)
+    advantages = masked_whiten(advantages, mask) if s.whiten_advantages else advantages
+    return {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": advantages,
+            "returns": sequence_to_token_advantages(sequence_returns, mask)}
+
+
+def grpo(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tensor]:
+    """GRPO: A_i = (score_i - group mean) / (group std + eps), or without the division when `scale_rewards=False`
+    (Dr. GRPO), on every real token. The KL penalty is a loss term (`kl_in_loss`), not part of the reward; the group
+    normalisation is the whole normalisation (`whiten_advantages` does not apply)."""
+    rewards, _ = compute_rewards(scores, torch.zeros_like(kl), mask, 0.0)
+    non_score_rewards = torch.where(mask, -s.kl_coef * kl, torch.zeros_like(kl))
+    advantages = grpo_advantages(scores, s.num_generations, scale_rewards=s.scale_rewards)
+    return {"rewards": rewards, "non_score_rewards": non_score_rewards,
+            "advantages": sequence_to_token_advantages(advantages, mask),
+            "returns": sequence_to_token_advantages(scores, mask)}
+
+
+def reinforce_pp(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tensor]:
+    """REINFORCE++ (`ppo_math.reinforce_pp_advantages`); with k >= 2 responses per prompt REINFORCE++-baseline (the
+    group mean off each score first). Its batch whitening is part of the method (`whiten_advantages` does not apply)."""
+    k = s.num_generations if s.num_generations > 1 else None
+    advantages, returns = reinforce_pp_advantages(scores, kl, mask, s.kl_coef, k=k)
+    centred = scores if k is None else group_centred(scores, k)
+    rewards, non_score_rewards = compute_rewards(centred, kl, mask, s.kl_coef)
+    return {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": advantages, "returns": returns}
+
+
+class Estimator(NamedTuple):
+    """An advantage estimator: `compute(scores, kl, mask, values, settings)` -> {rewards, non_score_rewards,
+    advantages, returns}; whether it needs a critic's values; whether its KL penalty is a loss term."""
+
+    compute: Callable[..., dict[str, torch.Tensor]]
+    needs_critic: bool
+    kl_in_loss: bool
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "gae": Estimator(gae, needs_critic=True, kl_in_loss=False),
+    "rloo": Estimator(rloo, needs_critic=False, kl_in_loss=False),
+    "grpo": Estimator(grpo, needs_critic=False, kl_in_loss=True),
+    "reinforce_pp": Estimator(reinforce_pp, needs_critic=False, kl_in_loss=False),
+}
+
+
+def kl_loss_coef(advantage_estimator: str, kl_coef: float, use_kl_loss: bool = False) -> float:
+    """The coefficient of the KL loss term in the update: `kl_coef` for an estimator whose KL is a loss term (or any
+    estimator with `use_kl_loss`), else 0."""
+    return kl_coef if use_kl_loss or ESTIMATORS[advantage_estimator].kl_in_loss else 0.0
+
+
+def estimate(advantage_estimator: str, scores, kl, mask, values, s: EstimatorSettings,
+             use_kl_loss: bool = False, **extra) -> dict[str, torch.Tensor]:
+    """Run `advantage_estimator`. With `use_kl_loss` the KL leaves the reward for a loss term in the update (verl's
+    and OpenRLHF's `use_kl_loss`): the estimator sees no KL, and `non_score_rewards` still reports -kl_coef * KL_t,
+    as grpo's do. `extra`: the estimator's own keyword arguments (gae's `step_rewards`)."""
+    estimator = ESTIMATORS[advantage_estimator]
+    if not use_kl_loss or estimator.kl_in_loss:
+        return estimator.compute(scores, kl, mask, values, s, **extra)
+    out = estimator.compute(scores, torch.zeros_like(kl), mask, values, s, **extra)
+    return {**out, "non_score_rewards": torch.where(mask, -s.kl_coef * kl, torch.zeros_like(kl))}

@@ -1,0 +1,7 @@
+"""Floor 7, the command line: `hf-ppo train / evaluate / demo` (`command`), the YAML recipe (`recipe`), the offline
+demo (`demo`) and the tiny models it and the tests build (`tiny`). Heavy imports wait inside functions, so that
+`hf-ppo --help` starts fast."""
+
+from .command import main
+
+__all__ = ["main"]

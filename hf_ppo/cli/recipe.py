@@ -1,0 +1,374 @@
+"""`hf-ppo train` / `recipes/ppo.py`: PPO (RLHF) from a YAML config and command-line overrides.
+
+The options are three dataclasses (`ScriptArguments`: the prompts; `ModelArguments`: the models; `PPOConfig`), read
+by trl's `TrlParser`; `parse_args` checks keys and resolves paths before anything loads, `main` trains and saves.
+The help text (`help_text`) is written for the command that runs it: `hf-ppo train` or `python recipes/ppo.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import sys
+import warnings
+from dataclasses import dataclass, field, fields
+
+from datasets import Dataset, DatasetDict, load_dataset
+from transformers import AutoTokenizer, TrainingArguments
+from trl import TrlParser
+
+from ..trainer.config import PPOConfig
+from ..trainer.ppo_trainer import PPOLMTrainer
+
+HELP = """PPO (RLHF) on a Hub or local policy with a Hub or local reward model.
+
+Three ways to run it: a YAML config, the same with command-line overrides (the command line wins), and
+`accelerate launch` for several GPUs (DDP, DeepSpeed ZeRO-2, or FSDP2 to shard the policy; the command is unchanged):
+
+    {run} --config recipes/configs/demo.yaml          # offline, after one `make demo` (or `hf-ppo demo`)
+    {run} --config recipes/configs/qlora_24gb.yaml --learning_rate 5e-6 --output_dir runs/my-ppo
+    accelerate launch --config_file recipes/accelerate/ddp.yaml {launch} --config recipes/configs/qlora_24gb.yaml
+    accelerate launch --config_file recipes/accelerate/deepspeed_zero2.yaml {launch} --config ...
+    accelerate launch --config_file recipes/accelerate/fsdp.yaml {launch} --config ...
+
+Every YAML key is an option below (`--key value`); a key that is none of them is an error that suggests the
+nearest one. Relative paths (models, datasets, checkpoints) are looked up in the working directory, then next to
+the config file; a name found in neither is taken as a Hub id when it reads as one (`name` or `namespace/name`),
+else it is an error before anything loads. `output_dir` is relative to the working directory.
+
+When it ends, the policy (LoRA adapter or full weights, tokenizer, model card) is in `output_dir`, with
+`trainer_state.json` (every logged metric); the last lines say how to load and push it. `push_to_hub: true`
+uploads the policy alone (never the value head, reference or reward model).
+
+Quantization is per model and lives in PPOConfig: `policy_quantization` (4bit + use_peft = QLoRA),
+`ref_quantization`, `reward_quantization`. Prompts come from `prompt_column`: plain text, or chat conversations
+(`prompt_column: messages`, a list of {{"role", "content"}} dicts) rendered with the policy tokenizer's chat template.
+Defaults follow the N+ implementation-details paper (Huang et al. 2024), e.g. `response_length` 53 is its
+TL;DR summary budget, `learning_rate` 3e-6, `kl_coef` 0.05: set them for your task (the configs in
+recipes/configs/ do). With `dataset_test_split` and `eval_strategy: steps`, training evaluates the policy against its
+reference (win rates, KL; `eval_report.md` in `output_dir`).
+
+Deliberately left out: custom reward functions (pass a callable to `PPOLMTrainer` in your own script), dataset
+mixtures, streaming datasets, and any device placement (Trainer and accelerate own it).
+"""
+
+# Local files are read with the `datasets` builder matching their suffix.
+LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+@dataclass
+class ScriptArguments:
+    """Where the prompts come from."""
+
+    dataset_name: str = field(metadata={"help": "Hub dataset id, or a local .json/.jsonl/.csv/.parquet file."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration (subset) name."})
+    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    dataset_test_split: str | None = field(
+        default=None, metadata={"help": "Split (or local file) to evaluate on; None: no eval dataset."}
+    )
+    prompt_column: str = field(
+        default="prompt",
+        metadata={"help": "Column holding the prompts: text, or chat messages (e.g. 'messages') rendered with the "
+                  "tokenizer's chat template."},
+    )
+
+
+@dataclass
+class ModelArguments:
+    """Which models to load, and how (quantization of each model is set in PPOConfig)."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Policy: Hub id or local path of a causal LM (with TRL's --sft_model_path, a "
+                                "PPOConfig field, only the tokenizer is read from here, as in TRL's script)."})
+    reward_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Reward model: a sequence classifier with 1 label."})
+    ref_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Reference model; None: the policy with its LoRA adapter disabled "
+                                "(with use_peft) or a frozen copy of the starting policy."},
+    )
+    critic_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "With --critic separate: the model to start the critic from (None: the reward "
+                                "model). See the README's 'Choosing a critic'."},
+    )
+    model_revision: str | None = field(default=None, metadata={"help": "Branch, tag or commit of the policy."})
+    ref_model_revision: str | None = field(default=None, metadata={"help": "Revision of the reference model."})
+    reward_model_revision: str | None = field(default=None, metadata={"help": "Revision of the reward model."})
+    dtype: str | None = field(default=None, metadata={"help": "'auto', 'bfloat16', 'float16' or 'float32'."})
+    attn_implementation: str | None = field(default=None, metadata={"help": "e.g. 'sdpa', 'flash_attention_2'."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Run model code from the Hub repository."})
+    use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters (needed for a quantized policy)."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout; RL wants 0 (stable log-ratios)."})
+    lora_target_modules: list[str] | None = field(
+        default=None, metadata={"help": "Modules to adapt, e.g. 'all-linear' or q_proj v_proj; None: peft's default."}
+    )
+
+
+def resolve_model_paths(model_args: ModelArguments, ppo_config: PPOConfig) -> tuple[str, str, str]:
+    """(policy, tokenizer, reward model) paths from hf_ppo's names or TRL's (PPOConfig's `sft_model_path`,
+    `reward_model_path`)."""
+    policy = ppo_config.sft_model_path or model_args.model_name_or_path
+    if policy is None:
+        raise ValueError("No policy: pass --model_name_or_path (or TRL's --sft_model_path).")
+    rewards = {p for p in (model_args.reward_model_name_or_path, ppo_config.reward_model_path) if p is not None}
+    if not rewards:
+        # TRL's script defaulted to EleutherAI/pythia-160m, a base LM whose score head would be random: no default.
+        raise ValueError("No reward model: pass --reward_model_name_or_path (or TRL's --reward_model_path), a "
+                         "sequence classifier trained with num_labels=1 (e.g. with trl's RewardTrainer).")
+    if len(rewards) > 1:
+        raise ValueError(f"--reward_model_name_or_path and --reward_model_path name different models {sorted(rewards)}: "
+                         "pass one.")
+    return policy, model_args.model_name_or_path or policy, rewards.pop()
+
+
+class ConfigError(ValueError):
+    """A bad key or path in the YAML config or on the command line: reported as one line, before anything loads."""
+
+
+# Options that name things to read; a relative one is looked up in the working directory, then beside the config.
+INPUT_PATHS = {ModelArguments: ["model_name_or_path", "reward_model_name_or_path", "ref_model_name_or_path",
+                               "critic_model_name_or_path"],
+               PPOConfig: ["sft_model_path", "reward_model_path"],
+               ScriptArguments: ["dataset_name"]}
+# "name" or "namespace/name": what a Hub id looks like (a path with more parts, or ./ ../, cannot be one).
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written (it holds commands), each option with its default."""
+
+
+def help_text(command: str = "python recipes/ppo.py") -> str:
+    """The help's description for the command that runs it (`hf-ppo train` or `python recipes/ppo.py`)."""
+    launch = "recipes/ppo.py" if command.endswith("ppo.py") else "$(which hf-ppo) train"
+    return HELP.format(run=command, launch=launch)
+
+
+def build_parser(command: str = "python recipes/ppo.py") -> TrlParser:
+    """The parser of `command`; `--help` leads with how to run it, then lists the PPO fields first, then data and
+    models, then TrainingArguments."""
+    parser = TrlParser((ScriptArguments, ModelArguments, PPOConfig), description=help_text(command),
+                       usage=f"{command} [--config CONFIG.yaml] [--key value ...]", formatter_class=_HelpFormatter)
+    parser.command = command
+    trainer_fields = {f.name for f in fields(TrainingArguments)}
+    ppo_fields = {f.name for f in fields(PPOConfig)} - trainer_fields
+    titles = [("PPO (hf_ppo.PPOConfig)", ppo_fields),
+              ("prompts (ScriptArguments)", {f.name for f in fields(ScriptArguments)}),
+              ("models (ModelArguments)", {f.name for f in fields(ModelArguments)}),
+              ("training (transformers.TrainingArguments, as in any Trainer run)", trainer_fields)]
+    # HfArgumentParser puts every option in one group; regroup them so that the PPO fields come first.
+    groups = [(parser.add_argument_group(title), names) for title, names in titles]
+    for action in list(parser._optionals._group_actions):
+        group = next((g for g, names in groups if action.dest in names), None)
+        if group is not None:
+            parser._optionals._group_actions.remove(action)
+            group._group_actions.append(action)
+    return parser
+
+
+def _unknown_keys(parser: TrlParser, remaining: list[str], source: str, prefix: str) -> list[str]:
+    """One message per unknown `--key` in `remaining`, with the nearest valid key when one is close.
+
+    `prefix` is how keys are written in `source`: "" for YAML keys, "--" for command-line options.
+    """
+    known = sorted({a.dest for a in parser._actions if a.dest != "help"} | {"config"})
+    messages = []
+    for item in remaining:
+        if not item.startswith("--"):
+            continue
+        key = item[2:].split("=", 1)[0].replace("-", "_")
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f" Did you mean '{prefix}{close[0]}'?" if close else f" `{parser.command} --help` lists every key."
+        messages.append(f"unknown key '{prefix}{item[2:].split('=', 1)[0]}' {source}.{hint}")
+    return messages
+
+
+def parse_args(argv: list[str] | None = None, command: str = "python recipes/ppo.py",
+               ) -> tuple[ScriptArguments, ModelArguments, PPOConfig]:
+    """Parse the YAML config (`--config`) and the command line on top of it; resolve and check the paths."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config_file = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
+    if config_file is not None and not os.path.isfile(config_file):
+        raise ConfigError(f"--config {config_file}: no such file (relative to {os.getcwd()}).")
+    parser = build_parser(command)
+    script_args, model_args, ppo_config, from_yaml, from_cli = parser.parse_args_and_config(
+        argv, return_remaining_strings=True, separate_remaining_strings=True)
+    errors = (_unknown_keys(parser, from_yaml, f"in {config_file}", "")
+              + _unknown_keys(parser, from_cli, "on the command line", "--"))
+    if from_cli and not from_cli[0].startswith("--"):
+        errors.append(f"unexpected argument {from_cli[0]!r} on the command line (options are written --key value).")
+    if errors:
+        raise ConfigError("\n".join(errors))
+    config_dir = os.path.dirname(os.path.abspath(config_file)) if config_file else None
+    for args in (script_args, model_args, ppo_config):
+        for name in INPUT_PATHS[type(args)]:
+            try:
+                setattr(args, name, resolve_input(getattr(args, name), name, config_dir))
+            except ConfigError as err:  # report every missing input at once
+                errors.append(str(err))
+    if errors:
+        hint = " (the demo's are built by `make demo`)" if any("demo" in e for e in errors) else ""
+        raise ConfigError("\n".join(errors) + "\nRelative paths are read from the working directory, then from the "
+                          f"config file's folder: fix the paths{hint}.")
+    test = script_args.dataset_test_split
+    if test is not None and (os.sep in test or os.path.splitext(test)[1].lower() in LOCAL_BUILDERS):
+        script_args.dataset_test_split = resolve_input(test, "dataset_test_split", config_dir, hub=False)
+    if isinstance(ppo_config.resume_from_checkpoint, str) and ppo_config.resume_from_checkpoint.lower() not in (
+            "true", "false"):
+        ppo_config.resume_from_checkpoint = resolve_input(ppo_config.resume_from_checkpoint, "resume_from_checkpoint",
+                                                          config_dir, hub=False)
+    ppo_config.output_dir = os.path.abspath(ppo_config.output_dir)
+    return script_args, model_args, ppo_config
+
+
+def resolve_input(value: str | None, name: str, config_dir: str | None, hub: bool = True) -> str | None:
+    """`value` as an absolute path when it exists (working directory first, then `config_dir`); a Hub id as is.
+
+    Raises `ConfigError` naming both places looked in when it is neither a local path nor (with `hub`) a Hub id.
+    """
+    if value is None:
+        return None
+    expanded = os.path.expanduser(value)
+    candidates = [os.path.abspath(expanded)]
+    if config_dir is not None and not os.path.isabs(expanded):
+        candidates.append(os.path.normpath(os.path.join(config_dir, expanded)))
+    for candidate in candidates:
+        if os.path.exists(candidate):
+            return candidate
+    if hub and HUB_ID.match(value) and not value.startswith("."):
+        return value  # a Hub id: the trainer (or `datasets`) loads it, with its own error when it cannot
+    where = " nor ".join(dict.fromkeys(candidates))
+    raise ConfigError(f"{name}={value!r} was not found: it is neither {where}"
+                      + (", and it is not a Hub id ('name' or 'namespace/name')." if hub else "."))
+
+
+def silence_known_warnings() -> None:
+    """Hide the deprecation warnings of other packages' code that we cannot fix: peft 0.21 reads transformers'
+    `is_gradient_checkpointing`; bitsandbytes before 0.50 calls torch's `_check_is_size` in its CPU kernels."""
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning,
+                            module="transformers.modeling_utils")
+    warnings.filterwarnings("ignore", message="_check_is_size will be removed", category=FutureWarning,
+                            module="bitsandbytes")
+
+
+def init_kwargs(model_args: ModelArguments, revision: str | None) -> dict:
+    """`from_pretrained` keyword arguments shared by the three models; unset values are left to transformers."""
+    kwargs = {"revision": revision, "dtype": model_args.dtype, "attn_implementation": model_args.attn_implementation,
+              "trust_remote_code": model_args.trust_remote_code}
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def load_split(name: str, config: str | None, split: str) -> Dataset:
+    """One split of a Hub dataset, or the whole of a local file (its only split)."""
+    suffix = os.path.splitext(name)[1].lower()
+    if os.path.isfile(name):
+        if suffix not in LOCAL_BUILDERS:
+            raise ValueError(f"Cannot read {name!r}: use a {'/'.join(LOCAL_BUILDERS)} file or a Hub dataset id.")
+        return load_dataset(LOCAL_BUILDERS[suffix], data_files=name, split="train")
+    dataset = load_dataset(name, config)
+    if isinstance(dataset, DatasetDict) and split not in dataset:
+        raise ValueError(f"Dataset {name!r} has no split {split!r}; it has {list(dataset)}. Choose one with "
+                         "--dataset_train_split / --dataset_test_split.")
+    return dataset[split]
+
+
+def prompts_from_column(dataset: Dataset, column: str, tokenizer, source: str) -> Dataset:
+    """Keep `column` alone, renamed "prompt": text, or chat messages the trainer renders with the chat template.
+
+    Pre-tokenized prompts (TRL 1.12's format: token ids, used when `column` holds them or, by default, when the
+    dataset has "input_ids" and no "prompt") are kept as "input_ids", with their "attention_mask" when present.
+    """
+    if column == "prompt" and column not in dataset.column_names and "input_ids" in dataset.column_names:
+        column = "input_ids"
+    if column not in dataset.column_names:
+        raise ValueError(
+            f"Dataset {source!r} has no column {column!r}; its columns are {dataset.column_names}. Choose the prompt "
+            "column with --prompt_column NAME (or `prompt_column: NAME` in the YAML); for chat datasets name the "
+            "column of message lists, e.g. --prompt_column messages."
+        )
+    first = dataset[0][column] if len(dataset) else ""
+    if isinstance(first, list) and first and all(isinstance(t, int) for t in first):  # token ids
+        keep = [column] + (["attention_mask"] if "attention_mask" in dataset.column_names else [])
+        dataset = dataset.select_columns(keep)
+        return dataset.rename_column(column, "input_ids") if column != "input_ids" else dataset
+    if isinstance(first, list) and tokenizer.chat_template is None:  # chat: a list of {"role", "content"} dicts
+        raise ValueError(
+            f"Column {column!r} of {source!r} holds chat messages, but the policy's tokenizer has no chat template. "
+            "Use a chat/instruct model, save the tokenizer with a template (`tokenizer.chat_template = ...`), or "
+            "point --prompt_column at a plain-text column."
+        )
+    if not isinstance(first, (str, list)):
+        raise ValueError(f"Column {column!r} of {source!r} holds {type(first).__name__}, not text or chat messages.")
+    dataset = dataset.select_columns([column])
+    return dataset.rename_column(column, "prompt") if column != "prompt" else dataset
+
+
+def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") -> PPOLMTrainer:
+    """Parse `argv` (default: sys.argv), train, save (and push); return the trainer. `command`: what the help and
+    the errors call the command."""
+    script_args, model_args, ppo_config = parse_args(argv, command)
+    silence_known_warnings()
+
+    ppo_config.model_init_kwargs = {**init_kwargs(model_args, model_args.model_revision),
+                                    **(ppo_config.model_init_kwargs or {})}
+    ppo_config.ref_model_init_kwargs = {**init_kwargs(model_args, model_args.ref_model_revision),
+                                        **(ppo_config.ref_model_init_kwargs or {})}
+    ppo_config.reward_model_init_kwargs = {**init_kwargs(model_args, model_args.reward_model_revision),
+                                           **(ppo_config.reward_model_init_kwargs or {})}
+
+    policy_path, tokenizer_path, reward_path = resolve_model_paths(model_args, ppo_config)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, revision=model_args.model_revision,
+                                              trust_remote_code=model_args.trust_remote_code)
+    train = load_split(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)
+    train = prompts_from_column(train, script_args.prompt_column, tokenizer, script_args.dataset_name)
+    evaluation = None
+    if script_args.dataset_test_split is not None:
+        test = script_args.dataset_test_split
+        source = test if os.path.isfile(test) else script_args.dataset_name
+        evaluation = load_split(source, script_args.dataset_config, test)
+        evaluation = prompts_from_column(evaluation, script_args.prompt_column, tokenizer, source)
+
+    peft_config = None
+    if model_args.use_peft:
+        from peft import LoraConfig
+
+        targets = model_args.lora_target_modules
+        if isinstance(targets, list) and targets == ["all-linear"]:  # peft wants this one as a bare string
+            targets = "all-linear"
+        peft_config = LoraConfig(r=model_args.lora_r, lora_alpha=model_args.lora_alpha, task_type="CAUSAL_LM",
+                                 lora_dropout=model_args.lora_dropout, target_modules=targets)
+
+    trainer = PPOLMTrainer(
+        model=policy_path,
+        args=ppo_config,
+        reward_model=reward_path,
+        ref_model=model_args.ref_model_name_or_path,
+        critic_model=model_args.critic_model_name_or_path,
+        train_dataset=train,
+        eval_dataset=evaluation,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    trainer.train(resume_from_checkpoint=ppo_config.resume_from_checkpoint)
+    trainer.save_state()  # trainer_state.json: every logged metric, beside the policy
+    if ppo_config.push_to_hub:  # saves the policy to output_dir, then uploads it with its card
+        commit = trainer.push_to_hub(dataset_name=script_args.dataset_name)
+        if trainer.is_world_process_zero():
+            print(f"Pushed the policy to {trainer.hub_model_id} ({getattr(commit, 'commit_url', commit)}); "
+                  f"local copy in {ppo_config.output_dir}.\n  load it:   from peft import AutoPeftModelForCausalLM; "
+                  f"model = AutoPeftModelForCausalLM.from_pretrained({trainer.hub_model_id!r})")
+    else:
+        trainer.save_model(ppo_config.output_dir)  # prints where the policy is, how to load and push it
+    return trainer
+
+
+def run(argv: list[str] | None = None, command: str = "python recipes/ppo.py") -> None:
+    """`main` as a command: a bad key or path exits with its message alone (the whole story, no traceback)."""
+    try:
+        main(argv, command)
+    except ConfigError as err:
+        name = os.path.basename(command.split()[-1]) if command.endswith(".py") else command
+        sys.exit(f"{name}: error: {err}")

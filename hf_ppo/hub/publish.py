@@ -1,0 +1,367 @@
+"""Publishing the trained policy: which files leave the machine, the model card, and the push itself.
+
+Only the policy is published to the policy's repo: the LoRA adapter (or the merged model), its tokenizer, the card
+and its plot. The value head, the reference and reward models, optimizer/scheduler/RNG state and `training_args.bin`
+stay local, enforced twice: an allow-list of policy file names and a deny-list for everything training leaves
+beside them. A push only reads the output folder, so a failed push loses nothing and can simply be retried.
+A critic is published only on request, to a repo of its own (`push_critic`): what `save_critic` writes, and its card.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from ..models import gguf
+from ..models.adapters import save_policy
+from ..models.critics import CRITIC_INFO_FILE, CRITIC_STATE_FILE, save_critic
+from .cards import _hub_id, write_critic_card
+
+logger = logging.getLogger(__name__)
+
+# Top-level files of a saved policy that may be published (fnmatch patterns, matched against the path in the
+# folder). Anything in a subfolder never matches: checkpoints and saved reference/reward models live there.
+# A model folder's weights, as `save_pretrained` writes them (a policy's, or a fully fine-tuned critic's).
+MODEL_PATTERNS: list[str] = [
+    "config.json",
+    "model*.safetensors",
+    "model*.safetensors.index.json",
+]
+TOKENIZER_PATTERNS: list[str] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+]
+POLICY_ALLOW_PATTERNS: list[str] = [
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    "generation_config.json",
+    *MODEL_PATTERNS,
+    *TOKENIZER_PATTERNS,
+    "README.md",
+    "*.png",
+]
+# Never published, even where an allow pattern would match (e.g. `model*.safetensors` and a value head saved as
+# `model_value_head.safetensors`, or `*.png` inside a checkpoint folder).
+POLICY_IGNORE_PATTERNS: list[str] = [
+    "*/*",
+    "*value_head*",
+    "training_args.bin",
+    "trainer_state.json",
+    "optimizer*",
+    "scheduler*",
+    "rng_state*",
+    "scaler.pt",
+    "*.pt",
+    "*.pth",
+]
+_WEIGHT_PATTERNS = ["adapter_model.safetensors", "model*.safetensors"]
+
+
+class HubPushError(RuntimeError):
+    """A push to the Hub (of the policy, or of a critic) failed; nothing local changed and the push can be retried."""
+
+
+# ---- Which files are the policy ------------------------------------------------------------------------------------
+def published_policy_files(folder) -> list[str]:
+    """The paths (relative, POSIX) in `folder` that `push_policy_folder` would upload, sorted."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    folder = Path(folder)
+    paths = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+    return sorted(filter_repo_objects(paths, allow_patterns=POLICY_ALLOW_PATTERNS,
+                                      ignore_patterns=POLICY_IGNORE_PATTERNS))
+
+
+# ---- Merged export ---------------------------------------------------------------------------------------------------
+def save_merged_policy(adapter_dir, base_source, folder, tokenizer, init_kwargs: dict | None = None) -> Path:
+    """Merge the adapter saved in `adapter_dir` into its base reloaded in full precision; save it to `folder`.
+
+    A quantized base is never merged into (that would re-quantize the merged weights): `base_source` must be the
+    policy's Hub id or path, so the base loads again unquantized (`revision`, `token`, `dtype`... from
+    `init_kwargs`).
+    """
+    import os
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    if not isinstance(base_source, str) or not (os.path.isdir(base_source) or "/" in base_source):
+        raise ValueError("push_merged_model needs the policy given by Hub id or path (the base is reloaded in full "
+                         "precision to merge into); push the adapter instead (push_merged_model=False).")
+    base_source, init_kwargs = gguf.converted(base_source, init_kwargs, "policy")  # the folder training loaded
+    init = {k: v for k, v in (init_kwargs or {}).items()
+            if k in ("revision", "token", "trust_remote_code", "cache_dir", "dtype")}
+    base = AutoModelForCausalLM.from_pretrained(base_source, **init)  # it loaded at construction already
+    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    merged.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
+# ---- Repo id ---------------------------------------------------------------------------------------------------------
+def resolve_repo_id(hub_model_id: str | None, output_dir: str, token: str | None) -> str:
+    """The Hub repo id to push to, resolved as `TrainingArguments`/`Trainer` do.
+
+    `hub_model_id="namespace/name"` is used as is. Otherwise the name (`hub_model_id` without a namespace, else the
+    name of `output_dir`'s folder) goes under the user the token belongs to (one `whoami` request; `token=None`
+    uses the logged-in token). Raises `ValueError` naming the fix when the id is invalid or no user can be found.
+    """
+    from huggingface_hub.utils import validate_repo_id
+
+    name = hub_model_id or Path(output_dir).absolute().name
+    if "/" not in name:
+        name = f"{_whoami(token, name)}/{name}"
+    try:
+        validate_repo_id(name)
+    except ValueError as err:
+        raise ValueError(
+            f"{name!r} is not a valid Hub repo id ({err}). Set hub_model_id='your-user/model-name'."
+        ) from err
+    return name
+
+
+def _whoami(token: str | None, name: str) -> str:
+    from huggingface_hub import HfApi
+
+    try:
+        return HfApi().whoami(token=token)["name"]
+    except Exception as err:  # no token, an invalid one, or no network: all need the same fix
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(
+            f"Cannot tell which Hub repo to push to: hub_model_id does not name a namespace, and the Hub user "
+            f"could not be found ({reason}). Set hub_model_id='your-user/{name}', or log in with `hf auth login` "
+            f"(or pass hub_token) so that the repo goes under your user."
+        ) from err
+
+
+def make_base_path_absolute(folder) -> str | None:
+    """Make `folder/adapter_config.json` name its base model loadably from any working directory.
+
+    PEFT records the base as it was given to `from_pretrained`: a relative local path then only resolves from the
+    directory the run started in. A base that is a local folder is rewritten as its absolute path; a Hub id is kept.
+    Returns the recorded base (None when `folder` holds no adapter).
+    """
+    path = Path(folder) / "adapter_config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    base = config.get("base_model_name_or_path")
+    if base and not os.path.isabs(base) and os.path.isdir(base):
+        config["base_model_name_or_path"] = base = os.path.abspath(base)
+        path.write_text(json.dumps(config, indent=2, sort_keys=True))
+    return base
+
+
+def saved_policy_message(folder, is_adapter: bool) -> str:
+    """What `save_model()` prints: where the policy is, how to load it (adapter or merged), how to push it."""
+    folder = os.path.abspath(folder)
+    name = Path(folder).name
+    if is_adapter:
+        load = [f"  load it:   from peft import AutoPeftModelForCausalLM; "
+                f"model = AutoPeftModelForCausalLM.from_pretrained({folder!r})",
+                "             (the base model is read from adapter_config.json; the tokenizer is in the same folder)",
+                "  merged:    model = AutoPeftModelForCausalLM.from_pretrained(...).merge_and_unload(); "
+                "model.save_pretrained('merged')"]
+        what = "LoRA adapter, tokenizer and model card"
+    else:
+        load = [f"  load it:   from transformers import AutoModelForCausalLM; "
+                f"model = AutoModelForCausalLM.from_pretrained({folder!r})"]
+        what = "weights, tokenizer and model card"
+    push = ["  push it:   trainer.push_to_hub() in the training script (push_to_hub: true in a recipe config), or "
+            "from the folder:",
+            f"             python -c \"from hf_ppo.hub import push_policy_folder; "
+            f"push_policy_folder({folder!r}, 'your-user/{name}')\""]
+    return "\n".join([f"Saved the policy ({what}) to {folder}", *load, *push])
+
+
+# ---- Push ------------------------------------------------------------------------------------------------------------
+def push_policy_folder(
+    folder,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
+    revision: str | None = None,
+    create_pr: bool = False,
+    commit_message: str = "Upload PPO policy",
+) -> str:
+    """Upload the policy files of `folder` (see `POLICY_ALLOW_PATTERNS`) to the Hub model repo `repo_id`.
+
+    Creates the repo if needed (`private` only applies then, as on the Hub), creates branch `revision` from main
+    when given, and commits the policy files in one commit (to a new pull request with `create_pr=True`, which
+    targets main). Value head, reference/reward weights, optimizer/scheduler/RNG state and `training_args.bin` are
+    never uploaded. Returns the commit url (a `huggingface_hub.CommitInfo`, a str with `.oid` and `.pr_url`).
+
+    Raises `ValueError` before any request when `folder` holds no policy weights or when `create_pr` is combined
+    with a branch; `HubPushError` when the Hub cannot be reached or refuses the push. `folder` is only read.
+    """
+    from huggingface_hub.utils import filter_repo_objects
+
+    folder = Path(folder)
+    files = published_policy_files(folder) if folder.is_dir() else []
+    if not list(filter_repo_objects(files, allow_patterns=_WEIGHT_PATTERNS)):
+        raise ValueError(
+            f"{folder} holds no policy weights (adapter_model.safetensors or model*.safetensors): nothing to push. "
+            "Save the policy there first (trainer.save_model())."
+        )
+    branch = revision if revision not in (None, "main") else None
+    if create_pr and branch is not None:
+        raise ValueError(
+            f"create_pr=True opens a pull request against main, so it cannot be combined with "
+            f"hub_revision={revision!r}: set one of them."
+        )
+    _warn_on_local_base_path(folder)
+    return _upload(folder, repo_id, "the policy", POLICY_ALLOW_PATTERNS, list(POLICY_IGNORE_PATTERNS),
+                   f"The local output in {folder} is intact (a push only reads it): fix the cause, then retry with "
+                   "trainer.push_to_hub(); no retraining is needed.",
+                   token=token, private=private, branch=branch, create_pr=create_pr, commit_message=commit_message)
+
+
+def _upload(folder, repo_id: str, what: str, allow_patterns: list[str], ignore_patterns: list[str] | None,
+            retry: str, *, token: str | None, private: bool | None, branch: str | None = None,
+            create_pr: bool = False, commit_message: str, delete_patterns: list[str] | None = None):
+    """Create `repo_id` if needed (and branch `branch` from main), then commit the allowed files of `folder` in one
+    commit. Any failure is a `HubPushError` naming `what` was pushed, the cause, and `retry` (what to do next)."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        if branch is not None:
+            api.create_branch(repo_id, branch=branch, exist_ok=True)
+        return api.upload_folder(
+            repo_id=repo_id,
+            folder_path=folder,
+            allow_patterns=allow_patterns,
+            ignore_patterns=ignore_patterns,  # a fresh list: upload_folder appends its defaults in place
+            delete_patterns=delete_patterns,
+            revision=branch,
+            create_pr=create_pr,
+            commit_message=commit_message,
+        )
+    except Exception as err:
+        raise _push_error(what, repo_id, err, api.endpoint, retry) from err
+
+
+def _push_error(what: str, repo_id: str, err: Exception, endpoint: str, retry: str) -> HubPushError:
+    return HubPushError(f"Could not push {what} to the Hub repo {repo_id!r}: {_describe_failure(err, endpoint)}. "
+                        f"{retry}")
+
+
+def _warn_on_local_base_path(folder: Path) -> None:
+    # PEFT writes the base model's `_name_or_path` into adapter_config.json; a local path there is published
+    # as is (the file is uploaded byte for byte) and makes `AutoPeftModel.from_pretrained(repo_id)` fail elsewhere.
+    config_path = folder / "adapter_config.json"
+    if not config_path.is_file():
+        return
+    base = json.loads(config_path.read_text()).get("base_model_name_or_path")
+    if base and _hub_id(base) is None:
+        logger.warning(
+            "adapter_config.json names a local base model (base_model_name_or_path is a path on this machine); it is "
+            "uploaded as is. Set it to the base model's Hub id before saving to make the adapter loadable by id."
+        )
+
+
+def _describe_failure(err: Exception, endpoint: str) -> str:
+    from huggingface_hub.errors import HfHubHTTPError
+
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, HfHubHTTPError) and err.response is not None:
+        status = err.response.status_code
+        if status in (401, 403):
+            return (f"the Hub refused the credentials (HTTP {status}); log in with `hf auth login` or pass a "
+                    "hub_token with write access to this repo")
+        if status >= 500:
+            return f"the Hub answered with a server error (HTTP {status}), usually temporary"
+        return f"the Hub answered HTTP {status} ({first_line})"
+    if isinstance(err, ValueError):
+        return f"the Hub rejected the upload ({first_line})"
+    return (f"the Hub at {endpoint} could not be reached ({type(err).__name__}: {first_line}); "
+            "check the network connection and HF_ENDPOINT")
+
+
+def save_policy_folder(policy, output_dir: str, trained_adapter: str | None, tokenizer,
+                       state_dict: dict | None = None) -> None:
+    """The policy alone (full weights, or only the trained adapter) + tokenizer, loadable from any directory.
+
+    The adapter names its base as a Hub id or an absolute path, and PEFT's placeholder README.md is not left behind:
+    `save_model()` and `push_to_hub()` write the real card.
+    """
+    os.makedirs(output_dir, exist_ok=True)
+    card = os.path.join(output_dir, "README.md")
+    had_card = os.path.isfile(card)
+    save_policy(policy, output_dir, trained_adapter, state_dict)
+    tokenizer.save_pretrained(output_dir)
+    make_base_path_absolute(output_dir)
+    if not had_card and os.path.isfile(card):
+        os.remove(card)
+
+
+# ---- A critic, to a repo of its own ----------------------------------------------------------------------------------
+# What a critic push may upload, and replace on a later push: what `save_critic` writes, and the card.
+CRITIC_PATTERNS: list[str] = [CRITIC_STATE_FILE, CRITIC_INFO_FILE, "critic/adapter_config.json",
+                              "critic/adapter_model.safetensors", *MODEL_PATTERNS, *TOKENIZER_PATTERNS, "README.md"]
+
+
+def push_critic(model, repo_id: str, tokenizer=None, *, private: bool | None = None, token: str | None = None,
+                commit_message: str = "Upload hf_ppo critic") -> str:
+    """Push the critic of `model` to the Hub model repo `repo_id`, a repo of its own: the files `save_critic` writes
+    (written to a temporary folder) and a card saying which critic it is, its base and how to load it
+    (`critic_model="<repo_id>"`). No policy weights: `save_critic` writes none. A repo holding files that no critic
+    push wrote (a policy's) is refused before anything is uploaded; a critic pushed there before is replaced (its
+    files that the new critic lacks are deleted; files the user added stay). Returns the commit url (a
+    `huggingface_hub.CommitInfo`); a failed push raises `HubPushError`."""
+    import tempfile
+
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    validate_repo_id(repo_id)
+    retry = ("Nothing local changed: fix the cause, then push again (trainer.push_critic_to_hub, or trainer.push_to_hub "
+             "with critic_hub_model_id); no retraining is needed.")
+    api = HfApi(token=token)
+    try:
+        existing = api.list_repo_files(repo_id)
+    except RepositoryNotFoundError:
+        existing = []  # a new repo (or one this token cannot see: creating it says which)
+    except Exception as err:
+        raise _push_error("the critic", repo_id, err, api.endpoint, retry) from err
+    foreign = [f for f in existing if f != ".gitattributes"]
+    if foreign and CRITIC_INFO_FILE not in existing:
+        raise ValueError(f"The Hub repo {repo_id!r} holds files no critic push wrote ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}): a critic never goes into a policy's repo. Push the "
+                         f"critic to a repo of its own, e.g. '{repo_id}-critic'.")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = save_critic(model, os.path.join(tmp, "critic"), tokenizer)
+        info = json.loads(Path(folder, CRITIC_INFO_FILE).read_text())
+        base = info["base"] if info["base"] is not None else getattr(model.config, "_name_or_path", None)
+        if base and _hub_id(base) is None:
+            logger.warning("The critic's base model is a local path (%s): the pushed critic loads only where that "
+                           "path exists. Start the critic from a Hub id to make it loadable anywhere.", base)
+        write_critic_card(folder, repo_id, info["critic"], base)
+        return _upload(folder, repo_id, "the critic", CRITIC_PATTERNS, None, retry, token=token, private=private,
+                       commit_message=commit_message, delete_patterns=CRITIC_PATTERNS)
+
+
+def push_run_critic(model, tokenizer, args, policy_repo_id: str, token: str | None):
+    """`trainer.push_to_hub()`'s critic push: to `args.critic_hub_model_id` when set (else nothing), never to the
+    policy's repo `policy_repo_id` (resolved, so a hub_model_id without a namespace is compared as pushed)."""
+    repo_id = args.critic_hub_model_id
+    if repo_id is None:
+        return None
+    if repo_id == policy_repo_id:
+        raise ValueError(f"critic_hub_model_id={repo_id!r} is the policy's repo: the critic goes to a repo of its own, "
+                         f"e.g. critic_hub_model_id='{repo_id}-critic'.")
+    return push_critic(model, repo_id, tokenizer, private=args.hub_private_repo, token=token)

@@ -1,0 +1,226 @@
+"""The rollout engine: what samples responses to left-padded prompts, behind a small interface.
+
+`RolloutEngine` is the interface: `generate(model, queries, query_mask) -> responses` and `weights_changed()`, the
+hook an engine that keeps its own copy of the weights (a vLLM server, say) needs after each optimizer step.
+`KVCacheSampler`, the default, samples with the policy's own KV cache in a lean decode loop (`generate`);
+`StaticCacheSampler` (`rollout_engine="static"`) samples the same way with a preallocated cache and a compiled,
+fixed-shape decode step, for a GPU.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+from transformers import TrainerCallback
+
+from ..runtime.versions import CACHE
+from ..runtime.warn import warn_user
+
+
+class RolloutEngine:
+    """Samples token ids for left-padded prompts. Subclass it and assign an instance as `trainer.rollout_engine`
+    (after construction): training and evaluation both sample through it. Pinned by tests/test_generation.py
+    (tests/scripted_engine.py is a complete example); see the README, "Extending hf_ppo"."""
+
+    def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+        """Responses (B, R) long, R = `response_length`, for `queries` (B, Q) long / `query_mask` (B, Q) bool,
+        left-padded. `model` is the policy itself (the causal LM or its `PeftModel`, never the value-head wrapper),
+        called under no_grad. After a row's first stop token, padding (the rollout pads whatever follows it anyway,
+        step 2)."""
+        raise NotImplementedError
+
+    def weights_changed(self) -> None:
+        """Called after every optimizer step and after a checkpoint load (resume), once the policy's new weights are
+        in place: an engine with its own copy of the weights (a vLLM server, say) refreshes it here. The default
+        engine samples from the live model and needs nothing."""
+
+
+class KVCacheSampler(RolloutEngine):
+    """The default engine: `generate` below, with the sampling settings fixed at construction."""
+
+    def __init__(self, *, response_length: int, temperature: float, top_k: int | None, top_p: float,
+                 pad_token_id: int, stop_token_ids, batch_size: int):
+        self.settings = dict(response_length=response_length, temperature=temperature, top_k=top_k, top_p=top_p,
+                             pad_token_id=pad_token_id, stop_token_ids=stop_token_ids, batch_size=batch_size)
+
+    def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+        return generate(model, queries, query_mask, **self.settings)
+
+
+def make_rollout_engine(kind: str, **settings) -> RolloutEngine:
+    """The engine `PPOConfig.rollout_engine` names ('kv_cache' or 'static'), with the sampling settings."""
+    return StaticCacheSampler(**settings) if kind == "static" else KVCacheSampler(**settings)
+
+
+class StaticCacheSampler(KVCacheSampler):
+    """The same sampling as `KVCacheSampler`, built for a GPU: a preallocated KV cache (transformers' `StaticCache`,
+    prompt + `response_length` slots, made once per micro-batch) and a fixed-shape single-token decode step, compiled
+    with `torch.compile` (`mode="reduce-overhead"`, CUDA graphs, on a GPU), stop checks every `check_every` tokens
+    instead of a host sync per token.
+
+    Every decode step has the same shapes: the attention mask covers all slots from the start (a slot not yet written
+    is hidden by causality), and prompts are left-padded to a multiple of `prompt_bucket` so that a run compiles once
+    per bucket, not once per prompt length. Rows that stopped ride along at no extra cost to the batch's shapes and
+    get padding. If the step cannot be compiled (a 4-bit layer that some bitsandbytes version cannot trace, say) it
+    runs eagerly, after one warning.
+    """
+
+    def __init__(self, *, compile: bool = True, check_every: int = 8, prompt_bucket: int = 64, **settings):
+        super().__init__(**settings)
+        self.compile, self.check_every, self.prompt_bucket = compile, check_every, prompt_bucket
+        self._compiled = None
+
+    def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+        pad = -queries.shape[1] % self.prompt_bucket  # left padding up to the bucket: masked, so nothing changes
+        if pad:
+            queries = torch.cat([queries.new_full((queries.shape[0], pad), self.settings["pad_token_id"]), queries], 1)
+            query_mask = torch.cat([query_mask.new_zeros((query_mask.shape[0], pad)), query_mask], 1)
+        outputs = []
+        for rows in chunks(queries.shape[0], self.settings["batch_size"]):
+            if self.compile:
+                try:
+                    outputs.append(self._sample(model, queries[rows], query_mask[rows], self._compiled_step()))
+                    continue
+                except Exception as error:  # noqa: BLE001 - any compile failure; a real error recurs eagerly below
+                    if not _is_compile_error(error):
+                        raise
+                    warn_user(f"The rollout's decode step could not be compiled ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0][:200]}); it runs without torch.compile.")
+                    self.compile = False
+            outputs.append(self._sample(model, queries[rows], query_mask[rows], decode_step))
+        return torch.cat(outputs)
+
+    def _compiled_step(self):
+        if self._compiled is None:
+            mode = "reduce-overhead" if torch.cuda.is_available() else None
+            self._compiled = torch.compile(decode_step, mode=mode, dynamic=False)
+        return self._compiled
+
+    @torch.no_grad()
+    def _sample(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor, step) -> torch.Tensor:
+        from transformers import StaticCache
+
+        s = self.settings
+        rows, length, R = queries.shape[0], queries.shape[1], s["response_length"]
+        stops = stop_tensor(s["stop_token_ids"], queries.device)
+        cache = StaticCache(config=model.config, max_cache_len=length + R)
+        attention = torch.cat([query_mask.long(), query_mask.new_ones((rows, R), dtype=torch.long)], dim=1)
+        positions = (query_mask.long().cumsum(1) - 1).clamp(min=0)
+        logits = model(input_ids=queries, attention_mask=attention, position_ids=positions, use_cache=True,
+                       logits_to_keep=1, **{CACHE: cache}).logits[:, -1]
+        response = queries.new_full((rows, R), s["pad_token_id"])
+        done = torch.zeros(rows, dtype=torch.bool, device=queries.device)
+        position = positions[:, -1:]
+        for t in range(R):
+            token = sample_token(logits, s["temperature"], s["top_k"], s["top_p"]).masked_fill(done, s["pad_token_id"])
+            response[:, t] = token
+            if stops.numel():
+                done |= torch.isin(token, stops)
+            if t == R - 1 or ((t + 1) % self.check_every == 0 and bool(done.all())):
+                break
+            position = position + 1
+            logits = step(model, token[:, None], attention, position, cache)
+        return response
+
+
+def decode_step(model: nn.Module, token: torch.Tensor, attention: torch.Tensor, position: torch.Tensor, cache):
+    """One cached forward of one token per row -> the next-token logits (rows, vocab): the function compiled."""
+    return model(input_ids=token, attention_mask=attention, position_ids=position, use_cache=True, logits_to_keep=1,
+                 **{CACHE: cache}).logits[:, -1]
+
+
+def _is_compile_error(error: Exception) -> bool:
+    """An error raised by torch.compile's tracing or code generation (not by the model's own computation)."""
+    return type(error).__module__.startswith(("torch._dynamo", "torch._inductor", "torch.fx"))
+
+
+def sequence_inputs(queries, query_mask, responses, response_mask) -> dict[str, torch.Tensor]:
+    """input_ids / attention_mask / position_ids of prompt + response; positions count real tokens only."""
+    attention_mask = torch.cat([query_mask, response_mask], dim=1).long()
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    return {"input_ids": torch.cat([queries, responses], dim=1), "attention_mask": attention_mask,
+            "position_ids": position_ids}
+
+
+def chunks(n: int, size: int):
+    """Slices of `range(n)` of at most `size` rows: the micro-batches of every no-grad pass."""
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
+
+
+def stop_tensor(stop_token_ids, device) -> torch.Tensor:
+    """Stop ids as a 1-D long tensor (empty: never stop); accepts None, an int or a sequence of ints."""
+    if stop_token_ids is None:
+        stop_token_ids = []
+    elif isinstance(stop_token_ids, int):
+        stop_token_ids = [stop_token_ids]
+    return torch.as_tensor(list(stop_token_ids), dtype=torch.long, device=device)
+
+
+def sample_token(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float) -> torch.Tensor:
+    """One token per row from softmax(logits / temperature), restricted to the top-k / top-p (nucleus) set.
+
+    logits: (B, vocab) -> (B,) long. The nucleus keeps the smallest set of tokens whose probability reaches top_p
+    (the most likely token is always kept).
+    """
+    logits = logits.float() / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        outside = (probs.cumsum(-1) - probs) >= top_p  # the mass before this token already reached top_p
+        sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor, *, response_length: int, temperature: float,
+    top_k: int | None, top_p: float, pad_token_id: int, stop_token_ids, batch_size: int,
+) -> torch.Tensor:
+    """Sample `response_length` tokens per prompt with the model's KV cache: (B, Q) -> responses (B, R).
+
+    A lean decode loop: one prefill of the left-padded prompts, then one cached forward per token, with position
+    ids that count real tokens only. Rows stop after their first stop token (any of `stop_token_ids`: an id, a list,
+    or None for never; the rest is `pad_token_id`), and the loop ends early once every row has stopped. No
+    generation-config machinery runs per token.
+    """
+    stops = stop_tensor(stop_token_ids, queries.device)
+    outputs = []
+    for rows in chunks(queries.shape[0], batch_size):
+        attention = query_mask[rows].long()
+        positions = (attention.cumsum(1) - 1).clamp(min=0)
+        out = model(input_ids=queries[rows], attention_mask=attention, position_ids=positions, use_cache=True,
+                    logits_to_keep=1)
+        response = queries.new_full((attention.shape[0], response_length), pad_token_id)
+        done = torch.zeros(attention.shape[0], dtype=torch.bool, device=queries.device)
+        next_position = positions[:, -1:]
+        for t in range(response_length):
+            token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)
+            response[:, t] = token
+            if stops.numel():
+                done |= torch.isin(token, stops)
+            if t == response_length - 1 or bool(done.all()):
+                break
+            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
+            next_position = next_position + 1
+            out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
+                        use_cache=True, logits_to_keep=1, **{CACHE: getattr(out, CACHE)})
+        outputs.append(response)
+    return torch.cat(outputs)
+
+
+class WeightsChangedCallback(TrainerCallback):
+    """Tells a trainer's `rollout_engine` after every optimizer step that the policy's weights changed (looked up
+    on each call, so an engine assigned after construction is told too)."""
+
+    def __init__(self, trainer):
+        self.trainer = weakref.ref(trainer)  # no reference cycle through Trainer's callback handler
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer().rollout_engine.weights_changed()

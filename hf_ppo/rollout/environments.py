@@ -1,0 +1,153 @@
+"""Bring your own rollout: multi-turn conversations, tool calls and environments (steps 1-3 of an iteration).
+
+An `Environment` replaces the single-turn "generate, truncate, score" with its own episode: given the iteration's
+prompts and `sample` (the current policy, through the trainer's rollout engine), it returns one `EnvSample` per
+prompt: the tokens after the prompt, the policy's and its own interleaved, which of them the policy sampled, and the
+reward (a final score, or None for the trainer's reward model / callables; optionally rewards at positions).
+
+What training makes of it (`rollout/steps.py`, `RolloutBatch.policy_mask`): the environment's tokens are context, never
+actions. The model attends to them, but log-probs, KL, entropy, values, advantages and every loss term and mean use
+the policy's tokens only; GAE runs over the policy's tokens in order and bootstraps across an environment segment
+from the next policy token's value (`ppo_math.compute_gae`). Everything else (penalties, shaping, the estimators, the
+non-finite guard, exact resume, mixed rewards, `num_generations`) is the ordinary path.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+
+from .rewards import scores_given
+
+
+class Prompt(NamedTuple):
+    """One prompt as an environment gets it: `ids` (P,) long, its token ids without padding, and `text`, the
+    dataset's prompt (text, or a chat's messages)."""
+
+    ids: torch.Tensor
+    text: object
+
+
+class EnvSample(NamedTuple):
+    """One episode after its prompt. `tokens` (T,) long: the policy's and the environment's tokens interleaved, in
+    order; `policy_mask` (T,) bool: True where the policy sampled the token; `score`: the final reward, or None to
+    score the whole episode with the trainer's reward model / callables; `rewards` (T,) float or None: rewards at
+    positions (a per-turn or per-step reward), each credited to the policy token at or before its position (a reward
+    on an environment token goes to the policy token that led to it). T <= `response_length`."""
+
+    tokens: torch.Tensor
+    policy_mask: torch.Tensor
+    score: float | None = None
+    rewards: torch.Tensor | None = None
+
+
+Sample = Callable[..., list[torch.Tensor]]
+
+
+class Environment:
+    """Subclass it and pass an instance as `PPOLMTrainer(..., environment=...)`: every training rollout then samples
+    through `rollout`. Evaluation still samples single-turn responses. Pinned by tests/test_environment.py;
+    recipes/tool_use.py is a complete example (a calculator tool)."""
+
+    def rollout(self, prompts: list[Prompt], sample: Sample) -> list[EnvSample]:
+        """One `EnvSample` per prompt, in order.
+
+        `sample(sequences, max_new_tokens=None)`: continues each 1-D token sequence (a prompt and the conversation so
+        far) with the current policy and returns its new tokens (1-D, up to and including a stop token, at most
+        `max_new_tokens` and `response_length`); call it once per turn for the whole batch (a list of sequences), as
+        the rollout engine samples a batch at once.
+        """
+        raise NotImplementedError
+
+
+def check_environment(environment, reward_model, train_dataset):
+    """At construction: `environment` is an `Environment` (or has its `rollout` method). Returns (environment,
+    reward_model): without a reward_model, scores must come from elsewhere (an environment, or `step()` when there
+    is no train_dataset), and `rewards.scores_given` stands in, refusing if a score is ever asked of it."""
+    if environment is not None and not callable(getattr(environment, "rollout", None)):
+        raise TypeError(f"environment must be an hf_ppo.Environment (a `rollout(prompts, sample)` method), got "
+                        f"{type(environment).__name__}: subclass hf_ppo.Environment.")
+    if reward_model is None and (environment is not None or train_dataset is None):
+        reward_model = scores_given
+    return environment, reward_model
+
+
+def _as_tensor(value, dtype, name: str, row: int) -> torch.Tensor:
+    tensor = torch.as_tensor(value, dtype=dtype).cpu()
+    if tensor.dim() != 1:
+        raise ValueError(f"Environment sample {row}: {name} must be 1-D, got shape {tuple(tensor.shape)}.")
+    return tensor
+
+
+def credit_to_policy_tokens(rewards: torch.Tensor, policy_mask: torch.Tensor) -> torch.Tensor:
+    """Move each reward (T,) to the policy token at or before its position (policy_mask (T,) bool) -> (T,), 0 at
+    environment tokens. Example: policy_mask [1, 1, 0, 0, 1], rewards [0, 0, 0, 2, 1] -> [0, 2, 0, 0, 1]."""
+    owner = torch.cummax(torch.where(policy_mask, torch.arange(len(policy_mask)), -1), dim=0).values
+    given = rewards != 0
+    if (given & (owner < 0)).any():
+        raise ValueError("An environment reward sits before the policy's first token: no action of the policy led "
+                         "to it. Put it on a later position, or add it to the final score.")
+    credited = torch.zeros_like(rewards)
+    return credited.index_add_(0, owner[given], rewards[given])
+
+
+class Collated(NamedTuple):
+    """A batch of `EnvSample`s as tensors (B, R), padded after each episode; scores (B,) with NaN where the sample
+    gave none (`given` (B,) bool False); step_rewards (B, R) or None when no sample gave any."""
+
+    responses: torch.Tensor
+    response_mask: torch.Tensor
+    policy_mask: torch.Tensor
+    scores: torch.Tensor
+    given: torch.Tensor
+    step_rewards: torch.Tensor | None
+
+
+def collate(samples: list[EnvSample], batch_size: int, response_length: int, pad_token_id: int,
+            device) -> Collated:
+    """Check the environment's samples (one per prompt, matching lengths, at most `response_length` tokens, at least
+    one policy token, finite numbers) and pad them into tensors of width `response_length`."""
+    if not isinstance(samples, (list, tuple)) or len(samples) != batch_size:
+        count = len(samples) if isinstance(samples, (list, tuple)) else type(samples).__name__
+        raise ValueError(f"Environment.rollout returned {count} samples for {batch_size} prompts: return a list with "
+                         "one EnvSample per prompt, in order.")
+    B, R = batch_size, response_length
+    responses = torch.full((B, R), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((B, R), dtype=torch.bool)
+    policy_mask = torch.zeros((B, R), dtype=torch.bool)
+    scores, step_rewards = torch.full((B,), float("nan")), torch.zeros((B, R))
+    for row, sample in enumerate(samples):
+        tokens = _as_tensor(sample.tokens, torch.long, "tokens", row)
+        mask = _as_tensor(sample.policy_mask, torch.bool, "policy_mask", row)
+        T = len(tokens)
+        if len(mask) != T:
+            raise ValueError(f"Environment sample {row}: {T} tokens but a policy_mask of {len(mask)}: one flag per "
+                             "token.")
+        if T > R:
+            raise ValueError(f"Environment sample {row} has {T} tokens after its prompt, more than response_length="
+                             f"{R}: raise response_length or end the episode earlier (the context must hold them).")
+        if not mask.any():
+            raise ValueError(f"Environment sample {row} holds no policy token: there is nothing to train on.")
+        responses[row, :T], response_mask[row, :T], policy_mask[row, :T] = tokens, True, mask
+        if sample.score is not None:
+            scores[row] = float(sample.score)
+        if sample.rewards is not None:
+            rewards = _as_tensor(sample.rewards, torch.float32, "rewards", row)
+            if len(rewards) != T or not torch.isfinite(rewards).all():
+                raise ValueError(f"Environment sample {row}: rewards must be {T} finite floats, one per token.")
+            step_rewards[row, :T] = credit_to_policy_tokens(rewards, mask)
+    given = torch.tensor([s.score is not None for s in samples])
+    any_rewards = any(s.rewards is not None for s in samples)
+    return Collated(responses.to(device), response_mask.to(device), policy_mask.to(device), scores.to(device),
+                    given.to(device), step_rewards.to(device) if any_rewards else None)
+
+
+class GivenSamples(Environment):
+    """Samples made elsewhere (the step API, `trainer/step_api.py`): `rollout` returns them as they are and never samples."""
+
+    def __init__(self, samples: list[EnvSample]):
+        self.samples = samples
+
+    def rollout(self, prompts: list[Prompt], sample: Sample) -> list[EnvSample]:
+        return self.samples

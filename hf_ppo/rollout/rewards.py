@@ -1,0 +1,511 @@
+"""Rewards: everything about scores, one interface (`RewardSet.score`) that training and evaluation both score through.
+
+- a reward is a frozen reward model (`reward_model_scores`: decoder `score` heads read at the last real token,
+  encoders that pool [CLS] on right-aligned inputs) or a callable `(prompts, completions) -> floats` on text
+  (`check_reward_values` checks what it returns; `probe_reward_callable` calls it once at construction);
+- its inputs (`score_responses`): the policy's token ids, or decoded text in a `reward_input_format` ('chat' through
+  the reward tokenizer's template, a (question, answer) 'pair', or 'concat'), fitted to the reward model's context
+  (`fit_context`);
+- several rewards (`RewardSet`): each scored, optionally normalised by its own running statistics, and combined as a
+  weighted sum; each keeps a name for its metric (`reward_name`, `unique_names`);
+- what the rollout does to a score: step 4's penalties (`penalize`) and step 7's running normalisation and clipping
+  (`shape_scores`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import AutoModelForSequenceClassification, PreTrainedModel
+
+from ..algorithms.ppo_math import RunningMoments, last_token_index, overlong_penalty
+from ..models.critics import scores_as_loaded
+from ..models.pretrained import _init_kwargs, _is_quantized, compute_dtype, freeze, from_pretrained, pools_itself
+from ..models.tokenizers import load_reward_tokenizer, load_tokenizer, same_checkpoint, same_tokenizer, with_scoring_pad
+from ..runtime.warn import warn_user
+from .engines import chunks, sequence_inputs
+
+# A checkpoint without a trained score head (a causal LM, a base encoder) is not a reward model.
+REWARD_HEAD_FIX = ("If a score head (`score` / `classifier`) is missing, this checkpoint is no reward model (a causal LM "
+                   "or a base encoder, say): train one first (e.g. trl's RewardTrainer with num_labels=1 on preference "
+                   "pairs) and pass that, or pass a reward function (prompts, completions) -> list[float].")
+
+
+def load_reward_model(
+    reward_model, init_kwargs: dict | None, quantization: str, dtype: torch.dtype, device
+):
+    """The frozen reward model (a sequence classifier with one label), or a reward callable passed through."""
+    if callable(reward_model) and not isinstance(reward_model, nn.Module):
+        return reward_model
+    if isinstance(reward_model, str):
+        reward_model = from_pretrained(AutoModelForSequenceClassification, reward_model, "reward model",
+                                       missing_fix=REWARD_HEAD_FIX, **_init_kwargs(init_kwargs, quantization, dtype,
+                                                                                   device))
+    if not isinstance(reward_model, PreTrainedModel):
+        raise TypeError("reward_model must be a Hub id or path, an AutoModelForSequenceClassification, or a callable "
+                        f"(prompts, completions) -> list[float]; got {type(reward_model).__name__}.")
+    num_labels = getattr(reward_model.config, "num_labels", None)
+    if num_labels != 1:
+        raise ValueError(f"The reward model has num_labels={num_labels}; PPO needs one scalar score per response. "
+                         "Use a reward model trained with num_labels=1 (e.g. trl's RewardTrainer).")
+    if not _is_quantized(reward_model):
+        reward_model = reward_model.to(device)
+    return freeze(reward_model)
+
+
+def load_rewards(reward_model, reward_processing_class, args, dtype: torch.dtype, device):
+    """(reward(s), reward tokenizer(s)): `load_reward_model` on one reward or on each of a list, with the tokenizer
+    of each one given by id/path loaded beside it. For a list, `reward_processing_class` is None or a list with one
+    entry (a tokenizer or None) per reward, and an error names the reward it concerns."""
+    if not isinstance(reward_model, (list, tuple)):
+        reward = load_reward_model(reward_model, args.reward_model_init_kwargs, args.reward_quantization, dtype, device)
+        if isinstance(reward_model, str) and reward_processing_class is None:
+            reward_processing_class = load_tokenizer(reward_model, "reward model", args.reward_model_init_kwargs)
+        return reward, reward_processing_class
+    if not reward_model:
+        raise ValueError("reward_model is an empty list: give at least one reward model, id or callable.")
+    classes = reward_processing_class if reward_processing_class is not None else [None] * len(reward_model)
+    if not isinstance(classes, (list, tuple)) or len(classes) != len(reward_model):
+        raise ValueError(f"reward_model is a list of {len(reward_model)} rewards: reward_processing_class must be None "
+                         "or a list with one entry per reward (its tokenizer, or None), in the same order.")
+    rewards, tokenizers = [], []
+    for i, (given, tokenizer) in enumerate(zip(reward_model, classes)):
+        with naming_reward(reward_name(given), i):
+            if isinstance(given, (list, tuple)):
+                raise TypeError("a list inside the reward_model list: give one flat list of rewards.")
+            reward, tokenizer = load_rewards(given, tokenizer, args, dtype, device)
+        rewards.append(reward)
+        tokenizers.append(tokenizer)
+    return rewards, tokenizers
+
+
+def reward_set(loaded, given, tokenizer, args, chat: set[bool], train_dataset) -> RewardSet:
+    """The run's `RewardSet`: each reward's tokenizer and input format resolved and checked as for a single reward
+    (`reward_tokenizer`), each callable probed (`probe_reward_callable`), names for the logs, and `reward_weights`
+    checked against the number of rewards. `loaded`: the `LoadedModels` of `trainer/assembly.py`; `given`: the trainer's `reward_model` argument (a list or one reward)."""
+    is_list = isinstance(given, (list, tuple))
+    rewards = loaded.reward_model if is_list else [loaded.reward_model]
+    classes = loaded.reward_processing_class if is_list else [loaded.reward_processing_class]
+    names = unique_names([reward_name(r) for r in (given if is_list else [given])])
+    return _reward_set(rewards, classes, names, is_list, tokenizer, args, chat, train_dataset, args.reward_weights,
+                       args.normalize_each_reward)
+
+
+def judge_set(given, tokenizer, args, chat: set[bool], train_dataset) -> RewardSet | None:
+    """The evaluation-only rewards (the trainer's `eval_reward_model`: one or a list, in the forms of
+    `reward_model`), loaded and checked as the training rewards are, scored each on its own (weights 1.0, never
+    normalised); None when none is given."""
+    if given is None:
+        return None
+    given = list(given) if isinstance(given, (list, tuple)) else [given]
+    if not given:
+        raise ValueError("eval_reward_model is an empty list: give a judge (id, path, model or callable) or None.")
+    judges, classes = load_rewards(given, None, args, compute_dtype(args.bf16, args.fp16), args.device)
+    names = unique_names([reward_name(r) for r in given])
+    return _reward_set(judges, classes, names, True, tokenizer, args, chat, train_dataset, None, False)
+
+
+def _reward_set(rewards, classes, names, is_list, tokenizer, args, chat, train_dataset, weights,
+                normalize_each) -> RewardSet:
+    weights = weights if weights is not None else [1.0] * len(rewards)
+    if len(weights) != len(rewards):
+        raise ValueError(f"reward_weights has {len(weights)} weights but there {'are' if len(rewards) > 1 else 'is'} "
+                         f"{len(rewards)} reward{'s' if len(rewards) > 1 else ''} ({', '.join(names)}): give one weight "
+                         "per reward, in the order of reward_model, or reward_weights=None for all 1.0.")
+    # A forced format is meant for the list's models: its callables always read text.
+    any_model = any(isinstance(r, PreTrainedModel) for r in rewards)
+    tokenizers = []
+    for i, (reward, processing_class, name) in enumerate(zip(rewards, classes, names)):
+        callable_in_list = is_list and any_model and not isinstance(reward, PreTrainedModel)
+        input_format = "auto" if callable_in_list else args.reward_input_format
+        with naming_reward(name if is_list else None, i):
+            tokenizers.append(reward_tokenizer(reward, tokenizer, processing_class, input_format, chat))
+            probe_reward_callable(reward, train_dataset, tokenizer)
+    return RewardSet(rewards, tokenizers, names, [float(w) for w in weights], input_format=args.reward_input_format,
+                     normalize_each=normalize_each, is_list=is_list)
+
+
+def reward_tokenizer(reward_model, tokenizer, reward_processing_class, input_format: str, chat: set[bool]):
+    """None when the reward model reads the policy's token ids as they are (the 'concat' fast path); else the
+    tokenizer the reward model reads decoded text with (its own; a pad chosen for scoring when it has none).
+
+    A reward model object without `reward_processing_class` gets its tokenizer from its own name or path (a local
+    folder or the HF cache); when that fails, only a model that comes from the policy tokenizer's own checkpoint may
+    read the policy's ids: anything else is an error asking for `reward_processing_class`. `chat`: whether the
+    prompts are chat messages (one value per dataset); forced formats that cannot apply fail here.
+    """
+    if not isinstance(reward_model, PreTrainedModel):
+        if input_format != "auto":
+            raise ValueError(f"reward_input_format={input_format!r} applies to reward models; a reward callable always "
+                             "receives (prompts, completions) as text. Leave reward_input_format='auto'.")
+        return None
+    if reward_processing_class is None:
+        reward_processing_class, why = load_reward_tokenizer(reward_model)
+        if reward_processing_class is None:
+            vocab = reward_model.get_input_embeddings().num_embeddings
+            if not same_checkpoint(reward_model, tokenizer) or len(tokenizer) > vocab:
+                raise ValueError(
+                    f"The reward model was given as an object without its tokenizer, and its tokenizer could not be "
+                    f"loaded from its name or path ({why}); nothing shows that it reads the policy tokenizer's ids "
+                    f"(embedding of {vocab} tokens, policy tokenizer of {len(tokenizer)}). Pass "
+                    "reward_processing_class=<the reward model's tokenizer>, or pass reward_model as its Hub id or path.")
+            reward_processing_class = tokenizer
+    chosen = with_scoring_pad(reward_processing_class)
+    vocab = reward_model.get_input_embeddings().num_embeddings
+    if len(chosen) > vocab:  # ids past the embedding would fail mid-rollout with a bare IndexError
+        raise ValueError(f"The reward tokenizer has {len(chosen)} tokens but the reward model's embedding has {vocab}: "
+                         "pass the tokenizer the reward model was trained with as reward_processing_class.")
+    formats = {reward_input_format(input_format, reward_model, chosen, c) for c in chat}
+    if formats == {"concat"} and same_tokenizer(tokenizer, chosen):
+        return None
+    return chosen
+
+
+def right_aligned(mask: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Move each row's real tokens (mask True) to the front, order kept: (B, T) -> (mask, *tensors) right-padded.
+
+    Encoders pool at position 0 and number positions from 0, so their inputs must start at the first real token.
+    """
+    order = torch.sort((~mask).long(), dim=1, stable=True).indices
+    return (mask.gather(1, order), *(t.gather(1, order) for t in tensors))
+
+
+@torch.no_grad()
+@scores_as_loaded  # a `reward_lora` critic's adapter on the reward model's base is disabled while it scores
+def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batch_size: int,
+                        token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Scalar score of each sequence. input_ids/attention_mask/token_type_ids (B, T) -> (B,) fp32.
+
+    A decoder reward model (`score` head): the head runs on the backbone's hidden states and the value at the last
+    position with attention_mask == 1 is taken, so any padding side works and its pad_token_id never matters. A model
+    that pools itself (encoders: [CLS] through `pooler` + `classifier`) runs its own forward on right-padded inputs
+    (real tokens moved to the front, pad slots masked and filled with its pad id), exactly as it was trained.
+    Inputs longer than the reward model's context (`max_position_embeddings`) never run past it (`fit_context`).
+    """
+    scores = []
+    own_pooling = pools_itself(reward_model)
+    attention_mask = fit_context(attention_mask, reward_context(reward_model), own_pooling)
+    for rows in chunks(input_ids.shape[0], batch_size):
+        ids, mask = input_ids[rows], attention_mask[rows].bool()
+        if own_pooling:
+            extra = {}
+            if token_type_ids is not None:
+                mask, ids, extra["token_type_ids"] = right_aligned(mask, ids, token_type_ids[rows])
+            else:
+                mask, ids = right_aligned(mask, ids)
+            pad_id = getattr(reward_model.config, "pad_token_id", None)
+            ids = ids.masked_fill(~mask, pad_id if pad_id is not None else 0)
+            logits = reward_model(input_ids=ids, attention_mask=mask.long(), **extra).logits
+            scores.append(logits[:, 0].float())
+            continue
+        backbone = getattr(reward_model, reward_model.base_model_prefix)
+        position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
+        hidden = backbone(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids).last_hidden_state
+        per_token = reward_model.score(hidden)[..., 0]
+        last = last_token_index(mask)
+        scores.append(per_token[torch.arange(ids.shape[0], device=ids.device), last].float())
+    return torch.cat(scores)
+
+
+def reward_context(reward_model: nn.Module) -> int | None:
+    """The reward model's context length (its text config's `max_position_embeddings`), or None when it has none."""
+    config = reward_model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(config, "max_position_embeddings", None)
+
+
+def fit_context(attention_mask: torch.Tensor, context: int | None, own_pooling: bool) -> torch.Tensor:
+    """The mask (B, T) a reward model of `context` positions can score: unchanged when every row fits.
+
+    A decoder reward model (score at the last real token) scores a longer row on its last `context` real tokens:
+    the start of the prompt is cut, the response and the token the score is read at are kept, with one warning. An
+    encoder (pooling its first token) cannot be cut without losing [CLS] or the response: an error names the fix.
+    """
+    lengths = attention_mask.sum(1)
+    if context is None or int(lengths.max()) <= context:
+        return attention_mask
+    fix = ("lower max_prompt_length or response_length so that prompt + response fit, in the reward tokenizer's "
+           "tokens")
+    if own_pooling:
+        raise ValueError(f"A reward input has {int(lengths.max())} tokens, more than the reward model's context of "
+                         f"{context} (max_position_embeddings): {fix}; with reward_input_format='pair' the question "
+                         "is truncated instead.")
+    warn_user(f"{int((lengths > context).sum())} reward input(s) have up to {int(lengths.max())} tokens, more than "
+              f"the reward model's context of {context}: each is scored on its last {context} tokens (the "
+              f"prompt's start is cut). To score whole inputs, {fix}.")
+    mask = attention_mask.bool()
+    tokens_after = mask.flip(1).long().cumsum(1).flip(1)  # real tokens at or after each position
+    return (mask & (tokens_after <= context)).to(attention_mask.dtype)
+
+
+def check_reward_values(values, expected: int) -> torch.Tensor:
+    """A reward callable's output as a (B,) float32 tensor: a sequence, 1-D tensor or 1-D array of `expected` numbers.
+
+    Anything else (a dict, a 2-D tensor, strings, None entries, a single number) is an error that says what came
+    back. NaN/inf pass through: the trainer drops such a rollout (see trainer/guard.py).
+    """
+    fix = f"return one number per (prompt, completion) pair: a list of {expected} floats or a 1-D tensor/array"
+    if hasattr(values, "ndim") and hasattr(values, "shape"):  # torch tensor or numpy array
+        if values.ndim != 1:
+            raise TypeError(f"The reward function returned a {type(values).__name__} of shape {tuple(values.shape)}: "
+                            f"{fix} (e.g. .squeeze(-1) on (B, 1) logits).")
+        try:
+            scores = torch.as_tensor(values).detach().to(device="cpu", dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"The reward function returned a {type(values).__name__} of dtype {values.dtype}: "
+                            f"{fix}.") from err
+    elif isinstance(values, (str, bytes, dict)) or not isinstance(values, (list, tuple)):
+        shown = f"a dict with keys {list(values)[:5]}" if isinstance(values, dict) else f"{values!r:.100}"
+        raise TypeError(f"The reward function returned {type(values).__name__} {shown}: {fix}.")
+    else:
+        bad = [(i, v) for i, v in enumerate(values) if not _is_number(v)]
+        if bad:
+            i, v = bad[0]
+            raise TypeError(f"The reward function returned a non-number at position {i}: {type(v).__name__} "
+                            f"{v!r:.60} ({len(bad)} such entries): {fix}.")
+        scores = torch.tensor([float(v) for v in values], dtype=torch.float32)
+    if scores.numel() != expected:
+        raise ValueError(f"The reward function returned {scores.numel()} scores for {expected} completions: it must "
+                         "return one float per (prompt, completion) pair, in order.")
+    return scores
+
+
+def scores_given(prompts, completions):
+    """The reward of a trainer built without a `reward_model` because its scores come from elsewhere (an
+    environment's episodes, or `step()`'s arguments): asked for a score, it refuses, naming the fix."""
+    raise ValueError("A sample needs a score from the reward model, but the trainer has none: return a score from "
+                     "the environment (EnvSample.score), or pass reward_model= to PPOLMTrainer.")
+
+
+def probe_reward_callable(reward, train_dataset, tokenizer) -> None:
+    """Call a reward callable once at construction on two prompts with empty completions: a wrong return type or
+    NaN/inf fails now, naming the fix, not at the first rollout. Models and a missing dataset are skipped."""
+    if not callable(reward) or isinstance(reward, nn.Module) or train_dataset is None or reward is scores_given:
+        return
+    probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
+    probe = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in probe]
+    if not torch.isfinite(check_reward_values(reward(probe, [""] * len(probe)), len(probe))).all():
+        raise ValueError("The reward function returned NaN/inf for the probe (prompts, empty completions): "
+                         "return finite floats.")
+
+
+def _is_number(value) -> bool:
+    """A real number: int/float/bool, a numpy scalar, or a one-element tensor/array (not a string, not None)."""
+    if isinstance(value, (str, bytes)) or value is None:
+        return False
+    if isinstance(value, numbers.Real):
+        return True
+    return getattr(value, "ndim", None) == 0 or getattr(value, "shape", None) in ((), (1,))
+
+
+def decode_masked(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """Decode the real tokens (mask True) of prompts or responses, without special tokens (stop token, padding)."""
+    return tokenizer.batch_decode(ids.masked_fill(~mask, tokenizer.pad_token_id), skip_special_tokens=True)
+
+
+def encodes_pairs(tokenizer) -> bool:
+    """True when the tokenizer marks a text pair with special tokens ([CLS] q [SEP] a [SEP] and the like)."""
+    if getattr(tokenizer, "sep_token", None) is None:
+        return False
+    return tokenizer.num_special_tokens_to_add(pair=True) > tokenizer.num_special_tokens_to_add(pair=False)
+
+
+def reward_input_format(requested: str, reward_model: nn.Module, reward_tokenizer, conversational: bool) -> str:
+    """Resolve `reward_input_format` ('auto', 'chat', 'pair', 'concat') to 'chat', 'pair' or 'concat'.
+
+    'auto': the reward tokenizer's chat template for chat prompts; else a (question, answer) pair for a model that
+    pools itself (an encoder) whose tokenizer encodes pairs; else the concatenation. A forced 'chat' that cannot
+    apply is an error naming the fix.
+    """
+    has_template = bool(getattr(reward_tokenizer, "chat_template", None))
+    if requested == "chat":
+        if not conversational:
+            raise ValueError("reward_input_format='chat' needs chat prompts (a 'messages' column, or 'prompt' rows that "
+                             "are lists of {'role', 'content'} turns); with text prompts use 'concat', 'pair' or 'auto'.")
+        if not has_template:
+            raise ValueError("reward_input_format='chat' needs a reward tokenizer with a chat template: pass "
+                             "reward_processing_class=<the reward model's tokenizer> with `chat_template` set, or use "
+                             "reward_input_format='concat' or 'auto'.")
+        return "chat"
+    if requested in ("pair", "concat"):
+        return requested
+    if conversational and has_template:
+        return "chat"
+    if pools_itself(reward_model) and encodes_pairs(reward_tokenizer):
+        return "pair"
+    return "concat"
+
+
+def _question_text(prompt, decoded: str) -> str:
+    """The question of a (question, answer) pair: the prompt the policy saw, or a chat's turns as plain text."""
+    if isinstance(prompt, list):
+        return "\n\n".join(str(turn.get("content") or "") for turn in prompt)
+    return decoded
+
+
+@torch.no_grad()
+def score_responses(
+    reward, *, queries, query_mask, responses, response_mask, tokenizer, prompts: list, batch_size: int,
+    reward_tokenizer=None, input_format: str = "auto",
+) -> torch.Tensor:
+    """One score per response: (B,) fp32.
+
+    `reward` is a callable `(prompts, completions) -> list[float]` (called on text), or a frozen reward model.
+    With `reward_tokenizer=None` the reward model shares the policy's tokenizer and reads prompt + response as token
+    ids (no decode: the 'concat' format's fast path). Otherwise prompt and response are decoded and given in
+    `input_format` (see `reward_input_format`, resolved per batch): the conversation rendered with the reward
+    tokenizer's chat template ('chat'), a (question, answer) text pair ('pair'), or prompt + response ('concat').
+    """
+    if callable(reward) and not isinstance(reward, nn.Module):
+        prompt_texts = decode_masked(tokenizer, queries, query_mask)
+        values = reward(prompt_texts, decode_masked(tokenizer, responses, response_mask))
+        return check_reward_values(values, len(prompt_texts)).to(queries.device)
+    if reward_tokenizer is None:
+        inputs = sequence_inputs(queries, query_mask, responses, response_mask)
+        return reward_model_scores(reward, inputs["input_ids"], inputs["attention_mask"], batch_size)
+    conversational = all(isinstance(p, list) for p in prompts)
+    kind = reward_input_format(input_format, reward, reward_tokenizer, conversational)
+    prompt_texts = decode_masked(tokenizer, queries, query_mask)
+    completions = decode_masked(tokenizer, responses, response_mask)
+    if kind == "chat":
+        texts = [reward_tokenizer.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False)
+                 for p, c in zip(prompts, completions)]
+        encoded = reward_tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+    elif kind == "pair":
+        questions = [_question_text(p, t) for p, t in zip(prompts, prompt_texts)]
+        context = reward_context(reward)  # too long: the question is cut, the answer kept
+        encoded = reward_tokenizer(questions, completions, padding=True, return_tensors="pt",
+                                   **({"truncation": "only_first", "max_length": context} if context else {}))
+    else:
+        encoded = reward_tokenizer([p + c for p, c in zip(prompt_texts, completions)], padding=True,
+                                   return_tensors="pt")
+    device = queries.device
+    token_types = encoded.get("token_type_ids") if kind == "pair" else None
+    return reward_model_scores(reward, encoded["input_ids"].to(device), encoded["attention_mask"].to(device),
+                               batch_size, None if token_types is None else token_types.to(device))
+
+
+def reward_name(reward) -> str:
+    """How the logs name a reward: an id/path's last part, a callable's `__name__`, a model's `name_or_path`'s last
+    part, else the class name."""
+    source = reward if isinstance(reward, str) else getattr(reward, "name_or_path", None)
+    if isinstance(source, str) and source.strip("/\\"):
+        return source.replace("\\", "/").rstrip("/").split("/")[-1]
+    name = getattr(reward, "__name__", None)
+    return name.strip("<>") if isinstance(name, str) else type(reward).__name__  # "<lambda>" -> "lambda"
+
+
+def unique_names(names: list[str]) -> list[str]:
+    """`names` with repeats numbered (`a`, `a_2`, `a_3`), so each reward has a metric of its own."""
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return unique
+
+
+@contextlib.contextmanager
+def naming_reward(name: str | None, index: int):
+    """Errors raised inside name the reward of a list they come from (`name` None: a single reward, as it is)."""
+    try:
+        yield
+    except (TypeError, ValueError) as err:
+        if name is None:
+            raise
+        raise type(err)(f"Reward {name!r} (reward_model[{index}]): {err}") from err
+
+
+class RewardSet:
+    """The run's rewards, scored at step 3 and combined: one reward model / callable, or a list with weights.
+
+    Each reward keeps its own tokenizer (None: it reads the policy's token ids; see `score_responses`) and reads
+    (prompt, response) in `input_format`, resolved per model. The score is sum_i w_i * r_i, each r_i first normalised
+    by its own running mean/std (`normalize_each`, statistics over all processes) when asked. A single reward given
+    alone (`is_list=False`) with weight 1.0 and no normalisation scores exactly as `score_responses`.
+    """
+
+    def __init__(self, rewards: list, tokenizers: list, names: list[str], weights: list[float], *,
+                 input_format: str = "auto", normalize_each: bool = False, is_list: bool = True):
+        self.rewards, self.tokenizers, self.names, self.weights = list(rewards), list(tokenizers), names, weights
+        self.input_format, self.is_list = input_format, is_list
+        self.moments = [RunningMoments() for _ in rewards] if normalize_each else None
+
+    @classmethod
+    def single(cls, reward, reward_tokenizer=None, input_format: str = "auto") -> "RewardSet":
+        """One reward model / callable, scored as it is."""
+        return cls([reward], [reward_tokenizer], [reward_name(reward)], [1.0], input_format=input_format,
+                   is_list=False)
+
+    @property
+    def tokenizer(self):
+        """The reward tokenizer of a single reward (None: the policy's ids), or the list of them."""
+        return self.tokenizers if self.is_list else self.tokenizers[0]
+
+    @torch.no_grad()
+    def score(self, *, queries, query_mask, responses, response_mask, tokenizer, prompts: list, batch_size: int,
+              gather: Callable | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(the combined score (B,), {name: the reward's raw score (B,)} for a list, else {}).
+
+        `gather` (training): the per-reward statistics take in this batch, gathered over processes, before
+        normalising; None (evaluation): they normalise with what they hold, unchanged.
+        """
+        combined, raw = None, {}
+        for i, (reward, reward_tokenizer, name) in enumerate(zip(self.rewards, self.tokenizers, self.names)):
+            with naming_reward(name if self.is_list else None, i):
+                scores = score_responses(reward, queries=queries, query_mask=query_mask, responses=responses,
+                                         response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
+                                         batch_size=batch_size, reward_tokenizer=reward_tokenizer,
+                                         input_format=self.input_format)
+            raw[name] = scores
+            if self.moments is not None:
+                if gather is not None:
+                    self.moments[i].update(gather(scores))
+                scores = self.moments[i].normalize(scores)
+            term = self.weights[i] * scores
+            combined = term if combined is None else combined + term
+        return combined, (raw if self.is_list else {})
+
+    def state_dict(self) -> dict | None:
+        """The per-reward running statistics by name (None without `normalize_each`): JSON-able, for checkpoints."""
+        if self.moments is None:
+            return None
+        return {name: m.state_dict() for name, m in zip(self.names, self.moments)}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Restore `state_dict()`; the checkpoint's rewards must be this run's (same names)."""
+        if self.moments is None or state is None:
+            return
+        if list(state) != self.names:
+            raise ValueError(f"The checkpoint normalised the rewards {list(state)}, this run has {self.names}: resume "
+                             "with the same rewards, in the same order.")
+        for name, m in zip(self.names, self.moments):
+            m.load_state_dict(state[name])
+
+
+def penalize(scores: torch.Tensor, contains_stop: torch.Tensor, response_mask: torch.Tensor, *,
+             missing_eos_penalty: float | None, overlong_buffer_length: int | None = None,
+             overlong_penalty_factor: float = 1.0) -> torch.Tensor:
+    """Step 4: `missing_eos_penalty` off the score of responses without a stop token, then DAPO's soft overlong
+    penalty (`ppo_math.overlong_penalty`) over the last `overlong_buffer_length` of the response_length (R) tokens."""
+    if missing_eos_penalty is not None:
+        scores = scores - missing_eos_penalty * (~contains_stop).float()
+    if overlong_buffer_length is not None:
+        scores = scores + overlong_penalty(response_mask.sum(1), response_mask.shape[1], overlong_buffer_length,
+                                           overlong_penalty_factor)
+    return scores
+
+
+def shape_scores(scores: torch.Tensor, *, reward_moments, reward_clip: float | None, gather) -> torch.Tensor:
+    """Step 7: running normalisation of the scores (`reward_moments`, statistics over all processes through
+    `gather`) and clipping to [-reward_clip, reward_clip], when configured."""
+    if reward_moments is not None:
+        reward_moments.update(gather(scores))
+        return reward_moments.normalize(scores, reward_clip)
+    if reward_clip is not None:
+        return scores.clamp(-reward_clip, reward_clip)
+    return scores

@@ -1,0 +1,350 @@
+"""Rollout: one PPO iteration's experience, in the numbered steps used everywhere (README, trainer, here).
+
+`rollout` runs them in order and returns a `RolloutBatch`, complete when constructed, and its statistics:
+1. generate: the rollout engine (`rollout/engines.py`) samples `response_length` tokens for the left-padded prompts;
+2. truncate: everything after the first stop token becomes padding (`truncate_after_stop`, the "EOS trick");
+3. score: the reward model's score (`score_responses`) or a reward callable on text; several rewards (a
+   `RewardSet`) are each scored and combined as a weighted sum, optionally each normalised first;
+   (steps 1-3 are `sample_and_score`, shared with evaluation)
+4. penalties (`penalize`): `missing_eos_penalty` off the score of responses without a stop token; the optional
+   overlong penalty;
+5. policy forward: old log-probs and values in one no-grad pass of policy + value head (`policy_forward`);
+6. reference: the reference's log-probs (`reference_logprobs`: a frozen model, or the policy with its reference
+   adapter active or its adapter disabled);
+7. shaping: running normalisation / clipping of the scores (the trainer's callable: its statistics span processes);
+8. rewards and advantages: the `advantage_estimator` (`compute_advantages`, `algorithms/estimators.py`): for PPO KL-penalised
+   per-token rewards, GAE, whitening; or a critic-free estimator over each prompt's `num_generations` responses;
+9. statistics: `rollout_stats`, one dict of batch means.
+The trainer then moves the KL controller (step 10) and runs the clipped PPO update (step 11).
+Micro-batching (`batch_size`) bounds the memory of every no-grad pass, and `memory_bytes` the fp32 work on the logits
+(log-probs and entropy in chunks of positions, `ppo_math.over_positions`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, NamedTuple
+
+import torch
+from torch import nn
+
+from ..algorithms.estimators import ESTIMATORS, EstimatorSettings, estimate
+from ..algorithms.ppo_math import (
+    LOGITS_MEMORY_BYTES,
+    entropy_from_logits,
+    explained_variance,
+    kl_estimate,
+    logprobs_from_logits,
+    masked_mean,
+    masked_sum,
+    uniform_groups,
+)
+from ..models.adapters import adapter_active
+from ..runtime.sharding import gathered
+from .batch import RolloutBatch
+from .engines import RolloutEngine, chunks, sequence_inputs, stop_tensor
+from .environments import Prompt, collate
+from .rewards import RewardSet, penalize
+
+
+def truncate_after_stop(
+    responses: torch.Tensor, stop_token_ids, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keep each response up to and including its first stop token (any of `stop_token_ids`); pad the rest.
+
+    responses (B, R) -> (responses, response_mask (B, R) bool, contains_stop (B,) bool). `stop_token_ids`: a list of
+    ids, one id, or None / [] (never stop: every token is real).
+    """
+    stops = stop_tensor(stop_token_ids, responses.device)
+    if not stops.numel():
+        mask = torch.ones_like(responses, dtype=torch.bool)
+        return responses, mask, torch.zeros(responses.shape[0], dtype=torch.bool, device=responses.device)
+    is_stop = torch.isin(responses, stops)
+    # A position is real if no stop token appeared strictly before it.
+    stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
+    mask = stops_before == 0
+    return responses.masked_fill(~mask, pad_token_id), mask, is_stop.any(dim=1)
+
+
+@torch.no_grad()
+def policy_forward(
+    model: nn.Module, queries, query_mask, responses, response_mask, *, temperature: float, batch_size: int,
+    with_values: bool = True, with_entropy: bool = False, memory_bytes: int = LOGITS_MEMORY_BYTES,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Log-probs of the response tokens (temperature-scaled logits), and values / entropy when asked.
+
+    `model` is the policy+value head (`with_values=True`) or any causal LM (the reference). Returns logprobs
+    (B, R) fp32, values (B, R) fp32 or None, entropy (B, R) or None. `memory_bytes` bounds the fp32 work on the
+    logits (`ppo_math.over_positions`).
+    """
+    R = responses.shape[1]
+    logprobs, values, entropies = [], [], []
+    for rows in chunks(queries.shape[0], batch_size):
+        inputs = sequence_inputs(queries[rows], query_mask[rows], responses[rows], response_mask[rows])
+        out = model(**inputs, logits_to_keep=R + 1, use_cache=False)
+        logits = out.logits[:, :-1]
+        logprobs.append(logprobs_from_logits(logits, responses[rows], temperature, memory_bytes))
+        if with_values:
+            values.append(out.value[:, :-1].float())
+        if with_entropy:
+            entropies.append(entropy_from_logits(logits, temperature, memory_bytes))
+    return (torch.cat(logprobs), torch.cat(values) if with_values else None,
+            torch.cat(entropies) if with_entropy else None)
+
+
+def reference_context(model: nn.Module, ref_adapter: str | None = None):
+    """Context in which a PEFT policy runs as the reference (when `ref_model` is None): its reference adapter active
+    (`ref_adapter`: the frozen SFT copy or TRL's `ref_adapter_name`), or without one its adapter disabled."""
+    peft_model = getattr(model, "pretrained_model", model)
+    if ref_adapter is not None:
+        return adapter_active(peft_model, ref_adapter)
+    return peft_model.disable_adapter() if hasattr(peft_model, "disable_adapter") else contextlib.nullcontext()
+
+
+@torch.no_grad()
+def reference_logprobs(policy: nn.Module, ref_model: nn.Module | None, queries, query_mask, responses, response_mask,
+                       *, temperature: float, batch_size: int, ref_adapter: str | None = None,
+                       memory_bytes: int = LOGITS_MEMORY_BYTES) -> torch.Tensor:
+    """Reference log-probs (B, R): the frozen `ref_model`, or with `ref_model=None` the policy with its reference
+    adapter `ref_adapter` active, or (None) with its adapter disabled."""
+    if ref_model is not None:
+        return policy_forward(ref_model, queries, query_mask, responses, response_mask, temperature=temperature,
+                              batch_size=batch_size, with_values=False, memory_bytes=memory_bytes)[0]
+    with reference_context(policy, ref_adapter):
+        return policy_forward(getattr(policy, "pretrained_model", policy), queries, query_mask, responses,
+                              response_mask, temperature=temperature, batch_size=batch_size, with_values=False,
+                              memory_bytes=memory_bytes)[0]
+
+
+@torch.no_grad()
+def compute_advantages(
+    logprobs, ref_logprobs, values, response_mask, shaped_scores: torch.Tensor, *, kl_coef: float, kl_estimator: str,
+    gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool, advantage_estimator: str = "gae",
+    num_generations: int = 1, scale_rewards: bool = True, lam_critic: float | None = None, use_kl_loss: bool = False,
+    step_rewards: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Step 8: the per-token KL (B, R) and {rewards, non_score_rewards, advantages, returns} (B, R) of a rollout,
+    from `advantage_estimator` (see `algorithms/estimators.py`: where its KL penalty enters, what it normalises).
+
+    values (B, R) from the critic, or None for a critic-free estimator; the B rows hold `num_generations`
+    consecutive responses per prompt. `response_mask` is the policy's tokens (`RolloutBatch.policy_mask`).
+    `step_rewards` (B, R): an environment's per-position rewards, on policy tokens; with gae they join the per-token
+    rewards where they were given, a critic-free estimator (sequence-level) gets their sum added to the score.
+    """
+    kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
+    settings = EstimatorSettings(kl_coef, num_generations, gamma, lam, whiten_rewards, whiten_advantages, scale_rewards,
+                                 lam_critic)
+    extra = {}
+    if step_rewards is not None and ESTIMATORS[advantage_estimator].needs_critic:
+        extra = {"step_rewards": step_rewards}
+    elif step_rewards is not None:
+        shaped_scores = shaped_scores + masked_sum(step_rewards, response_mask, dim=1)
+    return kl, estimate(advantage_estimator, shaped_scores, kl, response_mask, values, settings, use_kl_loss, **extra)
+
+
+ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
+                 "objective/scores", "rollout/response_length", "rollout/eos_rate", "val/num_eos_tokens",
+                 "val/explained_variance", "policy/entropy_avg", "rollout/advantages_mean", "rollout/returns_mean"]
+CRITIC_STATS = {"val/explained_variance"}  # absent from the logs of a run without a critic
+
+
+@torch.no_grad()
+def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, stop_token_ids,
+                  has_critic: bool = True) -> dict:
+    """Step 9: the metrics named in `ROLLOUT_STATS` (a dict, in that order; stack it for one all-reduce), without
+    the critic's (`CRITIC_STATS`) when `has_critic` is False.
+
+    Sequence-level sums as the removed TRL trainer logged them (KL, -logp "entropy", non-score reward per response),
+    then means over the batch; `policy/entropy_avg` is the per-token entropy of the temperature-scaled policy
+    at rollout time (measured once per iteration, not per micro-batch). `rollout/eos_rate` is the fraction of
+    responses that stopped and `val/num_eos_tokens` the number of stop tokens among the real response tokens, for
+    every id in `stop_token_ids`.
+    """
+    mask = batch.policy_mask
+    num_stop_tokens = (torch.isin(batch.responses, stop_tensor(stop_token_ids, mask.device)) & mask).sum().float()
+    non_score = masked_sum(batch.non_score_rewards, mask, dim=1)
+    stats = dict(zip(ROLLOUT_STATS, [
+        masked_sum(kl, mask, dim=1).mean(), masked_sum(-batch.logprobs, mask, dim=1).mean(), non_score.mean(),
+        (batch.scores + non_score).mean(), batch.scores.mean(), batch.response_mask.sum(1).float().mean(),
+        batch.contains_stop.float().mean(), num_stop_tokens,
+        explained_variance(batch.values, batch.returns, mask), masked_mean(entropy, mask),
+        masked_mean(batch.advantages, mask), masked_mean(batch.returns, mask),
+    ]))
+    return stats if has_critic else {k: v for k, v in stats.items() if k not in CRITIC_STATS}
+
+
+class Samples(NamedTuple):
+    """Steps 1-3 for a batch of prompts: responses (B, R), response_mask (B, R), contains_stop (B,), scores (B,)
+    before any penalty, the seconds spent sampling (steps 1-2), and with a list of rewards each one's raw score
+    {name: (B,)} ({} for a single reward); from an environment also policy_mask (B, R) and step_rewards (B, R) or
+    None (`environment_samples`)."""
+
+    responses: torch.Tensor
+    response_mask: torch.Tensor
+    contains_stop: torch.Tensor
+    scores: torch.Tensor
+    generate_seconds: float
+    reward_scores: dict | None = None
+    policy_mask: torch.Tensor | None = None
+    step_rewards: torch.Tensor | None = None
+
+
+@torch.no_grad()
+def sample_and_score(engine: RolloutEngine, policy: nn.Module, reward, queries, query_mask, prompts: list, *,
+                     tokenizer, reward_tokenizer=None, input_format: str = "auto", stop_token_ids, batch_size: int,
+                     gather: Callable | None = None) -> Samples:
+    """Steps 1-3, the path training and evaluation share: generate with `engine` from the policy model
+    (`policy.policy_model`, never a DDP wrapper), truncate after the stop token, score with `reward`.
+
+    `reward`: a `RewardSet` (it holds its tokenizers and format; `gather` updates its per-reward statistics), or one
+    reward model / callable read with `reward_tokenizer` and `input_format`.
+    """
+    if isinstance(reward, RewardSet):
+        if reward_tokenizer is not None:
+            raise ValueError("A RewardSet holds its own reward tokenizers: pass reward_tokenizer=None.")
+    else:
+        reward = RewardSet.single(reward, reward_tokenizer, input_format)
+    with gathered(policy):  # under FSDP: every shard gathered once, for all of steps 1-3
+        start = time.perf_counter()
+        responses = engine.generate(policy.policy_model, queries, query_mask)  # 1.
+        responses, response_mask, contains_stop = truncate_after_stop(responses, stop_token_ids,
+                                                                      tokenizer.pad_token_id)  # 2.
+        generated = time.perf_counter()
+        scores, each = reward.score(queries=queries, query_mask=query_mask, responses=responses,  # 3.
+                                    response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
+                                    batch_size=batch_size, gather=gather)
+    return Samples(responses, response_mask, contains_stop, scores, generated - start, each)
+
+
+@torch.no_grad()
+def environment_samples(environment, engine: RolloutEngine, policy: nn.Module, reward, queries, query_mask,
+                        prompts: list, *, tokenizer, stop_token_ids, batch_size: int, response_length: int,
+                        gather: Callable | None = None) -> Samples:
+    """Steps 1-3 through an `Environment` (`rollout/environments.py`): its episodes, sampled with `engine` from the policy,
+    padded to `response_length`; samples without a score of their own are scored with `reward` (a `RewardSet`) on
+    the whole episode. `contains_stop`: the policy sampled a stop token somewhere in the episode."""
+    start, pad = time.perf_counter(), tokenizer.pad_token_id
+
+    def sample(sequences: list[torch.Tensor], max_new_tokens: int | None = None) -> list[torch.Tensor]:
+        width = max(len(seq) for seq in sequences)
+        ids = queries.new_full((len(sequences), width), pad)
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        for row, seq in enumerate(sequences):
+            ids[row, width - len(seq):], mask[row, width - len(seq):] = torch.as_tensor(seq).to(ids.device), True
+        new, new_mask, _ = truncate_after_stop(engine.generate(policy.policy_model, ids, mask), stop_token_ids, pad)
+        return [row[keep][:max_new_tokens] for row, keep in zip(new, new_mask)]
+
+    episodes = environment.rollout([Prompt(q[m], p) for q, m, p in zip(queries, query_mask, prompts)], sample)
+    out = collate(episodes, len(queries), response_length, pad, queries.device)
+    contains_stop = (torch.isin(out.responses, stop_tensor(stop_token_ids, queries.device)) & out.policy_mask).any(1)
+    generated = time.perf_counter()
+    scores, each = out.scores, {}
+    if not out.given.all():  # 3. the trainer's rewards score the episodes that came back without a score
+        scored, each = reward.score(queries=queries, query_mask=query_mask, responses=out.responses,
+                                    response_mask=out.response_mask, tokenizer=tokenizer, prompts=prompts,
+                                    batch_size=batch_size, gather=gather)
+        scores = torch.where(out.given, scores, scored.to(scores.dtype))
+    return Samples(out.responses, out.response_mask, contains_stop, scores, generated - start, each,
+                   out.policy_mask, out.step_rewards)
+
+
+def without_uniform_groups(batch: RolloutBatch, scores: torch.Tensor, k: int) -> tuple[RolloutBatch, torch.Tensor]:
+    """DAPO's dynamic sampling, the dropping half (the refill: `rollout_with_refill`): the rows of every group of `k`
+    whose `scores` (B,) are all equal get an all-False response_mask and policy_mask, so they leave every loss term
+    and its normaliser (the minibatch's real tokens or responses); the batch keeps its size. Returns the batch and the
+    number of groups dropped (a float tensor)."""
+    kept = ~uniform_groups(scores, k).unsqueeze(1)
+    return (replace(batch, response_mask=batch.response_mask & kept, policy_mask=batch.policy_mask & kept),
+            (~kept).sum().float() / k)
+
+
+@dataclass
+class Rollout:
+    """What `rollout` returns: the batch, its statistics (`rollout_stats`, then with a list of rewards each one's
+    mean raw score as `objective/scores/<name>`), the seconds spent sampling (steps 1-2) and scoring (steps 3-6),
+    each reward's raw scores {name: (B,)} ({} for a single reward), the rows `drop_uniform_groups` masked, and the
+    number of tokens the policy sampled (dropped rows included)."""
+
+    batch: RolloutBatch
+    stats: dict[str, torch.Tensor]
+    generate_seconds: float
+    score_seconds: float
+    reward_scores: dict[str, torch.Tensor] = field(default_factory=dict)
+    dropped: torch.Tensor | None = None  # (B,) bool: the rows `drop_uniform_groups` masked (None: it is off)
+    generated_tokens: int = 0
+
+
+@torch.no_grad()
+def rollout(
+    policy: nn.Module, queries, query_mask, prompts: list, *, engine: RolloutEngine, ref_model, ref_adapter, reward,
+    tokenizer, reward_tokenizer=None, input_format: str = "auto", stop_token_ids, temperature: float, batch_size: int,
+    missing_eos_penalty: float | None, shape_scores: Callable[[torch.Tensor], torch.Tensor], kl_coef: float,
+    kl_estimator: str, gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool,
+    gather: Callable | None = None, overlong_buffer_length: int | None = None, overlong_penalty_factor: float = 1.0,
+    advantage_estimator: str = "gae", num_generations: int = 1, scale_rewards: bool = True,
+    memory_bytes: int = LOGITS_MEMORY_BYTES, lam_critic: float | None = None, use_kl_loss: bool = False,
+    drop_uniform_groups: bool = False, environment=None, response_length: int | None = None,
+) -> Rollout:
+    """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
+
+    `policy` is the actor-critic (`AutoModelForCausalLMWithValueHead`, or `PolicyAndCritic` with or without a
+    critic), unwrapped; `reward` a `RewardSet` or one reward (see `sample_and_score`; `gather` updates a RewardSet's
+    per-reward statistics); `shape_scores` maps the penalised scores (B,) to the ones the rewards use (step 7). The B
+    prompts come as `num_generations` consecutive copies of each (`data.RolloutRepeatSampler`); the group
+    estimators compare the responses of each group. Without a critic, `values` are zeros and unused. With
+    `drop_uniform_groups`, the groups whose shaped scores are all equal leave the update (`without_uniform_groups`)
+    after the statistics, which describe everything sampled (`rollout_with_refill` refills their places). With an
+    `environment` (`rollout/environments.py`) steps 1-3 are its episodes (`environment_samples`, `response_length` wide).
+    """
+    if len(queries) % num_generations:
+        raise ValueError(f"{len(queries)} prompts are not whole groups of num_generations={num_generations}.")
+    with gathered(policy):  # under FSDP: every shard gathered once, for all of steps 1-6 (runtime/sharding.py)
+        start = time.perf_counter()
+        # 1-3. Generate, truncate after the stop token, score (and combine a list of rewards); or an environment's
+        # episodes.
+        if environment is None:
+            samples = sample_and_score(engine, policy, reward, queries, query_mask, prompts, tokenizer=tokenizer,
+                                       reward_tokenizer=reward_tokenizer, input_format=input_format,
+                                       stop_token_ids=stop_token_ids, batch_size=batch_size, gather=gather)
+        else:
+            samples = environment_samples(environment, engine, policy, reward, queries, query_mask, prompts,
+                                          tokenizer=tokenizer, stop_token_ids=stop_token_ids, batch_size=batch_size,
+                                          response_length=response_length, gather=gather)
+        responses, response_mask, contains_stop = samples[:3]
+        policy_mask = samples.policy_mask if samples.policy_mask is not None else response_mask.clone()
+        # 4. The EOS penalty, on responses that never stopped; the overlong penalty.
+        scores = penalize(samples.scores, contains_stop, response_mask, missing_eos_penalty=missing_eos_penalty,
+                          overlong_buffer_length=overlong_buffer_length, overlong_penalty_factor=overlong_penalty_factor)
+        # 5. Old log-probs and values, in one pass.
+        has_critic = policy.has_critic
+        logprobs, values, entropy = policy_forward(policy, queries, query_mask, responses, response_mask,
+                                                   temperature=temperature, batch_size=batch_size, with_entropy=True,
+                                                   with_values=has_critic, memory_bytes=memory_bytes)
+        # 6. Reference log-probs.
+        ref_logprobs = reference_logprobs(policy, ref_model, queries, query_mask, responses, response_mask,
+                                          temperature=temperature, batch_size=batch_size, ref_adapter=ref_adapter,
+                                          memory_bytes=memory_bytes)
+    scored = time.perf_counter()
+    # 7-8. Shaped scores -> rewards and advantages (the advantage estimator).
+    shaped = shape_scores(scores)
+    kl, rewards = compute_advantages(logprobs, ref_logprobs, values, policy_mask, shaped,
+                                     kl_coef=kl_coef, kl_estimator=kl_estimator, gamma=gamma, lam=lam,
+                                     whiten_rewards=whiten_rewards, whiten_advantages=whiten_advantages,
+                                     advantage_estimator=advantage_estimator, num_generations=num_generations,
+                                     scale_rewards=scale_rewards, lam_critic=lam_critic, use_kl_loss=use_kl_loss,
+                                     step_rewards=samples.step_rewards)
+    values = values if has_critic else torch.zeros_like(logprobs)
+    batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
+                         contains_stop, **rewards, policy_mask=policy_mask)
+    # 9. Statistics.
+    stats = rollout_stats(batch, kl, entropy, stop_token_ids, has_critic)
+    each = samples.reward_scores or {}
+    stats.update({f"objective/scores/{name}": raw.mean() for name, raw in each.items()})
+    dropped = None
+    if drop_uniform_groups:
+        dropped = uniform_groups(shaped, num_generations)
+        batch, stats["rollout/groups_dropped"] = without_uniform_groups(batch, shaped, num_generations)
+    return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds, each, dropped,
+                   int(policy_mask.sum().item()))

@@ -1,0 +1,162 @@
+"""Sharded training (FSDP2 through accelerate): what hf_ppo does beside Trainer's own FSDP support.
+
+Trainer and accelerate shard the actor-critic (`fully_shard` on each decoder layer, then on the whole model), reduce
+gradients and write the sharded checkpoints. hf_ppo adds what PPO needs on top:
+
+- the rollout (and evaluation sampling) runs with every shard group gathered once and kept gathered until it ends
+  (`gathered`): each decode step would otherwise all-gather every layer again, and ranks whose sampling stops at
+  different steps would wait on each other's collectives forever. One full copy of the weights exists while it
+  runs, beside the shards; it is freed right after.
+- `save_model()` gathers the same way, so rank 0 writes a normal policy (full weights or the adapter);
+- a 4-bit (QLoRA) base is stored in the compute dtype (`sharded_by_accelerate`, read by `models/pretrained.py`), so
+  `fully_shard`, which shards floating-point tensors only, shards it too;
+- configurations that cannot be sharded are refused when `PPOConfig` is built, before a model loads
+  (`sharding_problems`): DeepSpeed ZeRO-3, FSDP version 1, an accelerate older than the tested one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+from torch import nn
+
+FSDP_FIX = ("To shard parameters, use FSDP2: accelerate launch --config_file recipes/accelerate/fsdp.yaml "
+            "recipes/ppo.py ... (fsdp_version: 2).")
+_GATHERED: set[int] = set()  # ids of the FSDP roots gathered right now
+# The accelerate release hf_ppo's FSDP2 path is tested with (CI's newest leg; accelerate has FSDP2 from 1.6, untested
+# here below this): older ones are refused for FSDP, while the rest of hf_ppo keeps the wider range of pyproject.toml.
+FSDP_ACCELERATE = "1.15.0"
+
+
+def fsdp_supported() -> bool:
+    """Whether the installed accelerate is one hf_ppo's FSDP2 path is tested with (>= `FSDP_ACCELERATE`)."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("accelerate")) >= Version(FSDP_ACCELERATE)
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "false").lower() in ("true", "1", "yes")
+
+
+def _zero_stage(args) -> int | None:
+    """The DeepSpeed ZeRO stage this run asks for: `args.deepspeed` (a dict or a JSON file), or the environment
+    `accelerate launch` sets from a DeepSpeed config; None without DeepSpeed."""
+    config = args.deepspeed
+    if isinstance(config, str) and os.path.isfile(config):
+        with open(config, encoding="utf-8") as f:
+            config = json.load(f)
+    if isinstance(config, dict):
+        stage = config.get("zero_optimization", {}).get("stage")
+        return int(stage) if isinstance(stage, (int, str)) and str(stage).isdigit() else None
+    if _env_true("ACCELERATE_USE_DEEPSPEED"):
+        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
+        return int(stage) if stage.isdigit() else None
+    return None
+
+
+def sharded_by_accelerate() -> bool:
+    """Whether accelerate will shard the model with FSDP, as known before the models load: `accelerate launch` with
+    an FSDP config sets ACCELERATE_USE_FSDP (TrainingArguments' `fsdp` alone sets it only when Trainer starts)."""
+    return _env_true("ACCELERATE_USE_FSDP")
+
+
+def fsdp_version(args) -> int | None:
+    """The FSDP version this run asks for (`accelerate launch` with an FSDP config, or `fsdp` in the arguments);
+    None without FSDP."""
+    if not (_env_true("ACCELERATE_USE_FSDP") or args.fsdp):
+        return None
+    config = args.fsdp_config if isinstance(args.fsdp_config, dict) else {}
+    version = config.get("version") or config.get("fsdp_version") or os.environ.get("FSDP_VERSION", "1")
+    return int(version)
+
+
+def sharding_problems(args) -> list[str]:
+    """Why this run cannot be sharded as configured (empty: it can). Read from the arguments and the environment
+    `accelerate launch` sets, so the error comes before any model loads."""
+    problems = []
+    if _zero_stage(args) == 3:
+        problems.append("DeepSpeed ZeRO-3 is not supported: sampling would need every layer gathered per decode step "
+                        f"through DeepSpeed's hooks, which hf_ppo does not drive. {FSDP_FIX} (ZeRO-2, which keeps "
+                        "whole weights on every GPU, works: recipes/accelerate/deepspeed_zero2.yaml.)")
+    version = fsdp_version(args)
+    if version is None:
+        return problems
+    if not fsdp_supported():
+        from importlib.metadata import version as installed
+
+        problems.append(f"FSDP with hf_ppo needs accelerate >= {FSDP_ACCELERATE} (the release its FSDP2 path is tested "
+                        f"with); this environment has accelerate {installed('accelerate')}: pip install -U "
+                        f"'accelerate>={FSDP_ACCELERATE}'.")
+        return problems
+    if version != 2:
+        problems.append(f"FSDP version {version} is not supported: hf_ppo gathers the sharded weights for sampling "
+                        "with FSDP2's unshard/reshard. Set fsdp_version: 2 in the accelerate config "
+                        "(recipes/accelerate/fsdp.yaml).")
+    return problems
+
+
+def fsdp_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules `fully_shard` was applied to, root first (empty when the model is not sharded)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def gathered(model: nn.Module):
+    """Every shard group of `model` gathered for the body of the `with` (sampling, saving); sharded again after.
+
+    Forward hooks stay installed but find the weights already gathered, so no collective runs inside: ranks may
+    make different numbers of forward calls (sampling stops early when every sequence has stopped). Only reading
+    happens inside: the gathered weights are a copy, and writes to them would be lost when they are freed.
+    A model that is not sharded is used as it is.
+    """
+    modules = fsdp_modules(model)
+    if not modules or id(modules[0]) in _GATHERED:  # not sharded, or already gathered by an enclosing `with`
+        yield model
+        return
+    root = modules[0]
+    # FSDP2 picks its root at the first forward, and sampling calls the policy's layers directly: initialise from
+    # the root first (torch 2.13 has no public call for it).
+    root._get_fsdp_state()._lazy_init()
+    after_forward = [_reshards_after_forward(m) for m in modules]
+    _GATHERED.add(id(root))
+    for module in modules:
+        module.set_reshard_after_forward(False, recurse=False)
+        module.unshard()
+    try:
+        yield model
+    finally:
+        _GATHERED.discard(id(root))
+        for module, reshard in zip(modules, after_forward):
+            module.reshard()
+            module.set_reshard_after_forward(reshard, recurse=False)
+
+
+def policy_state_dict(model: nn.Module) -> dict:
+    """The policy's full weights (keys as in `model.policy_model.state_dict()`), on rank 0's CPU, one tensor at a
+    time; empty on the other ranks. Every rank must call it (it all-gathers)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    prefix = next(name for name, module in model.named_modules() if module is model.policy_model) + "."
+    return {key[len(prefix):]: tensor for key, tensor in full.items() if key.startswith(prefix)}
+
+
+@contextlib.contextmanager
+def gathered_policy(model: nn.Module):
+    """For saving: the policy's full state dict (`policy_state_dict`; empty on ranks other than 0), with the model
+    `gathered` around the body, so the NaN/inf check before a save reads whole parameters on every rank."""
+    state_dict = policy_state_dict(model)  # before gathering: a state dict call reshards the model
+    with gathered(model):
+        yield state_dict
+
+
+def _reshards_after_forward(module: nn.Module) -> bool:
+    groups = module._get_fsdp_state()._fsdp_param_groups
+    return any(group.post_forward_mesh_info is not None for group in groups)

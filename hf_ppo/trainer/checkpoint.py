@@ -1,0 +1,455 @@
+"""PPO state in checkpoints: written before Trainer commits the folder, checked on resume.
+
+A checkpoint is complete or invisible:
+
+- `save_ppo_state` writes the value head, the rollout buffer of an unfinished iteration and `ppo_state.json` into
+  `checkpoint-N` *before* `Trainer._save_checkpoint` writes its own files. Trainer writes `trainer_state.json` last,
+  after the weights, optimizer, scheduler and RNG states, and only then rotates old checkpoints away; so a folder with
+  a readable `trainer_state.json` holds everything, and rotation only runs once the new checkpoint is complete.
+- `problems` lists what keeps a folder from being complete: a missing file, or one that does not load (truncated
+  JSON, safetensors or torch zip). `hide_incomplete` moves incomplete checkpoints newer than the last complete one
+  to `incomplete-checkpoint-N`, so `resume_from_checkpoint=True` (which takes the highest `checkpoint-N`) resumes
+  from the last complete one; `load_ppo_state` refuses an incomplete folder naming the missing file.
+- The checkpoint records the PPO settings (`settings`); a resume with other values is an error listing each
+  difference unless `allow_config_change_on_resume` is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass
+
+import torch
+from transformers import TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ..models.value_head import VALUE_HEAD_FILE
+from ..runtime.sharding import fsdp_version
+from ..runtime.warn import warn_user
+from .schedule import MinibatchSchedule
+
+PPO_STATE_FILE = "ppo_state.json"
+ROLLOUT_BUFFER_FILE = "rollout_buffer.safetensors"
+TRAINER_STATE_FILE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME: the last file Trainer writes
+FORMAT_VERSION = 1
+INCOMPLETE_PREFIX = "incomplete-"
+# Written first into every checkpoint folder hf_ppo creates: what proves a `checkpoint-N` is hf_ppo's to move or
+# replace. A folder without it (another program's) is never renamed, moved or deleted.
+MARKER_FILE = "hf_ppo_checkpoint.json"
+
+# PPOConfig fields that do not change what training computes (or may hold secrets, like a `token` in the init
+# kwargs): never compared on resume.
+_NOT_COMPARED = {"model_init_kwargs", "ref_model_init_kwargs", "reward_model_init_kwargs", "num_sample_generations",
+                 "push_merged_model", "critic_hub_model_id", "max_consecutive_nonfinite",
+                 "allow_config_change_on_resume",
+                 # TRL's run-length and bookkeeping names: they set max_steps / run_name / map workers, which a resume
+                 # may change (a longer run), and never what one iteration does.
+                 "total_episodes", "num_total_batches", "dataset_num_proc", "ds3_gather_for_generation", "exp_name",
+                 "print_metrics",
+                 # The collapse watch reads the logs: when it warns or stops, never what a step computes.
+                 "watch_collapse", "stop_on_collapse", "collapse_kl_threshold"}
+# TrainingArguments fields that fix the batch geometry (and the prompt order): compared like the PPO fields.
+_GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed")
+_TRAINING_ARGUMENTS_FIELDS = {f.name for f in dataclasses.fields(TrainingArguments)}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be resumed from: incomplete, unreadable, or written with other settings."""
+
+
+# ---- settings ----------------------------------------------------------------------------------------------------
+def settings(args) -> dict:
+    """The values a resume must agree on: every PPO field of `args` (a PPOConfig) and the batch geometry."""
+    names = [f.name for f in dataclasses.fields(args)
+             if f.name not in _TRAINING_ARGUMENTS_FIELDS and f.name not in _NOT_COMPARED]
+    values = {name: getattr(args, name) for name in [*names, *_GEOMETRY]}
+    values["world_size"] = args.world_size
+    return _plain(values)
+
+
+def _plain(values: dict) -> dict:
+    return {k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
+
+
+def default_settings(args) -> dict:
+    """The declared default of every field of `args`' dataclass, as `settings` records values.
+
+    A checkpoint written by an hf_ppo that predates a field does not record it; that version ran as the field's
+    default does (a new field's default keeps the earlier behaviour), so the field is only a change when it is set to
+    something else now."""
+    defaults = {}
+    for f in dataclasses.fields(args):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return _plain(defaults)
+
+
+def compare_settings(saved: dict, current: dict, defaults: dict | None = None) -> dict[str, str]:
+    """{setting: "checkpoint X, now Y"} for each setting that differs between the checkpoint and this run. A setting
+    the checkpoint does not record (written before it existed) is not a change while it holds its value in
+    `defaults` (`default_settings`)."""
+    missing, defaults = object(), defaults or {}
+    return {name: f"checkpoint {saved.get(name, '(not recorded)')!r}, now {current.get(name, '(not set)')!r}"
+            for name in sorted(set(saved) | set(current)) if saved.get(name, missing) != current.get(name, missing)
+            and not (name not in saved and name in current and current[name] == defaults.get(name, missing))}
+
+
+def describe_changes(changed: dict[str, str], sep: str = "\n- ") -> str:
+    return sep.join(f"{name}: {change}" for name, change in changed.items())
+
+
+# ---- writing ------------------------------------------------------------------------------------------------------
+def checkpoint_folder(run_dir: str, global_step: int) -> str:
+    """The folder Trainer._save_checkpoint writes for `global_step`."""
+    return os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{global_step}")
+
+
+def save_ppo_state(folder: str, *, state: dict, value_head: dict[str, torch.Tensor],
+                   rollout_buffer: dict[str, torch.Tensor] | None) -> None:
+    """Write the PPO part of a checkpoint into a fresh `folder`, before Trainer writes its part.
+
+    `state`: JSON-able PPO state (iteration, KL controller, reward moments, ...); the settings, the format version and
+    the list of files a resume needs are added here. A folder left from an interrupted save of the same step is
+    removed first, so nothing stale can pass for part of this checkpoint.
+    """
+    if os.path.isdir(folder):
+        if not written_by_hf_ppo(folder):
+            raise CheckpointError(f"{folder} exists and was not written by hf_ppo (no {MARKER_FILE}): hf_ppo will not "
+                                  "replace another program's files. Choose another output_dir, or move that folder.")
+        shutil.rmtree(folder)
+    os.makedirs(folder)
+    _atomic_write(os.path.join(folder, MARKER_FILE), json.dumps({"writer": "hf_ppo", "format": FORMAT_VERSION}).encode())
+    _atomic_safetensors(os.path.join(folder, VALUE_HEAD_FILE), value_head)
+    if rollout_buffer is not None:
+        _atomic_safetensors(os.path.join(folder, ROLLOUT_BUFFER_FILE), rollout_buffer)
+    state = {"format": FORMAT_VERSION, **state, "rollout_buffer": rollout_buffer is not None}
+    _atomic_write(os.path.join(folder, PPO_STATE_FILE), json.dumps(state, indent=2).encode())
+
+
+def save_trainer_state(folder: str, *, args, iteration: int, kl_controller, reward_moments, guard, peft: bool,
+                       metrics: dict[str, list[torch.Tensor]], critic_state: dict[str, torch.Tensor],
+                       rollout_buffer: dict[str, torch.Tensor] | None, rewards=None) -> None:
+    """Assemble the PPO trainer's state (iteration, KL controller, reward statistics, each reward's statistics of a
+    `rewards.RewardSet` `rewards`, non-finite guard, metrics not yet logged, the settings) and write it with the
+    critic and an unfinished iteration's rollout (`save_ppo_state`)."""
+    state = {"iteration": iteration, "kl_controller": kl_controller.state_dict(),
+             "reward_moments": reward_moments.state_dict() if reward_moments else None,
+             "each_reward_moments": rewards.state_dict() if rewards is not None else None,
+             "nonfinite": guard.state_dict(), "peft": peft,
+             "optimizer_saved": not args.save_only_model, "settings": settings(args),
+             "sharded": fsdp_version(args) is not None,
+             "pending_metrics": {k: [v.item() for v in vs] for k, vs in metrics.items()}}
+    save_ppo_state(folder, state=state, value_head=critic_state, rollout_buffer=rollout_buffer)
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _atomic_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save
+
+    # A copy: under FSDP the tensors are views into the gathered weights, whose storage safetensors cannot read.
+    _atomic_write(path, save({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()},
+                             metadata={"format": "pt"}))
+
+
+# ---- checking ----------------------------------------------------------------------------------------------------
+def written_by_hf_ppo(folder: str) -> bool:
+    """Whether hf_ppo created `folder` (its marker, or the PPO state of a checkpoint written before the marker)."""
+    return os.path.isfile(os.path.join(folder, MARKER_FILE)) or os.path.isfile(os.path.join(folder, PPO_STATE_FILE))
+
+
+def problems(folder: str) -> list[str]:
+    """What keeps `folder` from being a complete hf_ppo checkpoint: one line per missing or unreadable file."""
+    if not os.path.isdir(folder):
+        return [f"{folder} is not a directory"]
+    issues: list[str] = []
+    _read_json(folder, TRAINER_STATE_FILE, issues)
+    ppo = _read_json(folder, PPO_STATE_FILE, issues)
+    if ppo is None or "format" not in ppo:  # another hf_ppo version: load_ppo_state says so, nothing is moved aside
+        return issues
+    for name in required_files(folder, ppo, issues):
+        _check_file(os.path.join(folder, name), name, issues)
+    return issues
+
+
+def required_files(folder: str, ppo: dict, issues: list[str]) -> list[str]:
+    """The files besides the two JSON states that a resume from `folder` reads, from what `ppo_state.json` says."""
+    names = [VALUE_HEAD_FILE] + ([ROLLOUT_BUFFER_FILE] if ppo.get("rollout_buffer") else [])
+    names += required_policy_files(folder, bool(ppo.get("peft")), issues)
+    if ppo.get("sharded"):  # FSDP: Trainer's sharded model state, whose .metadata is written last
+        names += [os.path.join("pytorch_model_fsdp_0", ".metadata")]
+    if ppo.get("optimizer_saved"):
+        world_size = ppo.get("settings", {}).get("world_size", 1)
+        names += [os.path.join("optimizer_0", ".metadata") if ppo.get("sharded") else "optimizer.pt", "scheduler.pt"]
+        names += ["rng_state.pth"] if world_size == 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
+    return names
+
+
+def required_policy_files(folder: str, peft: bool, issues: list[str]) -> list[str]:
+    """The policy's weight files `save_pretrained` wrote: the adapter, one full file, or the shards of its index."""
+    if peft:
+        return ["adapter_model.safetensors"]
+    if os.path.isfile(os.path.join(folder, "model.safetensors.index.json")):
+        index = _read_json(folder, "model.safetensors.index.json", issues)
+        return sorted(set(index["weight_map"].values())) if index else []
+    return ["model.safetensors"]
+
+
+def _read_json(folder: str, name: str, issues: list[str]) -> dict | None:
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        issues.append(f"missing {name}")
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        issues.append(f"{name} is unreadable (truncated or corrupt: {err})")
+        return None
+
+
+def _check_file(path: str, name: str, issues: list[str]) -> None:
+    """Cheap load check: a safetensors header that covers the file, a torch zip whose central directory reads."""
+    if not os.path.isfile(path):
+        issues.append(f"missing {name}")
+        return
+    try:
+        if name.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(path, "pt"):
+                pass
+        elif name.endswith((".pt", ".pth", ".bin")):
+            zipfile.ZipFile(path).close()  # torch.save's format; the directory sits at the end of the file
+    except Exception as err:  # noqa: BLE001 - any failure to open means the file cannot be resumed from
+        issues.append(f"{name} is unreadable (truncated or corrupt: {type(err).__name__}: {err})")
+
+
+def checkpoints_by_step(run_dir: str) -> list[str]:
+    """The `checkpoint-N` folders of `run_dir`, lowest step first (the order Trainer's resolution of True uses)."""
+    if not os.path.isdir(run_dir):
+        return []
+    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+    found = [(int(m.group(1)), name) for name in os.listdir(run_dir)
+             if (m := pattern.match(name)) and os.path.isdir(os.path.join(run_dir, name))]
+    return [os.path.join(run_dir, name) for _, name in sorted(found)]
+
+
+def last_complete(run_dir: str) -> str | None:
+    """The highest complete checkpoint in `run_dir`, or None."""
+    return next((c for c in reversed(checkpoints_by_step(run_dir)) if not problems(c)), None)
+
+
+def hide_incomplete(run_dir: str) -> list[tuple[str, str, list[str]]]:
+    """Move each incomplete checkpoint above the last complete one to `incomplete-checkpoint-N`.
+
+    Trainer resolves `resume_from_checkpoint=True` to the highest `checkpoint-N`; after this, that is the last complete
+    one. Returns (folder, moved_to, problems) for each folder moved.
+    """
+    moved = []
+    for folder in reversed(checkpoints_by_step(run_dir)):
+        if not written_by_hf_ppo(folder):
+            continue  # another program's: never moved (a resume from it says it is not an hf_ppo checkpoint)
+        issues = problems(folder)
+        if not issues:
+            break
+        target = _hidden_name(folder)
+        if os.path.isdir(target):
+            if not written_by_hf_ppo(target):
+                continue  # the name is taken by a folder hf_ppo did not write: both stay; a resume names the problem
+            shutil.rmtree(target)
+        os.replace(folder, target)
+        moved.append((folder, target, issues))
+    return moved
+
+
+def _hidden_name(folder: str) -> str:
+    folder = os.path.normpath(folder)
+    return os.path.join(os.path.dirname(folder), INCOMPLETE_PREFIX + os.path.basename(folder))
+
+
+def check_complete(folder: str) -> None:
+    """Raise `CheckpointError` naming every missing or unreadable file when `folder` is not a complete checkpoint."""
+    hidden = _hidden_name(folder)
+    if not os.path.isdir(folder) and os.path.isdir(hidden):
+        raise CheckpointError(
+            f"Cannot resume from {folder}: it is incomplete ({'; '.join(problems(hidden))}); the run stopped while "
+            f"writing it, and it was moved to {hidden}. Resume from the last complete checkpoint "
+            f"({last_complete(os.path.dirname(os.path.normpath(folder))) or 'none found'}), or pass "
+            "resume_from_checkpoint=True.")
+    if os.path.isdir(folder) and not written_by_hf_ppo(folder):
+        raise CheckpointError(f"Cannot resume from {folder}: hf_ppo did not write it (no {MARKER_FILE} or "
+                              f"{PPO_STATE_FILE}; another program's checkpoint?). Resume from an hf_ppo checkpoint, or "
+                              "train in another output_dir.")
+    issues = problems(folder)
+    if issues:
+        latest = last_complete(os.path.dirname(os.path.normpath(folder)))
+        raise CheckpointError(
+            f"Cannot resume from {folder}: {'; '.join(issues)}. It is incomplete (the run stopped while writing it) "
+            f"or not an hf_ppo checkpoint. Resume from the last complete checkpoint ({latest or 'none found'}), or "
+            "pass resume_from_checkpoint=True to take it.")
+
+
+# ---- reading -----------------------------------------------------------------------------------------------------
+@dataclass
+class SavedPPOState:
+    """What `load_ppo_state` returns: the JSON state, the value head, the rollout buffer (or None), and the settings
+    that changed (non-empty only with `allow_config_change_on_resume`)."""
+
+    state: dict
+    value_head: dict[str, torch.Tensor]
+    rollout_buffer: dict[str, torch.Tensor] | None
+    changed: dict[str, str]
+
+
+def load_ppo_state(folder: str, args, device) -> SavedPPOState:
+    """Check that `folder` is complete and was written with this run's settings, then read its PPO part.
+
+    Raises `CheckpointError` for an incomplete folder (naming the missing file), another format, or changed settings
+    (listing each) unless `args.allow_config_change_on_resume`.
+    """
+    from safetensors.torch import load_file
+
+    check_complete(folder)
+    with open(os.path.join(folder, PPO_STATE_FILE)) as f:
+        state = json.load(f)
+    if state.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{os.path.join(folder, PPO_STATE_FILE)} has format {state.get('format')!r}; this "
+                              f"hf_ppo reads format {FORMAT_VERSION}. Resume with the hf_ppo version that wrote it.")
+    changed = compare_settings(state["settings"], settings(args), default_settings(args))
+    if changed and not args.allow_config_change_on_resume:
+        raise CheckpointError(
+            f"{folder} was written with other settings:\n- " + describe_changes(changed) + "\nResume with the "
+            "checkpoint's values, or set allow_config_change_on_resume=True to train on with the new ones.")
+    if not state.get("optimizer_saved", True):
+        warn_user(f"{folder} was saved with save_only_model=True (no optimizer.pt, scheduler.pt, rng_state.pth): the "
+                  "weights and the PPO state resume, but the optimizer's moments and the learning-rate schedule start "
+                  "afresh, so the run does not continue exactly. Save with save_only_model=False for exact resumes.")
+    value_head = load_file(os.path.join(folder, VALUE_HEAD_FILE), device=str(device))
+    buffer = (load_file(os.path.join(folder, ROLLOUT_BUFFER_FILE), device=str(device))
+              if state["rollout_buffer"] else None)
+    return SavedPPOState(state, value_head, buffer, changed)
+
+
+def restore_trainer_state(saved: SavedPPOState, *, kl_controller, reward_moments, guard,
+                          metrics: dict[str, list[torch.Tensor]], rewards=None) -> int:
+    """Put the state written by `save_trainer_state` back into the trainer's objects; return the iteration.
+
+    A changed kl_coef (allowed on resume) restarts the controller from the new value instead.
+    """
+    state = saved.state
+    if "kl_coef" not in saved.changed:
+        kl_controller.load_state_dict(state["kl_controller"])
+    if reward_moments is not None and state["reward_moments"]:
+        reward_moments.load_state_dict(state["reward_moments"])
+    if rewards is not None:
+        try:
+            rewards.load_state_dict(state.get("each_reward_moments"))
+        except ValueError as err:
+            raise CheckpointError(str(err)) from err
+    guard.load_state_dict(state["nonfinite"])
+    metrics.clear()
+    for key, values in state["pending_metrics"].items():
+        metrics[key] = [torch.tensor(v) for v in values]
+    return state["iteration"]
+
+
+def load_policy_weights(policy, folder: str, peft: bool, device, adapter_name: str | None = None) -> None:
+    """Load the policy's trainable weights saved by `save_pretrained` (the adapter, or the full weights/shards).
+
+    `adapter_name`: the trained adapter of a PeftModel that holds several (a reference adapter beside it)."""
+    from safetensors.torch import load_file
+
+    adapter = os.path.join(folder, "adapter_model.safetensors")
+    if not peft and os.path.isfile(adapter):
+        raise CheckpointError(f"{folder} holds a LoRA adapter (adapter_model.safetensors), but this run trains the "
+                              "whole model: pass the peft_config the run started with (PPOLMTrainer(..., "
+                              "peft_config=LoraConfig(...))) to resume it.")
+    if peft and not os.path.isfile(adapter):
+        raise CheckpointError(f"{folder} holds full model weights (no adapter_model.safetensors), but this run trains "
+                              "a LoRA adapter: resume it without peft_config.")
+    if peft:
+        from peft import set_peft_model_state_dict
+
+        _check_adapter_config(folder, policy.peft_config[adapter_name or "default"])
+        set_peft_model_state_dict(policy, load_file(adapter, device=str(device)), adapter_name=adapter_name or "default")
+        return
+    for name in required_policy_files(folder, False, []):
+        policy.load_state_dict(load_file(os.path.join(folder, name)), strict=False)
+
+
+def load_actor_critic(wrapper, folder: str, saved: SavedPPOState, device, adapter_name: str | None = None) -> None:
+    """Load a checkpoint's policy weights (see `load_policy_weights`) and critic into the unsharded actor-critic."""
+    load_policy_weights(wrapper.policy_model, folder, wrapper.is_peft_model, device, adapter_name=adapter_name)
+    wrapper.load_critic_state_dict(saved.value_head)
+
+
+def _check_adapter_config(folder: str, current) -> None:
+    """The LoRA shape the checkpoint was trained with must be this run's: another rank or other target modules
+    cannot hold its weights (a raw size mismatch otherwise)."""
+    saved = _read_json(folder, "adapter_config.json", [])
+    if saved is None:
+        return
+    differ = []
+    for name in ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora"):
+        mine, theirs = getattr(current, name, None), saved.get(name)
+        if isinstance(mine, (set, list, tuple)) and isinstance(theirs, (list, tuple)):
+            mine, theirs = sorted(mine), sorted(theirs)
+        if name in saved and mine != theirs:
+            differ.append(f"{name}: checkpoint {theirs!r}, this run {mine!r}")
+    if differ:
+        raise CheckpointError(f"{folder} was trained with another LoRA configuration ({'; '.join(differ)}): resume "
+                              "with the checkpoint's LoraConfig, or start a new run.")
+
+
+def prepare_run_dir(run_dir: str, save_total_limit: int | None) -> None:
+    """Before training: refuse a rotation that would delete another program's checkpoints, then `hide_incomplete`
+    with a warning naming each checkpoint moved aside."""
+    check_rotation(run_dir, save_total_limit)
+    for folder, moved_to, issues in hide_incomplete(run_dir):
+        warn_user(f"Skipping incomplete checkpoint {folder} ({'; '.join(issues)}): the run stopped while writing "
+                  f"it. Moved to {moved_to}.")
+
+
+def check_rotation(run_dir: str, save_total_limit: int | None) -> None:
+    """Trainer's `save_total_limit` deletes the oldest `checkpoint-N` folders of the output folder, whoever wrote
+    them: with a folder there that hf_ppo did not write, that is an error before the first step, naming it."""
+    if not save_total_limit:
+        return
+    foreign = [os.path.basename(c) for c in checkpoints_by_step(run_dir) if not written_by_hf_ppo(c)]
+    if foreign:
+        raise CheckpointError(
+            f"save_total_limit={save_total_limit} would let Trainer delete checkpoints in {run_dir} that hf_ppo did "
+            f"not write ({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}: no {MARKER_FILE}). Use another "
+            "output_dir, move those folders away, or unset save_total_limit.")
+
+
+def resumed_schedule(saved: SavedPPOState, folder: str, args) -> MinibatchSchedule | None:
+    """The interrupted iteration's schedule (rollout, shuffles, position) to finish after a resume, or None.
+
+    With settings changed on resume (`allow_config_change_on_resume`) the rollout no longer matches them: a warning
+    lists the changes, and a fresh rollout serves the iteration's remaining steps.
+    """
+    if saved.changed:
+        warn_user(f"Resuming from {folder} with changed settings (allow_config_change_on_resume): "
+                  + describe_changes(saved.changed, "; ") + ". The new values apply from now on"
+                  + ("; the interrupted iteration's rollout is discarded (a fresh one serves its remaining steps)."
+                     if saved.rollout_buffer is not None else "."))
+        return None
+    if saved.rollout_buffer is None:
+        return None
+    return MinibatchSchedule.from_state_dict(saved.rollout_buffer, **args.schedule_settings)

@@ -1,0 +1,725 @@
+"""`PPOConfig`: the PPO fields on top of `transformers.TrainingArguments`.
+
+How Trainer's words map to PPO (the natural reading of each wins):
+
+- `per_device_train_batch_size`: sequences per forward/backward (a micro-batch), as in any Trainer.
+- `gradient_accumulation_steps`: micro-batches per optimizer step. A PPO *minibatch* is
+  `per_device_train_batch_size * gradient_accumulation_steps` sequences (per device).
+- `num_mini_batches`: minibatches per rollout, so one rollout (one PPO *iteration*) samples
+  `rollout_batch_size = minibatch_size * num_mini_batches` responses per device: rollout_batch_size /
+  num_generations prompts, each sampled `num_generations` times.
+- One iteration makes `num_ppo_epochs * num_mini_batches` optimizer steps (times `critic_updates_per_step`).
+  `max_steps`, `logging_steps`, `save_steps` and `eval_steps` count optimizer steps, exactly as in Trainer;
+  `num_train_epochs` counts passes over the prompt dataset. Set `max_steps` to a multiple of
+  `optimizer_steps_per_iteration` to end on a whole iteration.
+
+Defaults follow the N+ implementation details paper (Huang et al. 2024) unless a field says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import TrainingArguments
+
+from ..runtime.sharding import fsdp_version, sharding_problems
+from ..runtime.warn import warn_user
+from .config_checks import _BOOL_FIELDS, _TRL_ONLY_NAMES, _range_errors, critic_repo_problems
+
+Quantization = Literal["4bit", "8bit", "none"]
+
+
+@dataclass
+class PPOConfig(TrainingArguments):
+    r"""Configuration for [`PPOLMTrainer`]. Every field below is PPO-specific; the rest are TrainingArguments'."""
+
+    # ---- Models: how the policy, the reference and the reward model are loaded -----------------------------------
+    model_init_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments for the policy's `from_pretrained` when `model` is an id or a path "
+                  "(e.g. `revision`, `dtype`, `attn_implementation`, `token`, `trust_remote_code`)."},
+    )
+    ref_model_init_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Like `model_init_kwargs`, for the reference model when given as id/path."}
+    )
+    reward_model_init_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Like `model_init_kwargs`, for the reward model when given as id/path."}
+    )
+    policy_quantization: Quantization = field(
+        default="none",
+        metadata={"help": "Load the policy's base in '4bit' (NF4, QLoRA: needs `peft_config`), '8bit' or 'none'."},
+    )
+    ref_quantization: Quantization = field(
+        default="4bit",
+        metadata={"help": "Quantization of a reference model given by id/path. (ref_model=None uses the policy with "
+                  "its adapter disabled, or without LoRA an unquantized copy of the starting policy.)"},
+    )
+    reward_quantization: Quantization = field(
+        default="4bit", metadata={"help": "Quantization of the frozen reward model."}
+    )
+    disable_dropout: bool = field(
+        default=True, metadata={"help": "Set every dropout probability to 0 in all models (RL needs it: N+ paper)."}
+    )
+
+    # ---- Reward inputs and adapters: what the reward model reads; which adapter is trained / the reference -------
+    reward_input_format: Literal["auto", "chat", "pair", "concat"] = field(
+        default="auto",
+        metadata={"help": "How a reward model reads (prompt, response). 'chat': the reward tokenizer's chat template "
+                  "over the conversation (chat prompts only); 'pair': a (question, answer) text pair, as encoder "
+                  "reward models (DeBERTa, BERT, RoBERTa) were trained; 'concat': prompt + response as one sequence "
+                  "(token ids as they are when the tokenizers match). 'auto': chat for chat prompts when the reward "
+                  "tokenizer has a template, else pair for an encoder whose tokenizer encodes pairs, else concat."},
+    )
+    model_adapter_name: str | None = field(
+        default=None,
+        metadata={"help": "For a PeftModel policy holding several adapters: the one to train (TRL's name). None: its "
+                  "active adapter."},
+    )
+    ref_adapter_name: str | None = field(
+        default=None,
+        metadata={"help": "For a PeftModel policy holding several adapters: the frozen one whose log-probs are the "
+                  "reference (TRL's name; instead of ref_model). None: ref_model, or with ref_model=None a frozen copy "
+                  "of the trained adapter as it starts."},
+    )
+
+    # ---- Rollout: sampling -------------------------------------------------------------------------------------
+    response_length: int = field(
+        default=53,
+        metadata={"help": "New tokens sampled per response (at most; a stop token ends it earlier). 53 is the N+ "
+                  "paper's TL;DR summary budget: set it to what your task's answers need."},
+    )
+    max_prompt_length: int | None = field(
+        default=512,
+        metadata={"help": "Prompts longer than this (in tokens) are truncated from the left, with one warning. "
+                  "It is also capped so that prompt + response fits the policy's context."},
+    )
+    temperature: float = field(
+        default=0.7,
+        metadata={"help": "Sampling temperature. Log-probs of policy and reference use logits / temperature too."},
+    )
+    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling (None: off)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0: off)."})
+    rollout_engine: Literal["kv_cache", "static"] = field(
+        default="kv_cache",
+        metadata={"help": "How responses are sampled. 'kv_cache': hf_ppo's eager decode loop with a growing KV cache "
+                  "(the default). 'static': a preallocated KV cache and a torch.compile'd fixed-shape decode step "
+                  "(CUDA graphs on a GPU); the same tokens, for GPUs, where the eager loop is bound by kernel "
+                  "launches. Its first rollout pays the compilation."},
+    )
+    stop_token: Literal["eos"] | None = field(
+        default="eos",
+        metadata={"help": "'eos': responses end at the tokenizer's EOS or any id of the policy's "
+                  "`generation_config.eos_token_id` (e.g. `<|eot_id|>`, `<end_of_turn>`, `<|im_end|>`); None: use "
+                  "`stop_token_ids` / `stop_token_id`, or never stop."},
+    )
+    stop_token_id: int | None = field(
+        default=None, metadata={"help": "One token id that ends a response (same as stop_token_ids=[id])."}
+    )
+    stop_token_ids: list[int] | None = field(
+        default=None,
+        metadata={"help": "Token ids that end a response (any of them), replacing the `stop_token` default. Used by "
+                  "the sampler, the truncation after the stop token, the EOS trick and `rollout/eos_rate`."},
+    )
+    missing_eos_penalty: float | None = field(
+        default=None,
+        metadata={"help": "Subtracted from the score of a response that never produced the stop token (the 'EOS "
+                  "trick'; N+ uses 1.0). None: no penalty."},
+    )
+    local_rollout_forward_batch_size: int = field(
+        default=64,
+        metadata={"help": "Micro-batch size of the no-grad rollout forwards (policy, reference, reward) and generation."},
+    )
+    logits_memory_mb: float = field(
+        default=256,
+        metadata={"help": "Memory budget (MiB) of the vocabulary-wide fp32 work on logits (log-probs, entropy), in "
+                  "the rollout and the loss: positions are processed in chunks that fit it, so no (batch, length, "
+                  "vocab) fp32 tensor is made. The numbers do not depend on it."},
+    )
+
+    # ---- PPO ---------------------------------------------------------------------------------------------------
+    num_ppo_epochs: int = field(default=4, metadata={"help": "Passes over each rollout batch."})
+    num_mini_batches: int = field(default=1, metadata={"help": "Minibatches (optimizer steps) per PPO epoch."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE."})
+    lam: float = field(default=0.95, metadata={"help": "Lambda of GAE (the actor's advantages)."})
+    lam_critic: float | None = field(
+        default=None,
+        metadata={"help": "Lambda of the GAE returns the critic learns (decoupled GAE, VAPO: Yue et al. 2025; e.g. "
+                  "1.0, unbiased returns for the critic, with lam=0.95 for the actor). None: `lam`. gae only."},
+    )
+    cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio (epsilon)."})
+    cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value update around V_old."})
+    vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss."})
+    value_head_learning_rate: float | None = field(
+        default=None, metadata={"help": "The earlier name of `critic_learning_rate` (sets it)."},
+    )
+    entropy_coef: float = field(default=0.0, metadata={"help": "Weight of an entropy bonus (0: off)."})
+    whiten_advantages: bool = field(
+        default=True,
+        metadata={"help": "Whiten advantages over the rollout batch (gae and rloo; grpo and reinforce_pp normalise "
+                  "by their own definition)."},
+    )
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE (gae only)."})
+
+    # ---- Critic: what predicts the values GAE needs (see README "Choosing a critic") -----------------------------
+    critic: Literal["shared", "separate", "reward_lora"] = field(
+        default="shared",
+        metadata={"help": "'shared': a value head on the policy's body (one model, no extra memory). 'separate': a "
+                  "critic with its own body + value head, initialised from the reward model (N+ paper, OpenRLHF) or "
+                  "from the trainer's `critic_model`; LoRA when the policy uses LoRA, else full fine-tuning; loaded "
+                  "with `critic_quantization`. 'reward_lora': a LoRA adapter + value head on the reward model's "
+                  "frozen (4-bit) base, the head starting from the reward model's score head: no extra base model in "
+                  "memory; the reward is scored with the adapter disabled. Only with advantage_estimator='gae'."},
+    )
+    critic_quantization: Quantization = field(
+        default="none",
+        metadata={"help": "Quantization of a 'separate' critic's base loaded by id/path ('4bit' needs LoRA)."},
+    )
+    critic_model_init_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Like `model_init_kwargs`, for a 'separate' critic loaded by id/path."}
+    )
+    critic_warmup_steps: int = field(
+        default=0,
+        metadata={"help": "Optimizer steps at the start of training that update only the critic (the policy does not "
+                  "move; with the shared critic only the value head trains). 0: off."},
+    )
+    critic_updates_per_step: int = field(
+        default=1,
+        metadata={"help": "Critic passes over each rollout per policy pass: each of the `num_ppo_epochs` policy "
+                  "(and critic) passes is followed by critic_updates_per_step - 1 critic-only passes, during which the "
+                  "policy does not move (SAO's two critic updates per policy update: 2). They are optimizer steps "
+                  "too: an iteration makes num_ppo_epochs x critic_updates_per_step x num_mini_batches of them. 1: "
+                  "off. gae only; needs vf_coef > 0."},
+    )
+    critic_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Learning rate of the critic's own parameters (the shared value head, or a critic's "
+                  "adapter/body and head). None: learning_rate. A zero-initialised head moves about lr per Adam "
+                  "step, so at LoRA-sized learning rates a larger one lets the critic reach the scale of the returns."},
+    )
+
+    # ---- Advantage estimator and samples per prompt ------------------------------------------------------------------
+    advantage_estimator: Literal["gae", "rloo", "grpo", "reinforce_pp"] = field(
+        default="gae",
+        metadata={"help": "'gae': PPO with a critic (GAE, `gamma`, `lam`). Critic-free, with no value head or value "
+                  "loss: 'rloo' (leave-one-out baseline over the `num_generations` responses to a prompt), 'grpo' "
+                  "(group mean, divided by the group std when `scale_rewards`), 'reinforce_pp' (REINFORCE++: "
+                  "KL-penalised returns, a group-mean baseline when num_generations > 1, whitened over the batch). "
+                  "kl_coef enters the reward per token (gae, reinforce_pp), per response (rloo), or as a k3 KL loss "
+                  "term (grpo); see hf_ppo/estimators.py."},
+    )
+    scale_rewards: bool = field(
+        default=True,
+        metadata={"help": "grpo: divide by the group's reward std (False: Dr. GRPO, mean-centred only)."},
+    )
+    num_generations: int = field(
+        default=1,
+        metadata={"help": "Responses sampled per prompt (k). Batch sizes count responses: a rollout batch holds "
+                  "rollout_batch_size / k prompts, each sampled k times. rloo and grpo need k >= 2."},
+    )
+    drop_uniform_groups: bool = field(
+        default=False,
+        metadata={"help": "DAPO's dynamic sampling: the responses of a prompt whose `num_generations` scores are "
+                  "all equal (no signal for a group baseline) leave the update: they are excluded from every loss "
+                  "term and its mean. `max_refill_rounds` > 0 refills their places with groups from extra prompts. "
+                  "`rollout/groups_dropped` logs how many groups stay dropped. Needs num_generations >= 2."},
+    )
+    max_refill_rounds: int = field(
+        default=0,
+        metadata={"help": "DAPO's refill (verl's max_num_gen_batches - 1): with drop_uniform_groups, up to this many "
+                  "extra rounds per iteration, each sampling and scoring one more rollout batch of prompts drawn "
+                  "from train_dataset, whose groups with signal take the places of dropped ones. Each round costs "
+                  "one rollout's generation and scoring. 0: drop without refilling."},
+    )
+
+    # ---- Loss variants (defaults: the clipped PPO loss as above, a token mean) --------------------------------------
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = field(
+        default="token_mean",
+        metadata={"help": "How per-token losses (policy, value, entropy) become one number: 'token_mean' (sum over "
+                  "the minibatch's real tokens / their count); 'seq_mean_token_mean' (mean over responses of each "
+                  "response's token mean; GRPO); 'seq_mean_token_sum_norm' (each response's token sum / "
+                  "response_length, averaged over responses; no length bias, Dr. GRPO)."},
+    )
+    cliprange_low: float | None = field(
+        default=None, metadata={"help": "Lower clip range of the ratio: clip to 1 - cliprange_low (None: cliprange)."}
+    )
+    cliprange_high: float | None = field(
+        default=None,
+        metadata={"help": "Upper clip range of the ratio: clip to 1 + cliprange_high (None: cliprange). Larger than "
+                  "cliprange_low is DAPO's 'clip-higher' (e.g. 0.2 / 0.28), against entropy collapse."},
+    )
+    importance_sampling_level: Literal["token", "sequence"] = field(
+        default="token",
+        metadata={"help": "The policy ratio of the clipped loss (TRL GRPO's name). 'token': PPO's per-token ratio. "
+                  "'sequence': GSPO (Zheng et al. 2025): one ratio per response, exp(mean over its tokens of "
+                  "logp - logp_old), on every token; GSPO clips it far tighter (e.g. cliprange_low=3e-4, "
+                  "cliprange_high=4e-4)."},
+    )
+    dual_clip: float | None = field(
+        default=None,
+        metadata={"help": "Dual clip c > 1 (Ye et al. 2020; e.g. 3): for negative advantages the policy loss of a "
+                  "token is at most -c * A. None: off."},
+    )
+
+    # ---- KL penalty ----------------------------------------------------------------------------------------------
+    kl_coef: float = field(default=0.05, metadata={"help": "beta: per-token reward is score - beta * KL."})
+    kl_estimator: Literal["k1", "k2", "k3"] = field(
+        default="k1",
+        metadata={"help": "Per-token KL estimator: k1 = logp - logp_ref; k2 = (logp - logp_ref)^2 / 2; "
+                  "k3 = (r - 1) - log r with r = p_ref / p (unbiased, non-negative)."},
+    )
+    use_kl_loss: bool = field(
+        default=False,
+        metadata={"help": "The KL to the reference as a loss term in the update, kl_coef x k3 per token aggregated "
+                  "like the policy loss, instead of -kl_coef x KL in the reward (verl's and OpenRLHF's name; grpo "
+                  "always does this). `kl_estimator` still picks the logged KL and the KL controller's input."},
+    )
+    use_bias_correction_kl: bool = field(
+        default=False,
+        metadata={"help": "Multiply the KL loss term's k3 by the per-token importance ratio pi / pi_old (TRL GRPO's "
+                  "name; DeepSeek-V3.2 sec. 3.1): its gradient becomes the unbiased gradient of KL(pi || pi_ref). "
+                  "Needs a KL loss term (use_kl_loss=True or advantage_estimator='grpo')."},
+    )
+    adaptive_kl: bool = field(
+        default=False, metadata={"help": "Adapt kl_coef towards `kl_target` (Ziegler et al. 2019)."}
+    )
+    kl_target: float = field(default=6.0, metadata={"help": "Target KL of the adaptive controller."})
+    kl_horizon: int = field(default=10000, metadata={"help": "Horizon (in episodes) of the adaptive controller."})
+
+    # ---- Reward shaping ----------------------------------------------------------------------------------------
+    normalize_rewards: bool = field(
+        default=False, metadata={"help": "Normalise scores with running mean/std (PPO-max; Zheng et al. 2023)."}
+    )
+    reward_clip: float | None = field(
+        default=None, metadata={"help": "Clip (normalised) scores to [-reward_clip, reward_clip]. None: off."}
+    )
+
+    # ---- Mixed rewards: several reward models / functions and a length penalty (README "Mixed rewards") --------------
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={"help": "One weight per reward when the trainer's `reward_model` is a list (TRL GRPOConfig's name), "
+                  "in the same order: the score is sum_i w_i * r_i. None: every weight 1.0."},
+    )
+    normalize_each_reward: bool = field(
+        default=False,
+        metadata={"help": "Normalise each reward by its own running mean/std (over all processes) before weighting, "
+                  "so rewards on different scales weigh as `reward_weights` say. Saved in checkpoints."},
+    )
+    overlong_buffer_length: int | None = field(
+        default=None,
+        metadata={"help": "DAPO's soft overlong punishment: over the last `overlong_buffer_length` tokens of "
+                  "`response_length` a penalty growing linearly to `overlong_penalty_factor` is subtracted from the "
+                  "score (step 4, like `missing_eos_penalty`). None: off."},
+    )
+    overlong_penalty_factor: float = field(
+        default=1.0, metadata={"help": "The overlong penalty of a response of the full `response_length`."}
+    )
+
+    # ---- Reporting and publishing -----------------------------------------------------------------------------------
+    num_sample_generations: int = field(
+        default=10,
+        metadata={"help": "Log a table of sample completions this many times over training (0: never)."},
+    )
+    push_merged_model: bool = field(
+        default=False,
+        metadata={"help": "push_to_hub uploads the adapter merged into a de-quantized base instead of the adapter."},
+    )
+    critic_hub_model_id: str | None = field(
+        default=None,
+        metadata={"help": "push_to_hub also pushes the critic (`trainer.push_critic_to_hub`) to this Hub repo, "
+                  "'namespace/name': a repo of its own, never hub_model_id's. A later run starts from it with "
+                  "critic_model=<this id>. None: the critic stays local."},
+    )
+
+    # ---- TRL 1.12 PPOConfig names (migration): mapped onto the fields above in __post_init__ ---------------------
+    total_episodes: int | None = field(
+        default=None,
+        metadata={"help": "TRL's run length in episodes (responses sampled over all processes: prompts x "
+                  "num_generations). Sets max_steps = "
+                  "ceil(total_episodes / (rollout_batch_size x world_size)) iterations x optimizer steps per "
+                  "iteration; rounded up, as TRL did, so at least total_episodes are sampled."},
+    )
+    num_total_batches: int | None = field(
+        default=None,
+        metadata={"help": "TRL's number of rollout batches, i.e. PPO iterations: sets max_steps = num_total_batches "
+                  "x optimizer steps per iteration."},
+    )
+    dataset_num_proc: int | None = field(
+        default=None, metadata={"help": "Processes used to tokenize the prompt datasets (datasets.map num_proc)."}
+    )
+    sft_model_path: str | None = field(
+        default=None,
+        metadata={"help": "TRL's name for the policy to train (its SFT checkpoint: Hub id or local path), which is "
+                  "also where the reference starts. Used when PPOLMTrainer gets no `model`; given both, they must name "
+                  "the same checkpoint. No default (TRL's was EleutherAI/pythia-160m)."},
+    )
+    reward_model_path: str | None = field(
+        default=None,
+        metadata={"help": "TRL's name for the reward model (Hub id or local path of a sequence classifier with 1 "
+                  "label). Used when PPOLMTrainer gets no `reward_model`; given both, they must name the same "
+                  "checkpoint. No default (TRL's was EleutherAI/pythia-160m, a base LM with a random score head)."},
+    )
+    ds3_gather_for_generation: bool | None = field(
+        default=None,
+        metadata={"help": "TRL's DeepSpeed ZeRO-3 option; hf_ppo has no ZeRO-3 gathering, so it is ignored with a "
+                  "warning. Use DDP or ZeRO-2 (recipes/accelerate/), a 4-bit policy with LoRA to save memory, or FSDP2 "
+                  "(recipes/accelerate/fsdp.yaml) to shard the policy."},
+    )
+    exp_name: str | None = field(default=None, metadata={"help": "TRL's experiment name: used as run_name."})
+    # Sizes TRL derived itself (and overwrote); here they derive from per_device_train_batch_size,
+    # gradient_accumulation_steps and num_mini_batches, so setting one is an error that says which to set.
+    local_batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
+    micro_batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
+    batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
+    local_mini_batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
+    mini_batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
+
+    # ---- Reliability: non-finite numbers and resume ---------------------------------------------------------------
+    max_consecutive_nonfinite: int = field(
+        default=10,
+        metadata={"help": "A rollout with NaN/inf is dropped and sampled again, an optimizer step with a NaN/inf loss "
+                  "or gradient norm is skipped; this many of them without a good step in between stop training with "
+                  "an error naming the cause and the last complete checkpoint."},
+    )
+    watch_collapse: bool = field(
+        default=True,
+        metadata={"help": "Watch the logged metrics for collapse and reward-hacking signatures (trainer/watch.py: length up "
+                  "while entropy falls, KL far beyond its target, clip fraction or value loss out of range, the "
+                  "training reward beating the reference while a judge's loses); each warns once with its fixes."},
+    )
+    stop_on_collapse: bool = field(
+        default=False,
+        metadata={"help": "Stop training at the first collapse signature the watch sees, naming the last complete "
+                  "checkpoint (needs watch_collapse)."},
+    )
+    collapse_kl_threshold: float | None = field(
+        default=None,
+        metadata={"help": "Per-response KL (`objective/kl`, nats) above which the watch warns. None: 3 x kl_target "
+                  "with adaptive_kl, no KL check with a fixed kl_coef."},
+    )
+    allow_config_change_on_resume: bool = field(
+        default=False,
+        metadata={"help": "Resume from a checkpoint written with other PPO settings or batch geometry: the new values "
+                  "apply (with a warning). False: such a resume is an error listing the differences."},
+    )
+
+    # ---- Console output (what a person watching the run reads) --------------------------------------------------
+    print_metrics: bool = field(
+        default=False,
+        metadata={"help": "Print every logged metric dict under the progress bar, as Trainer does. Off: the bar shows "
+                  "the iteration, reward and KL; the metrics go to `report_to` trackers and trainer_state.json."},
+    )
+    dataloader_pin_memory: bool | None = field(
+        default=None,
+        metadata={"help": "Pin the prompt batches in page-locked memory. None: only when an accelerator (GPU) is "
+                  "present (pinning on a CPU-only machine does nothing but warn)."},
+    )
+
+    # TrainingArguments defaults that differ for PPO.
+    learning_rate: float = field(default=3e-6, metadata={"help": "Initial AdamW learning rate (N+ paper)."})
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Kept False: the trainer tokenizes the prompt column itself."}
+    )
+    logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
+    bf16: bool | None = field(
+        default=None, metadata={"help": "bf16 mixed precision. None: on when a CUDA GPU supports it, else off."}
+    )
+
+    # Dict fields also take a JSON object as a string, as on the command line (`--reward_model_init_kwargs
+    # '{"num_labels": 1}'`): transformers' convention for TrainingArguments' own dict fields.
+    _VALID_DICT_FIELDS = [*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs", "ref_model_init_kwargs",
+                          "reward_model_init_kwargs", "critic_model_init_kwargs"]
+
+    def __post_init__(self):
+        for name in self._VALID_DICT_FIELDS:
+            value = getattr(self, name, None)
+            if isinstance(value, str):
+                try:
+                    parsed = json.loads(value)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{name}={value!r} is not valid JSON ({err.msg}): give a JSON object, e.g. "
+                                     f"--{name} '{{\"num_labels\": 1}}'.") from None
+                if name.endswith("model_init_kwargs") and not isinstance(parsed, dict):
+                    raise ValueError(f"{name}={value!r}: give a JSON object ({{...}}), the keyword arguments of "
+                                     "from_pretrained.")
+        if self.bf16 is None:
+            self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()) and not self.fp16
+        if self.exp_name is not None and self.run_name is None:
+            self.run_name = self.exp_name
+        if self.dataloader_pin_memory is None:
+            self.dataloader_pin_memory = torch.accelerator.is_available() and not self.use_cpu
+        sharded = sharding_problems(self)  # before TrainingArguments reads a DeepSpeed config (it imports deepspeed)
+        if sharded:
+            raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(sharded))
+        super().__post_init__()
+        errors = _range_errors(self) + self._map_trl_names()
+        if self.stop_token_ids is not None and self.stop_token_id is not None:
+            errors.append("stop_token_id and stop_token_ids are both set: put every id in stop_token_ids.")
+        if self.stop_token_ids is not None and not all(isinstance(i, int) and i >= 0 for i in self.stop_token_ids):
+            errors.append(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids (ints >= 0).")
+        never_stops = (self.stop_token is None and self.stop_token_id is None) if self.stop_token_ids is None \
+            else not self.stop_token_ids
+        if never_stops and self.missing_eos_penalty is not None:
+            errors.append("missing_eos_penalty needs a stop token: set stop_token='eos', stop_token_ids or "
+                          "stop_token_id.")
+        if self.rollout_engine not in ("kv_cache", "static"):
+            errors.append(f"rollout_engine={self.rollout_engine!r}: choose 'kv_cache' (the default) or 'static'.")
+        if self.loss_aggregation not in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
+            errors.append(f"loss_aggregation={self.loss_aggregation!r}: choose 'token_mean', 'seq_mean_token_mean' "
+                          "or 'seq_mean_token_sum_norm'.")
+        for name in ("cliprange_low", "cliprange_high"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                errors.append(f"{name}={getattr(self, name)}: must be > 0 (or None to use cliprange).")
+        if self.dual_clip is not None and not self.dual_clip > 1:
+            errors.append(f"dual_clip={self.dual_clip}: must be > 1 (the bound -c * A must lie beyond the clipped "
+                          "loss), or None to turn it off.")
+        for name in ("policy_quantization", "ref_quantization", "reward_quantization"):
+            if getattr(self, name) not in ("4bit", "8bit", "none"):
+                errors.append(f"{name}={getattr(self, name)!r}: choose '4bit', '8bit' or 'none'.")
+        if self.reward_input_format not in ("auto", "chat", "pair", "concat"):
+            errors.append(f"reward_input_format={self.reward_input_format!r}: choose 'auto', 'chat', 'pair' or 'concat'.")
+        if self.ref_adapter_name is not None and self.ref_adapter_name == self.model_adapter_name:
+            errors.append(f"model_adapter_name and ref_adapter_name are both {self.ref_adapter_name!r}: the reference "
+                          "adapter must be another adapter than the trained one.")
+        errors += self._critic_and_estimator_errors()
+        errors += self._mixed_reward_errors()
+        errors += self._no_op_errors()
+        if errors:
+            raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(errors))
+
+    def _no_op_errors(self) -> list[str]:
+        """Settings each legal alone that together make a part of the objective a no-op: the run would train
+        nothing, or not what was asked, without a word (README, "Errors at construction")."""
+        errors = []
+        for name in _BOOL_FIELDS:  # "false" is a true value: a flag given as text would silently be on
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                errors.append(f"{name}={value!r}: must be True or False.")
+        if self.stop_token not in (None, "eos"):
+            errors.append(f"stop_token={self.stop_token!r}: choose 'eos' or None (other stop tokens: stop_token_ids).")
+        if self.kl_estimator not in ("k1", "k2", "k3"):
+            errors.append(f"kl_estimator={self.kl_estimator!r}: choose 'k1', 'k2' or 'k3'.")
+        if self.drop_uniform_groups is True and isinstance(self.num_generations, int) and self.num_generations < 2:
+            errors.append("drop_uniform_groups=True compares the responses to one prompt: set num_generations >= 2.")
+        refill = self.max_refill_rounds
+        if type(refill) is int and refill > 0 and self.drop_uniform_groups is not True:
+            errors.append(f"max_refill_rounds={refill} refills the places of the groups drop_uniform_groups drops, and "
+                          "it is off: set drop_uniform_groups=True, or max_refill_rounds=0.")
+        if self.importance_sampling_level not in ("token", "sequence"):
+            errors.append(f"importance_sampling_level={self.importance_sampling_level!r}: choose 'token' or "
+                          "'sequence' (GSPO).")
+        if self.use_bias_correction_kl is True and not (self.use_kl_loss is True
+                                                        or self.advantage_estimator == "grpo"):
+            errors.append("use_bias_correction_kl=True corrects the KL loss term, and this run has none (its KL is in "
+                          "the reward): set use_kl_loss=True, or unset use_bias_correction_kl.")
+        if self.use_kl_loss is True and self.kl_coef == 0 and not self.adaptive_kl:
+            errors.append("use_kl_loss=True with kl_coef=0: the KL loss term is multiplied by kl_coef, so it never "
+                          "acts. Set kl_coef > 0, or use_kl_loss=False.")
+        low = self.cliprange if self.cliprange_low is None else self.cliprange_low
+        if isinstance(low, (int, float)) and low >= 1:
+            name = "cliprange" if self.cliprange_low is None else "cliprange_low"
+            errors.append(f"{name}={low}: the lower clip bound 1 - {low} <= 0 can never bind (a ratio is > 0), so "
+                          "negative-advantage updates are never clipped. Use a value below 1 (e.g. 0.2).")
+        warmup = self.critic_warmup_steps
+        if isinstance(warmup, int) and warmup > 0 and self.max_steps > 0 and warmup >= self.max_steps:
+            # A critic-only run can be meant (train the critic, then resume with a longer max_steps): said, not refused.
+            warn_user(f"critic_warmup_steps={warmup} covers the whole run (max_steps={self.max_steps}): only the "
+                      "critic trains and the policy ends where it started. Lower critic_warmup_steps or raise "
+                      "max_steps if the policy should train.")
+        if isinstance(self.entropy_coef, (int, float)) and self.entropy_coef < 0:
+            warn_user(f"entropy_coef={self.entropy_coef} is negative: the loss pays the policy for lower entropy, which "
+                      "speeds up collapse to a few responses. Use entropy_coef >= 0 unless that is what you want.")
+        if self.stop_on_collapse is True and self.watch_collapse is False:
+            errors.append("stop_on_collapse=True with watch_collapse=False: nothing watches, so nothing would stop "
+                          "training. Set watch_collapse=True, or stop_on_collapse=False.")
+        if self.adaptive_kl and self.kl_coef == 0:
+            errors.append("adaptive_kl=True with kl_coef=0: the adaptive controller scales the coefficient, so it "
+                          "stays 0 and the KL penalty never acts. Start from kl_coef > 0, or set adaptive_kl=False.")
+        weights = self.reward_weights
+        if isinstance(weights, (list, tuple)) and weights and all(
+                isinstance(w, (int, float)) and w == 0 for w in weights):
+            errors.append(f"reward_weights={list(weights)}: every weight is 0, so every score is 0 and PPO learns "
+                          "from the KL penalty alone. Give at least one reward a non-zero weight.")
+        if self.vf_coef == 0 and self.advantage_estimator == "gae" and not self.critic_warmup_steps \
+                and self.critic_updates_per_step == 1:
+            warn_user("vf_coef=0 with advantage_estimator='gae': the critic is never trained, so GAE uses the "
+                      "values of an untrained critic. Set vf_coef > 0 (e.g. 0.1), or use a critic-free estimator "
+                      "(advantage_estimator='rloo' / 'grpo' / 'reinforce_pp').")
+        return errors
+
+    def _mixed_reward_errors(self) -> list[str]:
+        """Check the mixed-reward fields (their count against the rewards is checked by the trainer)."""
+        errors = []
+        weights = self.reward_weights
+        if weights is not None and (isinstance(weights, (str, bytes)) or not isinstance(weights, (list, tuple))
+                                    or not weights or not all(isinstance(w, (int, float)) and not isinstance(w, bool)
+                                                              and math.isfinite(w) for w in weights)):
+            errors.append(f"reward_weights={weights!r}: must be None or a non-empty list of finite numbers, one per "
+                          "reward.")
+        buffer = self.overlong_buffer_length
+        if buffer is not None and (isinstance(buffer, bool) or not isinstance(buffer, int)
+                                   or not 1 <= buffer <= self.response_length):
+            errors.append(f"overlong_buffer_length={buffer!r}: must be None (off) or an integer in [1, "
+                          f"response_length={self.response_length}].")
+        return errors
+
+    def _critic_and_estimator_errors(self) -> list[str]:
+        """Check the critic and estimator choices; map `value_head_learning_rate` onto `critic_learning_rate`."""
+        errors = []
+        if self.value_head_learning_rate is not None:
+            if self.critic_learning_rate not in (None, self.value_head_learning_rate):
+                errors.append("value_head_learning_rate and critic_learning_rate are both set: set critic_learning_rate "
+                              "only (value_head_learning_rate is its earlier name).")
+            self.critic_learning_rate = self.value_head_learning_rate
+        if self.critic not in ("shared", "separate", "reward_lora"):
+            errors.append(f"critic={self.critic!r}: choose 'shared', 'separate' or 'reward_lora'.")
+        if self.critic_quantization not in ("4bit", "8bit", "none"):
+            errors.append(f"critic_quantization={self.critic_quantization!r}: choose '4bit', '8bit' or 'none'.")
+        if self.advantage_estimator not in ("gae", "rloo", "grpo", "reinforce_pp"):
+            errors.append(f"advantage_estimator={self.advantage_estimator!r}: choose 'gae', 'rloo', 'grpo' or "
+                          "'reinforce_pp'.")
+        elif self.advantage_estimator != "gae" and self.critic != "shared":
+            errors.append(f"critic={self.critic!r} with advantage_estimator={self.advantage_estimator!r}: the "
+                          "critic-free estimators use no critic. Set advantage_estimator='gae' or leave critic unset.")
+        elif self.advantage_estimator != "gae":
+            # Options that only act through a critic or GAE: set, they would be silently ignored.
+            for name, is_set in (("critic_learning_rate", self.critic_learning_rate is not None),
+                                 ("critic_warmup_steps", bool(self.critic_warmup_steps)),
+                                 ("critic_updates_per_step", self.critic_updates_per_step != 1),
+                                 ("critic_hub_model_id", self.critic_hub_model_id is not None),
+                                 ("lam_critic", self.lam_critic is not None),
+                                 ("whiten_rewards", self.whiten_rewards is True)):
+                if is_set:
+                    errors.append(f"{name} is set, but advantage_estimator={self.advantage_estimator!r} has no critic "
+                                  f"and no GAE: unset {name}, or use advantage_estimator='gae'.")
+        # Settings another choice would read: set with this one, they would be silently ignored.
+        if self.critic != "separate":
+            for name, is_set in (("critic_quantization", self.critic_quantization != "none"),
+                                 ("critic_model_init_kwargs", self.critic_model_init_kwargs is not None)):
+                if is_set:
+                    errors.append(f"{name} is set, but it applies to critic='separate' only (critic={self.critic!r} "
+                                  f"loads no critic model): unset {name}, or set critic='separate'.")
+        errors += critic_repo_problems(self.critic_hub_model_id, self.hub_model_id, fsdp_version(self))
+        if self.scale_rewards is False and self.advantage_estimator != "grpo":
+            errors.append(f"scale_rewards=False applies to advantage_estimator='grpo' only (Dr. GRPO), not "
+                          f"{self.advantage_estimator!r}: unset it, or set advantage_estimator='grpo'.")
+        if isinstance(self.critic_warmup_steps, int) and self.critic_warmup_steps > 0 and (
+                self.vf_coef == 0):
+            errors.append(f"critic_warmup_steps={self.critic_warmup_steps} trains only the critic, so it needs a value "
+                          "loss: vf_coef > 0 and advantage_estimator='gae'. Set critic_warmup_steps=0 otherwise.")
+        if isinstance(self.critic_updates_per_step, int) and self.critic_updates_per_step > 1 and self.vf_coef == 0:
+            errors.append(f"critic_updates_per_step={self.critic_updates_per_step} adds critic-only passes, so it "
+                          "needs a value loss: vf_coef > 0. Set critic_updates_per_step=1 otherwise.")
+        if self.advantage_estimator in ("rloo", "grpo") and isinstance(self.num_generations, int) \
+                and self.num_generations < 2:
+            errors.append(f"advantage_estimator={self.advantage_estimator!r} compares the responses to one prompt: "
+                          f"set num_generations >= 2 (it is {self.num_generations}).")
+        if isinstance(self.num_generations, int) and self.num_generations >= 1 \
+                and self.per_device_train_batch_size * self.gradient_accumulation_steps * self.num_mini_batches \
+                % self.num_generations:
+            errors.append(f"The rollout batch (per_device_train_batch_size x gradient_accumulation_steps x "
+                          f"num_mini_batches = {self.rollout_batch_size} responses per device) must be a multiple of "
+                          f"num_generations={self.num_generations}: each prompt's responses stay on one device.")
+        return errors
+
+    def _map_trl_names(self) -> list[str]:
+        """Turn TRL 1.12's names into hf_ppo's fields; return the errors for names that cannot apply."""
+        errors = []
+        derived = {
+            "local_batch_size": "rollout_batch_size (prompts per iteration per device)",
+            "batch_size": "rollout_batch_size x world_size (prompts per iteration)",
+            "local_mini_batch_size": "minibatch_size (sequences per optimizer step per device)",
+            "mini_batch_size": "minibatch_size x world_size",
+            "micro_batch_size": "per_device_train_batch_size x world_size",
+        }
+        for name, meaning in derived.items():
+            if getattr(self, name) is not None:
+                errors.append(f"{name}={getattr(self, name)} cannot be set (TRL computed it too, and overwrote your "
+                              f"value): here it is {meaning}. Set per_device_train_batch_size, "
+                              "gradient_accumulation_steps and num_mini_batches instead.")
+        for name in ("sft_model_path", "reward_model_path"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                errors.append(f"{name}={value!r}: must be None or a Hub id / local path (a non-empty string).")
+        if self.ds3_gather_for_generation is not None:
+            warn_user("ds3_gather_for_generation is ignored: it is a DeepSpeed ZeRO-3 option and hf_ppo has no "
+                      "ZeRO-3 weight gathering for generation. Use DDP or ZeRO-2 (recipes/accelerate/); to fit a "
+                      "larger policy, load it in 4 bits with LoRA (policy_quantization='4bit').")
+        # A TRL name marks a TRL config: there `num_mini_batches` split the rollout batch; here it multiplies it.
+        trl_names = [name for name in _TRL_ONLY_NAMES if getattr(self, name) is not None]
+        if trl_names and isinstance(self.num_mini_batches, int) and self.num_mini_batches > 1:
+            warn_user(
+            f"num_mini_batches={self.num_mini_batches} means something else than in TRL (this config uses TRL's "
+            f"{trl_names[0]}): it multiplies the rollout batch here, so one iteration samples "
+            "per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches prompts per device, "
+            "where TRL sampled per_device_train_batch_size x gradient_accumulation_steps and split them. To keep "
+            "TRL's batch sizes, divide gradient_accumulation_steps by num_mini_batches.")
+        if self.total_episodes is None and self.num_total_batches is None:
+            return errors
+        if self.total_episodes is not None and self.num_total_batches is not None:
+            return errors + ["Set total_episodes or num_total_batches, not both (both set the run length)."]
+        for name in ("total_episodes", "num_total_batches"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                return errors + [f"{name}={getattr(self, name)}: set it to 1 or more."]
+        if self.num_ppo_epochs < 1 or self.num_mini_batches < 1 or not (
+                isinstance(self.critic_updates_per_step, int) and self.critic_updates_per_step >= 1):
+            return errors  # reported by the range checks
+        if self.num_total_batches is not None:
+            iterations = self.num_total_batches
+        else:
+            iterations = math.ceil(self.total_episodes / (self.rollout_batch_size * self.world_size))
+        steps = iterations * self.optimizer_steps_per_iteration
+        if self.max_steps > 0 and self.max_steps != steps:
+            name = "total_episodes" if self.total_episodes is not None else "num_total_batches"
+            return errors + [f"{name} and max_steps={self.max_steps} both set the run length ({name} means "
+                             f"max_steps={steps}): set only one."]
+        self.max_steps = steps
+        return errors
+
+    def to_dict(self) -> dict:
+        """TrainingArguments' dict, with `stop_token` as it is: Trainer hides every field named `*_token` as a
+        secret, and a config rebuilt from that dict would read '<STOP_TOKEN>' as its stop token."""
+        return {**super().to_dict(), "stop_token": self.stop_token}
+
+    @property
+    def minibatch_size(self) -> int:
+        """Sequences per optimizer step on one device: per_device_train_batch_size * gradient_accumulation_steps."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    @property
+    def rollout_batch_size(self) -> int:
+        """Responses sampled per PPO iteration on one device: minibatch_size * num_mini_batches (prompts when
+        num_generations is 1; else rollout_batch_size / num_generations prompts, each sampled num_generations times)."""
+        return self.minibatch_size * self.num_mini_batches
+
+    @property
+    def rollout_settings(self) -> dict:
+        """The fields `rollout.rollout` reads (steps 1-9), by its argument names."""
+        return dict(temperature=self.temperature, batch_size=self.local_rollout_forward_batch_size,
+                    missing_eos_penalty=self.missing_eos_penalty, overlong_buffer_length=self.overlong_buffer_length,
+                    overlong_penalty_factor=self.overlong_penalty_factor, kl_estimator=self.kl_estimator,
+                    gamma=self.gamma, lam=self.lam, lam_critic=self.lam_critic, whiten_rewards=self.whiten_rewards,
+                    whiten_advantages=self.whiten_advantages, advantage_estimator=self.advantage_estimator,
+                    num_generations=self.num_generations, scale_rewards=self.scale_rewards,
+                    use_kl_loss=self.use_kl_loss, drop_uniform_groups=self.drop_uniform_groups,
+                    max_refill_rounds=self.max_refill_rounds,
+                    memory_bytes=self.logits_memory_bytes)
+
+    @property
+    def logits_memory_bytes(self) -> int:
+        return int(self.logits_memory_mb * 2**20)
+
+    @property
+    def optimizer_steps_per_iteration(self) -> int:
+        """Optimizer steps per PPO iteration: num_ppo_epochs * critic_updates_per_step * num_mini_batches."""
+        return self.num_ppo_epochs * self.critic_updates_per_step * self.num_mini_batches
+
+    @property
+    def schedule_settings(self) -> dict:
+        """The fields `rollout.MinibatchSchedule.shuffled` reads (the update order of one rollout)."""
+        return dict(num_ppo_epochs=self.num_ppo_epochs, num_mini_batches=self.num_mini_batches,
+                    gradient_accumulation_steps=self.gradient_accumulation_steps,
+                    loss_aggregation=self.loss_aggregation, critic_passes=self.critic_updates_per_step)

@@ -1,0 +1,264 @@
+"""Prompt datasets: checked and tokenized once at construction, then left-padded into batches."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+from torch.utils.data import Sampler
+
+from ..runtime.warn import warn_user
+
+
+class PromptCollator:
+    """Left-pads tokenized prompts: {"queries": (B, Q) long, "query_mask": (B, Q) bool, "prompts": raw prompts}."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, features: list[dict]) -> dict:
+        width = max(len(f["input_ids"]) for f in features)
+        queries = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(features), width), dtype=torch.bool)
+        for row, f in enumerate(features):
+            n = len(f["input_ids"])
+            queries[row, width - n:] = torch.tensor(f["input_ids"], dtype=torch.long)
+            mask[row, width - n:] = True
+        return {"queries": queries, "query_mask": mask, "prompts": [f["prompt"] for f in features]}
+
+
+def _pretokenized_rows(batch: dict, tokenizer) -> tuple[list[list[int]], list[str]]:
+    """Token ids of a pre-tokenized batch (padding dropped where an attention_mask says so) and their decoded text."""
+    masks = batch.get("attention_mask") or [None] * len(batch["input_ids"])
+    ids = [[int(t) for t, keep in zip(row, mask or [1] * len(row)) if keep] for row, mask in zip(batch["input_ids"], masks)]
+    # The text reward callables and the reward model's chat formatting see (as rollouts decode prompts).
+    return ids, tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
+def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | None, response_length: int,
+                    context: int | None, num_proc: int | None = None):
+    """Check the prompt column and tokenize it; truncate over-long prompts from the left with one warning.
+
+    Accepts a "prompt" column (text), a "messages" column (chat), or pre-tokenized "input_ids" (TRL 1.12's format;
+    an "attention_mask" column, when present, marks padding to drop). Returns a dataset with columns "prompt" (the
+    raw text or messages; for pre-tokenized rows their decoded text) and "input_ids".
+    """
+    if dataset is None:
+        return None
+    columns = dataset.column_names
+    pretokenized = False
+    if "prompt" in columns:
+        key = "prompt"
+    elif "messages" in columns:
+        key = "messages"
+    elif "input_ids" in columns:
+        key, pretokenized = "input_ids", True
+    else:
+        raise ValueError(f"{name} needs a 'prompt' column (text), a 'messages' column (chat) or an 'input_ids' column "
+                         f"(token ids from the policy's tokenizer); it has {columns}. Rename yours, e.g. "
+                         f"{name}.rename_column('{columns[0] if columns else 'text'}', 'prompt').")
+    if len(dataset) == 0:
+        raise ValueError(f"{name} is empty: it needs prompts.")
+    first = dataset[0][key]
+    if pretokenized and not (isinstance(first, list) and all(isinstance(t, int) for t in first)):
+        raise ValueError(f"{name}'s 'input_ids' must hold one list of token ids per row, got {first!r:.80}. Tokenize "
+                         "without padding or tensors, e.g. dataset.map(lambda x: tokenizer(x['prompt']), "
+                         "batched=True), or give the text in a 'prompt' column.")
+    if not pretokenized and isinstance(first, list) and first and all(isinstance(t, int) for t in first):
+        raise ValueError(f"{name}'s {key!r} column holds token ids, not text: name it 'input_ids' "
+                         f"({name}.rename_column({key!r}, 'input_ids')), which is read as pre-tokenized prompts.")
+    chat = isinstance(first, list) and not pretokenized
+    if not pretokenized:
+        _check_rows(dataset[key], name, key, chat)
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{name} holds chat messages but the tokenizer has no chat template: set "
+                         "tokenizer.chat_template, or give plain-text prompts in a 'prompt' column.")
+    budget = max_prompt_length
+    if context is not None:
+        room = context - response_length
+        if room < 1:
+            raise ValueError(f"response_length={response_length} leaves no room for a prompt in the policy's "
+                             f"context of {context} tokens: lower response_length.")
+        budget = room if budget is None else min(budget, room)
+
+    def tokenize(batch):
+        if pretokenized:
+            ids, texts = _pretokenized_rows(batch, tokenizer)
+            vocab = len(tokenizer)
+            return {"input_ids": ids, "prompt": texts, "_empty": [not i for i in ids],
+                    "_length": [len(i) for i in ids], "_out_of_vocab": [any(not 0 <= t < vocab for t in i) for i in ids]}
+        prompts = batch[key]
+        if chat:
+            ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
+                   for p in prompts]
+        else:
+            ids = tokenizer(prompts, add_special_tokens=True)["input_ids"]
+        empty = [not (p if chat else p.strip()) for p in prompts]
+        return {"input_ids": ids, "_empty": empty, "_length": [len(i) for i in ids]}
+
+    tokenized = dataset.map(tokenize, batched=True, remove_columns=[c for c in columns if c != key],
+                            desc=f"Tokenizing {name}", num_proc=num_proc)
+    if pretokenized:
+        bad = [i for i, b in enumerate(tokenized["_out_of_vocab"]) if b]
+        if bad:
+            raise ValueError(f"{name} has token ids outside the policy tokenizer's {len(tokenizer)} tokens (rows "
+                             f"{bad[:10]}): they were made with another tokenizer. Tokenize the prompts with the "
+                             "policy's tokenizer, or give the text in a 'prompt' column.")
+        tokenized = tokenized.remove_columns(["_out_of_vocab"])
+    empty = [i for i, e in enumerate(tokenized["_empty"]) if e]
+    if empty:
+        keep = (f"len(x['{key}']) > 0" if chat else
+                "any(x['attention_mask']) if 'attention_mask' in x else len(x['input_ids']) > 0" if pretokenized else
+                f"x['{key}'].strip()")
+        raise ValueError(f"{name} has {len(empty)} empty prompt(s) (rows {empty[:10]}): remove them, e.g. "
+                         f"{name}.filter(lambda x: {keep}).")
+    too_long = sum(length > budget for length in tokenized["_length"]) if budget else 0
+    if too_long:
+        warn_user(f"{too_long} prompt(s) of {name} are longer than {budget} tokens (max_prompt_length, capped so "
+                  f"prompt + response_length fits the model's context); they are truncated from the left.")
+        tokenized = tokenized.map(lambda x: {"input_ids": x["input_ids"][-budget:]}, num_proc=num_proc)
+    tokenized = tokenized.remove_columns(["_empty", "_length"])
+    if key != "prompt" and not pretokenized:
+        tokenized = tokenized.rename_column(key, "prompt")
+    return tokenized
+
+
+def _check_rows(values: list, name: str, key: str, chat: bool) -> None:
+    """Every row a non-empty string (text) or a list of {"role": str, "content": ...} turns (chat); errors name rows."""
+    problems = []
+    for row, value in enumerate(values):
+        if value is None:
+            problems.append(f"row {row} is None")
+        elif not chat and not isinstance(value, str):
+            problems.append(f"row {row} is a {type(value).__name__}, not a string")
+        elif chat and not isinstance(value, list):
+            problems.append(f"row {row} is a {type(value).__name__}, not a list of turns (row 0 is a chat)")
+        elif chat:
+            for turn_index, turn in enumerate(value):
+                if not isinstance(turn, dict):
+                    problems.append(f"row {row}, turn {turn_index} is a {type(turn).__name__} ({turn!r:.40}), not "
+                                    "a {'role': ..., 'content': ...} dict")
+                elif not isinstance(turn.get("role"), str) or turn.get("content") is None:
+                    problems.append(f"row {row}, turn {turn_index} needs a 'role' (string) and a 'content'; it has "
+                                    f"{ {k: v for k, v in turn.items() if v is not None} !r:.80}")
+        if len(problems) >= 5:
+            break
+    if problems:
+        raise ValueError(f"{name}[{key!r}] has malformed rows: " + "; ".join(problems) + ". Fix or drop them, e.g. "
+                         f"{name}.filter(lambda x: isinstance(x['{key}'], {'list' if chat else 'str'})).")
+
+
+class RolloutRepeatSampler(Sampler):
+    """Shuffled prompt indices, each prompt `num_generations` (k) times in a row, each global rollout batch
+    repeated `repeat` times in a row.
+
+    `global_batch_size` counts responses (rollout_batch_size x world_size): a global batch holds
+    global_batch_size / k prompts. The DataLoader's batch is one device's rollout batch, a multiple of k, so
+    accelerate (which gives process r the r-th batch of every `world_size` consecutive ones) hands each process
+    whole groups, the same slice of the same global batch `repeat` times: once per micro-batch of the PPO iteration.
+    One epoch visits every prompt once (k responses each); prompts that do not fill a last batch are dropped.
+    """
+
+    def __init__(self, num_prompts: int, global_batch_size: int, repeat: int, seed: int, num_generations: int = 1):
+        if global_batch_size % num_generations:
+            raise ValueError(f"A global batch of {global_batch_size} responses is not whole groups of "
+                             f"num_generations={num_generations}.")
+        self.num_prompts, self.global_batch_size, self.repeat, self.seed = num_prompts, global_batch_size, repeat, seed
+        self.num_generations = num_generations
+        self.prompts_per_batch = global_batch_size // num_generations
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.num_prompts, generator=generator).tolist()
+        for start in range(0, self.num_batches * self.prompts_per_batch, self.prompts_per_batch):
+            chunk = [i for i in order[start:start + self.prompts_per_batch] for _ in range(self.num_generations)]
+            for _ in range(self.repeat):
+                yield from chunk
+
+    @property
+    def num_batches(self) -> int:
+        """Global rollout batches (PPO iterations) per epoch."""
+        return self.num_prompts // self.prompts_per_batch
+
+    def __len__(self) -> int:
+        return self.num_batches * self.global_batch_size * self.repeat
+
+
+class RefillPrompts:
+    """The extra prompt groups of DAPO's refill (`rollout.rollout_with_refill`): `extra(round)` is one process's
+    rollout batch, rollout_batch_size / num_generations distinct prompts of `dataset`, each num_generations times in a
+    row, collated by `collator`.
+
+    The prompts are a pure function of (seed, the optimizer step the rollout starts at, the round, the process), drawn
+    with a generator of their own: the global RNG (the sampling noise, which checkpoints restore) is not touched, so
+    a resumed run draws the same refill prompts as the run it continues. They may repeat the main batch's prompts.
+    """
+
+    def __init__(self, dataset, collator, args, step: int):
+        self.dataset, self.collator, self.step = dataset, collator, step
+        self.seed, self.process, self.k = args.seed, args.process_index, args.num_generations
+        self.num_prompts = args.rollout_batch_size // args.num_generations
+
+    def __call__(self, round_: int) -> dict:
+        key = [self.seed, self.step, round_, self.process]
+        seed = int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:8], "little") >> 1
+        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(seed))
+        rows = [self.dataset[i] for i in order[:self.num_prompts].tolist()]
+        return self.collator([row for row in rows for _ in range(self.k)])
+
+
+def check_rollout_batch(args, train_dataset) -> None:
+    """Fail at construction when one iteration needs more prompts than `train_dataset` has; warn when `max_steps`
+    ends part-way through an iteration."""
+    if train_dataset is None:
+        return
+    global_batch = args.rollout_batch_size * args.world_size
+    prompts = global_batch // args.num_generations
+    if len(train_dataset) < prompts:
+        per_prompt = f" / num_generations {args.num_generations}" if args.num_generations > 1 else ""
+        raise ValueError(
+            f"One PPO iteration samples {prompts} prompts (per_device_train_batch_size "
+            f"{args.per_device_train_batch_size} x gradient_accumulation_steps {args.gradient_accumulation_steps} x "
+            f"num_mini_batches {args.num_mini_batches} x {args.world_size} processes{per_prompt}), but train_dataset "
+            f"has {len(train_dataset)}. Add prompts or lower one of those factors."
+        )
+    if args.max_steps > 0 and args.max_steps % args.optimizer_steps_per_iteration:
+        warn_user(f"max_steps={args.max_steps} is not a multiple of num_ppo_epochs x critic_updates_per_step x "
+                  f"num_mini_batches = "
+                  f"{args.optimizer_steps_per_iteration}: the last PPO iteration will stop part-way.")
+    check_run_length(args, len(train_dataset) // prompts)
+
+
+def check_run_length(args, iterations_per_epoch: int) -> None:
+    """With the run's length set by `num_train_epochs` (max_steps unset), the optimizer steps it will make are known
+    once the dataset is: a critic warm-up covering all of them leaves the policy where it started (a warning, as
+    PPOConfig gives for max_steps)."""
+    warmup = args.critic_warmup_steps
+    if args.max_steps > 0 or not warmup:
+        return
+    steps = math.ceil(args.num_train_epochs * iterations_per_epoch * args.optimizer_steps_per_iteration)
+    if warmup >= steps:
+        warn_user(f"critic_warmup_steps={warmup} covers the whole run ({args.num_train_epochs:g} epoch(s) of "
+                  f"{iterations_per_epoch} iteration(s) x {args.optimizer_steps_per_iteration} optimizer steps = "
+                  f"{steps} steps): only the critic trains and the policy ends where it started. Lower "
+                  "critic_warmup_steps, or raise num_train_epochs / set max_steps, if the policy should train.")
+
+
+def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, context: int | None):
+    """Both prompt datasets checked and tokenized (`prepare_prompts`), and the rollout batch checked against the
+    training set; returns (train, eval, chat) where chat is the set of "is a chat dataset" values seen."""
+    kwargs = dict(context=context, max_prompt_length=args.max_prompt_length, response_length=args.response_length,
+                  num_proc=args.dataset_num_proc)
+    if train_dataset is None and args.max_refill_rounds:
+        raise ValueError(f"max_refill_rounds={args.max_refill_rounds} refills with prompts sampled from train_dataset, "
+                         "and there is none: pass train_dataset, or set max_refill_rounds=0.")
+    train_dataset = prepare_prompts(train_dataset, tokenizer, "train_dataset", **kwargs)
+    eval_dataset = prepare_prompts(eval_dataset, tokenizer, "eval_dataset", **kwargs)
+    check_rollout_batch(args, train_dataset)
+    chat = {isinstance(d[0]["prompt"], list) for d in (train_dataset, eval_dataset) if d is not None}
+    return train_dataset, eval_dataset, chat or {False}

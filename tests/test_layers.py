@@ -1,0 +1,166 @@
+"""The package's import direction: sub-packages on floors, every import pointing down or within its own package,
+and no loop between modules. Imports inside functions count too: one that dodges a loop is the loop still there."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hf_ppo"
+
+# Lowest first. A module imports from its own package or from a package on a lower floor; packages on one floor
+# do not import each other.
+FLOORS = {"runtime": 1, "algorithms": 1, "models": 2, "rollout": 3, "evaluation": 4, "hub": 5, "trainer": 6,
+          "compat": 7, "cli": 7}
+TOP = 8  # hf_ppo/__init__.py and the thin aliases beside it
+# cli/ may import inside functions, to keep `hf-ppo --help` fast.
+LAZY_ALLOWED = {"cli"}
+MAX_TOP_LEVEL_MODULES = 6
+MAX_LINES = 800
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else None
+
+
+def floor_of(module: str) -> int:
+    package = package_of(module)
+    return FLOORS[package] if package else TOP
+
+
+def resolve(module: str, is_package: bool, node: ast.ImportFrom | ast.Import) -> list[str]:
+    """The hf_ppo modules an import statement names (a `from X import y` names X.y when that is a module)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] == "hf_ppo"]
+    if node.level:
+        base = module.split(".")
+        base = base if is_package else base[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if target.split(".")[0] != "hf_ppo":
+        return []
+    found = []
+    for alias in node.names:
+        candidate = f"{target}.{alias.name}"
+        if (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).is_file() or \
+                (PACKAGE.parent / candidate.replace(".", "/") / "__init__.py").is_file():
+            found.append(candidate)
+        else:
+            found.append(target)
+    return found
+
+
+def imports() -> list[tuple[str, int, str, bool]]:
+    """(module, line, imported module, inside a function) for every hf_ppo import in the package."""
+    rows = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(path)
+        tree = ast.parse(path.read_text(), str(path))
+        in_function = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                in_function.update(id(n) for n in ast.walk(node) if n is not node)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in resolve(module, path.name == "__init__.py", node):
+                    rows.append((module, node.lineno, target, id(node) in in_function))
+    return rows
+
+
+def location(module: str, line: int) -> str:
+    path = module.replace(".", "/")
+    path = path + "/__init__.py" if (PACKAGE.parent / path).is_dir() else path + ".py"
+    return f"{path}:{line}"
+
+
+def test_every_import_points_down_or_within_its_package():
+    wrong = []
+    for module, line, target, _ in imports():
+        if target == "hf_ppo" and module != "hf_ppo":
+            wrong.append(f"{location(module, line)} imports the top-level hf_ppo (import from the sub-package)")
+            continue
+        same = package_of(module) is not None and package_of(module) == package_of(target)
+        if not same and floor_of(target) >= floor_of(module) and module.count(".") > 0 and floor_of(module) < TOP:
+            wrong.append(f"{location(module, line)}: {module} (floor {floor_of(module)}) imports {target} "
+                         f"(floor {floor_of(target)})")
+    assert not wrong, "imports that point up or sideways:\n" + "\n".join(wrong)
+
+
+def test_no_import_inside_a_function_outside_cli():
+    wrong = [f"{location(m, line)} imports {t} inside a function" for m, line, t, lazy in imports()
+             if lazy and package_of(m) not in LAZY_ALLOWED]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_loop():
+    graph: dict[str, set[str]] = {}
+    for module, _, target, _ in imports():
+        if target != module:
+            graph.setdefault(module, set()).add(target)
+    # A package's __init__ hands on its modules' names: an edge module -> its own package's __init__ is a loop
+    # only if that __init__ is reached back, which the search below finds like any other.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            pytest.fail("import loop: " + " -> ".join(cycle))
+
+
+def test_the_package_keeps_its_shape():
+    top = [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"modules directly in hf_ppo/: {top}"
+    assert set(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()) == set(FLOORS)
+    long = [f"{p.relative_to(PACKAGE.parent)}: {len(p.read_text().splitlines())} lines"
+            for p in PACKAGE.rglob("*.py") if len(p.read_text().splitlines()) > MAX_LINES]
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_each_package_hands_on_its_names():
+    for package in FLOORS:
+        init = PACKAGE / package / "__init__.py"
+        tree = ast.parse(init.read_text())
+        names = [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                 if isinstance(t, ast.Name)]
+        assert "__all__" in names, f"{init} has no __all__"
+
+
+def test_the_import_paths_users_have_keep_working():
+    """The top-level names, `hf_ppo.trl011` and `hf_ppo.generation` (paths the README showed before the move) are
+    the objects of their new homes."""
+    import hf_ppo
+    from hf_ppo.compat import trl011
+    from hf_ppo.generation import RolloutEngine as OldRolloutEngine
+    from hf_ppo.models import AutoModelForCausalLMWithValueHead
+    from hf_ppo.rollout import EnvSample, Environment, RolloutEngine
+    from hf_ppo.trainer import PPOConfig, PPOLMTrainer
+    from hf_ppo.trl011 import AutoModelForCausalLMWithValueHead as TRLValueHead, PPOConfig as TRLConfig, PPOTrainer
+
+    assert (hf_ppo.PPOConfig, hf_ppo.PPOLMTrainer, hf_ppo.AutoModelForCausalLMWithValueHead, hf_ppo.EnvSample,
+            hf_ppo.Environment, hf_ppo.RolloutEngine) == (PPOConfig, PPOLMTrainer, AutoModelForCausalLMWithValueHead,
+                                                          EnvSample, Environment, RolloutEngine)
+    assert OldRolloutEngine is RolloutEngine and TRLValueHead is AutoModelForCausalLMWithValueHead
+    assert (TRLConfig, PPOTrainer) == (trl011.PPOConfig, trl011.PPOTrainer)
+    for package in FLOORS:  # every name a package hands on exists
+        module = __import__(f"hf_ppo.{package}", fromlist=["__all__"])
+        assert all(hasattr(module, name) for name in module.__all__), package
