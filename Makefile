@@ -4,6 +4,7 @@
 #   make test-floors           .venv-floors:  the range's floors (deps/floors.txt), as CI's second leg
 #   make test-latest           a throwaway venv with the newest release of every dependency, past the ceilings;
 #                              prints which ceilings a green run allows raising (deps/test_latest.py)
+#   make docs                  .venv + the docs extra: the documentation site in site/ (mkdocs build --strict)
 PYTHON ?= python3
 VENV ?= .venv
 CONSTRAINTS ?=
@@ -15,7 +16,7 @@ STAMP := $(VENV)/.hf_ppo-installed
 CPU_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl))
 TORCH_REQ := $(if $(CPU_WHEEL),torch==$(subst +cpu,,$(word 2,$(subst -, ,$(notdir $(CPU_WHEEL))))),torch)
 
-.PHONY: install demo test test-fast test-floors test-latest bench bench-gpu bench-learning clean
+.PHONY: install demo test test-fast test-floors test-latest bench bench-gpu bench-learning docs clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +52,12 @@ bench-gpu: $(STAMP)
 
 bench-learning: $(STAMP)
 	$(PY) bench/learning.py
+
+# The site from docs/ and mkdocs.yml; --strict makes every warning (a broken link or anchor, a page missing from the
+# nav, a docstring that cannot render) an error. docs/hooks.py imports hf_ppo to build the PPOConfig page.
+docs: $(STAMP)
+	$(PY) -m pip install -q -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf .venv .venv-floors outputs build *.egg-info

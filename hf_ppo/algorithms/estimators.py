@@ -3,7 +3,7 @@
 An estimator maps a rollout's shaped scores (B,), per-token KL (B, R), response mask (B, R) and the critic's
 values (B, R) (None for a critic-free estimator) to the per-token `rewards`, `non_score_rewards`, `advantages` and
 `returns` (B, R), 0 at masked positions. The B rows are grouped by prompt: with `k = num_generations` responses per
-prompt, rows i*k .. i*k+k-1 answer prompt i (`data.RolloutRepeatSampler` lays them out so).
+prompt, rows `i*k .. i*k+k-1` answer prompt `i` (`trainer.data.RolloutRepeatSampler` lays them out so).
 
 Where the KL penalty enters, as each method's paper / reference implementation does it:
 

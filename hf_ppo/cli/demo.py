@@ -17,7 +17,7 @@ Everything is built locally on the CPU, in four steps:
    the reference being the policy with its adapter disabled; prompts are the first three words of reviews;
 4. a before/after table of sampled completions with their rewards is printed, the curves of reward, KL,
    response length and entropy per PPO iteration are written to `<output_dir>/ppo/training_curves.png`, the
-   figures the README quotes to `<output_dir>/summary.json`, and a closing summary says where everything is and
+   figures the docs quote (docs/getting-started/demo.md) to `<output_dir>/summary.json`, and a closing summary says where everything is and
    prints a command that loads the policy from any directory.
 
 The console shows one progress bar per stage and no metric dicts (they are in `ppo/trainer_state.json`).

@@ -90,7 +90,7 @@ class ModelArguments:
     )
     critic_model_name_or_path: str | None = field(
         default=None, metadata={"help": "With --critic separate: the model to start the critic from (None: the reward "
-                                "model). See the README's 'Choosing a critic'."},
+                                "model). See docs/concepts/critics.md."},
     )
     model_revision: str | None = field(default=None, metadata={"help": "Branch, tag or commit of the policy."})
     ref_model_revision: str | None = field(default=None, metadata={"help": "Revision of the reference model."})

@@ -46,7 +46,7 @@ KEPT_COLUMNS = ("input_ids", "attention_mask", "past_key_values", "label", "quer
 
 
 def PPOConfig(**kwargs) -> _PPOConfig:  # noqa: N802 - TRL 0.11's class name, so its code runs unchanged
-    """hf_ppo's `PPOConfig` from TRL 0.11's `PPOConfig` fields and defaults (README "TRL 0.11 `PPOTrainer.step()`").
+    """hf_ppo's `PPOConfig` from TRL 0.11's `PPOConfig` fields and defaults (docs/guides/from-trl.md).
 
     Sizes: `batch_size` samples per `step()` = `per_device_train_batch_size` (`mini_batch_size`) x
     `gradient_accumulation_steps` x `num_mini_batches` (`batch_size / (mini_batch_size x gradient_accumulation_steps)`),

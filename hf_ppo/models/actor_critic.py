@@ -115,7 +115,7 @@ class PolicyAndCritic(ActorCritic):
     position, aligned with the logits; the last `logits_to_keep` positions, 0 = all) and `trainable_state_dict()` /
     `load_trainable_state_dict()` (what checkpoints store of it, restored exactly on resume); its parameters with
     `requires_grad` are `critic_parameters()`. Pinned by tests/test_critic_interface.py (its `TinyCritic` is a
-    complete example); see the README, "Extending hf_ppo".
+    complete example); see docs/guides/extending.md.
     """
 
     def __init__(self, policy: nn.Module, critic: nn.Module | None = None):

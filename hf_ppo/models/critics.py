@@ -160,7 +160,7 @@ def _pushed_critic(repo_id: str, init_kwargs: dict | None) -> str | None:
     return snapshot_download(repo_id, **kwargs)
 
 
-# ---- the critic (PPOConfig.critic; see README "Choosing a critic") ----------------------------------------------
+# ---- the critic (PPOConfig.critic; docs/concepts/critics.md) ----------------------------------------------------
 # LoRA of a 'reward_lora' critic when the policy is fully fine-tuned (no peft_config).
 DEFAULT_CRITIC_LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
 

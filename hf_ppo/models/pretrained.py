@@ -170,7 +170,7 @@ SEQ2SEQ_FIX = ("hf_ppo trains decoder-only causal LMs; a value head on an encode
 
 
 def reject_seq2seq(config, what: str) -> None:
-    """Raise, naming `what`, when `config` is an encoder-decoder (seq2seq) model's: not supported (README, "Models")."""
+    """Raise, naming `what`, when `config` is an encoder-decoder (seq2seq) model's: not supported (docs/guides/models.md)."""
     if getattr(config, "is_encoder_decoder", False):
         raise ValueError(f"The {what} is an encoder-decoder (seq2seq) model ({getattr(config, 'model_type', '?')}), "
                          f"which is not supported. {SEQ2SEQ_FIX}")

@@ -1,4 +1,4 @@
-"""Rollout: one PPO iteration's experience, in the numbered steps used everywhere (README, trainer, here).
+"""Rollout: one PPO iteration's experience, in the numbered steps used everywhere (docs, trainer, here).
 
 `rollout` runs them in order and returns a `RolloutBatch`, complete when constructed, and its statistics:
 1. generate: the rollout engine (`rollout/engines.py`) samples `response_length` tokens for the left-padded prompts;

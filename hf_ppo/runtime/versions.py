@@ -65,7 +65,7 @@ def warn_if_out_of_range() -> None:
         warnings.warn(
             "hf_ppo is tested with versions this environment does not have: " + "; ".join(found)
             + ". It may work, or fail in ways the tests would have caught. Install the tested range with "
-            "`pip install hf_ppo` (without --no-deps), or see the README's 'Tested versions'.",
+            "`pip install hf_ppo` (without --no-deps), or see the tested versions (docs/getting-started/installation.md).",
             UserWarning, stacklevel=3)
 
 

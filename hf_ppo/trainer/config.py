@@ -164,7 +164,7 @@ class PPOConfig(TrainingArguments):
     )
     whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE (gae only)."})
 
-    # ---- Critic: what predicts the values GAE needs (see README "Choosing a critic") -----------------------------
+    # ---- Critic: what predicts the values GAE needs (docs/concepts/critics.md) ---------------------------------------
     critic: Literal["shared", "separate", "reward_lora"] = field(
         default="shared",
         metadata={"help": "'shared': a value head on the policy's body (one model, no extra memory). 'separate': a "
@@ -297,7 +297,7 @@ class PPOConfig(TrainingArguments):
         default=None, metadata={"help": "Clip (normalised) scores to [-reward_clip, reward_clip]. None: off."}
     )
 
-    # ---- Mixed rewards: several reward models / functions and a length penalty (README "Mixed rewards") --------------
+    # ---- Mixed rewards: several reward models / functions and a length penalty (docs/concepts/rewards.md) ----------
     reward_weights: list[float] | None = field(
         default=None,
         metadata={"help": "One weight per reward when the trainer's `reward_model` is a list (TRL GRPOConfig's name), "
@@ -492,7 +492,7 @@ class PPOConfig(TrainingArguments):
 
     def _no_op_errors(self) -> list[str]:
         """Settings each legal alone that together make a part of the objective a no-op: the run would train
-        nothing, or not what was asked, without a word (README, "Errors at construction")."""
+        nothing, or not what was asked, without a word (docs/guides/errors.md)."""
         errors = []
         for name in _BOOL_FIELDS:  # "false" is a true value: a flag given as text would silently be on
             value = getattr(self, name)

@@ -1,7 +1,7 @@
 """`PPOLMTrainer`: clipped-PPO RLHF as a thin `transformers.Trainer` subclass.
 
 Trainer keeps its loop, optimizer, LR schedule, accumulation, clipping, mixed precision, callbacks, logging,
-checkpoint rotation and hub plumbing. PPO plugs into its seams (steps numbered as in the README and `rollout/steps.py`):
+checkpoint rotation and hub plumbing. PPO plugs into its seams (steps numbered as in `rollout/steps.py` and the docs):
 the sampler repeats each rollout batch once per micro-batch of the iteration, so Trainer's step counting is right;
 `_prepare_inputs` runs steps 1-9 (`rollout.steps.rollout`) and 10 (the KL controller) on an iteration's first micro-batch,
 then hands out shuffled micro-batches for `num_ppo_epochs` epochs; `compute_loss` is step 11 (`algorithms.ppo_math.ppo_loss`,
