@@ -6,8 +6,7 @@ from `dataclasses.fields(PPOConfig)`. The source file is found with `inspect.get
 follows the class wherever it lives. A field added to `PPOConfig` appears here at the next build, and a section
 comment that no longer matches any field fails the build.
 
-A reference to a README section inside a section comment (`see README "Choosing a critic"`) becomes a link to the
-docs page that has a heading of that name now.
+A docs page named inside a section comment (`(docs/concepts/critics.md)`) becomes a link to that page.
 """
 
 from __future__ import annotations
@@ -25,15 +24,13 @@ except ImportError:  # pragma: no cover - mkdocs present in `make docs`
 
 PPO_CONFIG_MARKER = "<!-- hf_ppo:ppo-config -->"
 SECTION_COMMENT = re.compile(r"^\s*#\s*-{3,}\s*(?P<title>.*?)\s*-*\s*$")
-README_REFERENCE = re.compile(r"""(?:see\s+)?(?:the\s+)?README(?:'s)?,?\s+["'](?P<title>[^"']+)["']""")
 DOCS_REFERENCE = re.compile(r"\bdocs/(?P<path>[\w/-]+\.md)")  # a page named by its path in a comment
 
 
 def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
     if PPO_CONFIG_MARKER not in markdown:
         return markdown
-    headings = _docs_headings(files)
-    return markdown.replace(PPO_CONFIG_MARKER, ppo_config_markdown(page.file.src_uri, headings))
+    return markdown.replace(PPO_CONFIG_MARKER, ppo_config_markdown(page.file.src_uri))
 
 
 # ---- reading PPOConfig ---------------------------------------------------------------------------------------------
@@ -106,44 +103,22 @@ def _split_title(comment: str) -> tuple[str, str]:
     return comment.strip(), ""
 
 
-def _docs_headings(files) -> dict[str, str]:
-    """{heading text without backticks: 'page.md#anchor'} over every Markdown page of the site."""
-    from markdown.extensions.toc import slugify  # the anchors mkdocs' `toc` gives those headings
-
-    headings = {}
-    for file in files.documentation_pages():
-        fence = False
-        for line in Path(file.abs_src_path).read_text(encoding="utf-8").splitlines():
-            if line.startswith("```"):
-                fence = not fence
-            elif not fence and (match := re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)):
-                text = match[1].replace("`", "")
-                headings.setdefault(text, f"{file.src_uri}#{slugify(text, '-')}")
-    return headings
-
-
 def _relative(target: str, from_page: str) -> str:
     depth = from_page.count("/")
     return "../" * depth + target
 
 
-def _link_readme_references(text: str, page: str, headings: dict[str, str]) -> str:
-    def link(match: re.Match) -> str:
-        target = headings.get(match["title"].replace("`", ""))
-        return f"see [{match['title']}]({_relative(target, page)})" if target else match[0]
-
-    text = README_REFERENCE.sub(link, text)
+def _link_docs_pages(text: str, page: str) -> str:
     return DOCS_REFERENCE.sub(lambda m: f"[{m['path']}]({_relative(m['path'], page)})", text)
 
 
-def ppo_config_markdown(page: str = "reference/config.md", headings: dict[str, str] | None = None) -> str:
-    headings = headings or {}
+def ppo_config_markdown(page: str = "reference/config.md") -> str:
     out = []
     for comment, fields in config_sections():
         title, lead = _split_title(comment)
         out.append(f"## {title}\n")
         if lead:
-            out.append(_link_readme_references(_escaped(lead), page, headings).rstrip(".") + ".\n")
+            out.append(_link_docs_pages(_escaped(lead), page).rstrip(".") + ".\n")
         out.append("| field | type | default | what it does |")
         out.append("|---|---|---|---|")
         for f in fields:
