@@ -51,11 +51,70 @@ def evaluate_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MODEL_FLAGS = {"policy": "the trained policy", "reference": "the reference model", "reward_model": "a reward model",
+               "judge": "a judge"}
+LOCAL_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
+MODEL_FILES = ("config.json", "adapter_config.json")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Stop before anything loads on a count below 1, or when a path argument names a local path that does not exist
+    (a file where a model folder belongs, an empty prompts file). Hub ids pass: the Hub answers for them when they
+    load."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    for flag in ("num_prompts", "batch_size"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise SystemExit(f"hf-ppo evaluate: --{flag} {value}: give an integer >= 1"
+                             + (" (leave it out to evaluate on all the prompts)." if flag == "num_prompts" else "."))
+    given = [(flag, value) for flag in MODEL_FLAGS for value in _as_list(getattr(args, flag))]
+    for flag, value in given + [("dataset", args.dataset)]:
+        where = "" if os.path.isabs(os.path.expanduser(value)) else f" (relative to {os.getcwd()})"
+        if os.path.exists(value):
+            if flag != "dataset" and not os.path.isdir(value):
+                raise SystemExit(f"hf-ppo evaluate: --{flag} {value!r} is a file; {MODEL_FLAGS[flag]} is a folder "
+                                 "(what save_pretrained / trainer.save_model wrote) or a Hub id: pass the folder "
+                                 "that holds it.")
+            if flag != "dataset" and not any(os.path.isfile(os.path.join(value, f)) for f in MODEL_FILES):
+                inside = sorted(d for d in os.listdir(value) if any(os.path.isfile(os.path.join(value, d, f))
+                                                                   for f in MODEL_FILES))
+                raise SystemExit(f"hf-ppo evaluate: --{flag} {value!r} holds no model: it has neither config.json "
+                                 "(a full model) nor adapter_config.json (a LoRA adapter). "
+                                 + (f"These folders in it do: {inside[:3]}; pass one of them." if inside else
+                                    "Pass the folder that save_pretrained / trainer.save_model wrote."))
+            if flag == "dataset" and os.path.isfile(value) and not os.path.getsize(value):
+                raise SystemExit(f"hf-ppo evaluate: --dataset {value!r} is an empty file: it holds no prompts.")
+            continue
+        try:
+            validate_repo_id(value)
+            hub_like = flag != "dataset" or not value.lower().endswith(LOCAL_SUFFIXES)
+        except HFValidationError:
+            hub_like = False
+        if not hub_like:
+            what = "file" if flag == "dataset" else "folder"
+            raise SystemExit(f"hf-ppo evaluate: --{flag} {value!r} does not exist: no such {what}{where}. Check the "
+                             f"path (or pass a Hub id).")
+
+
+def _as_list(value) -> list[str]:
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
 def default_reference(policy: str) -> str:
-    """The base model a LoRA adapter policy was trained on; an error naming the fix for a full model."""
+    """The base model a LoRA adapter policy was trained on; an error naming the fix for a full model, or saying
+    that a Hub id that is not a local folder was not found."""
+    from transformers.utils import CONFIG_NAME, cached_file
+
     from ..models.adapters import adapter_config
 
     adapter = adapter_config(policy, None)
+    if adapter is None and not os.path.isdir(policy):
+        try:  # not an adapter: is it a model at all?
+            cached_file(policy, CONFIG_NAME)
+        except OSError as err:
+            raise SystemExit(f"hf-ppo evaluate: --policy {policy!r} is not a local folder, and the Hub has no model "
+                             f"of that id (or could not be reached): {err}") from err
     if adapter is None or not adapter.get("base_model_name_or_path"):
         raise SystemExit(f"hf-ppo evaluate: {policy!r} is a full model: pass --reference, the model it started from "
                          "(a LoRA adapter's base model is its default reference).")
@@ -66,6 +125,7 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     """`hf-ppo evaluate`: build a trainer around the saved policy (no training data), run `evaluate()`, print the
     metrics tables and where the report is; return the metrics."""
     args = evaluate_parser().parse_args(argv)
+    check_arguments(args)
     reference = args.reference or default_reference(args.policy)
     from ..evaluation.report import REPORT_FILE, metrics_markdown
     from ..models.tokenizers import load_policy_tokenizer

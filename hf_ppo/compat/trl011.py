@@ -38,7 +38,8 @@ READ_BACK = {"model_name": "gpt2", "query_dataset": "stanfordnlp/imdb",
 COSMETIC = ("tracker_kwargs", "accelerator_kwargs", "project_kwargs", "push_to_hub_if_best_kwargs",
             "optimize_cuda_cache", "optimize_device_cache", "compare_steps", "dataset_num_proc", "target_kl",
             "tracker_project_name", "task_name", "query_dataset", "reward_model", "steps")
-# hf_ppo's own fields a TRL 0.11 config may also set: TRL 0.11 had no response cap; responses are padded to it.
+# hf_ppo's own fields a TRL 0.11 config may also set. TRL 0.11 had no response cap: step() takes longer responses too
+# (padding the batch to its longest), response_length is the width step() pads shorter batches to.
 HF_PPO_EXTRAS = {"response_length": 128, "output_dir": "ppo_output"}
 # Columns TRL 0.11's dataloader kept from a `datasets.Dataset` with remove_unused_columns=True: its value-head
 # model's `forward` arguments and "label", "query", "response".

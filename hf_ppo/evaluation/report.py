@@ -4,6 +4,7 @@ by side), the metrics as Markdown tables (`metrics_markdown`, also what `hf-ppo 
 
 from __future__ import annotations
 
+import math
 import os
 
 from ..runtime.warn import warn_user
@@ -26,8 +27,15 @@ def metrics_markdown(metrics: dict[str, float], prefix: str = "") -> str:
     for name in score_names(metrics, prefix):
         m = {k: metrics[f"{prefix}{name}/{k}"] for k in ("policy", "reference", "win_rate", "win_rate_low",
                                                             "win_rate_high")}
+        # Prompts with a NaN/inf score were left out (evaluation/evaluator.py); none left: no number to show.
+        left_out = int(metrics.get(f"{prefix}{name}/nonfinite", 0) or 0)
+        if math.isnan(m["win_rate"]):
+            lines.append(f"| {name} | no finite scores | no finite scores | no finite scores ({left_out or 'all'} "
+                         "prompts NaN/inf) |")
+            continue
+        note = f" ({left_out} prompts left out: NaN/inf)" if left_out else ""
         lines.append(f"| {name} | {m['policy']:.4g} | {m['reference']:.4g} | {m['win_rate']:.3f} "
-                     f"[{m['win_rate_low']:.3f}, {m['win_rate_high']:.3f}] |")
+                     f"[{m['win_rate_low']:.3f}, {m['win_rate_high']:.3f}]{note} |")
     lines += ["", "| | policy | reference |", "|---|---|---|"]
     for label, key in (("mean response length (tokens)", "response_length"), ("stop rate", "stop_rate")):
         policy, reference = metrics[f"{prefix}policy/{key}"], metrics[f"{prefix}reference/{key}"]

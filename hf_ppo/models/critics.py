@@ -14,7 +14,10 @@ critic's LoRA adapter + value head; or a fully fine-tuned critic's every weight)
 read: a fully fine-tuned `"separate"` critic is also a one-label sequence-classification model (config.json +
 weights; the value head is its score layer, whose bias, which a score layer lacks, is in critic.safetensors); a LoRA
 critic is also a PEFT adapter folder (in the subfolder `critic/`, PEFT's layout for an adapter named "critic").
-hf_ppo reloads from critic.safetensors, so the values are bitwise the saved critic's.
+hf_ppo reloads from critic.safetensors, so the values are bitwise the saved critic's. hf_ppo_critic.json also lists
+the files written: a later save replaces exactly those (refusing a folder with other files), and a load names any of
+them that is missing or damaged. A save writes into a sibling folder and swaps it in whole, so a killed save leaves
+the earlier critic (or none, for a first save), never half a file.
 `hf_ppo.hub.push_critic` (and `trainer.push_critic_to_hub`) pushes such a folder to a Hub repo of its own; `saved_critic` reads that repo back by id.
 """
 
@@ -22,9 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fnmatch
 import functools
 import json
 import os
+import shutil
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..runtime.files import file_problem
 from ..runtime.versions import GradientCheckpointingNames, checkpointing_disable, checkpointing_enable
 from .pretrained import _init_kwargs, _is_quantized, _shares_parameters, from_pretrained, pools_itself
 from .tokenizers import check_vocab, load_reward_tokenizer, load_tokenizer, same_checkpoint
@@ -43,9 +49,13 @@ CRITIC_INFO_FILE = "hf_ppo_critic.json"
 def save_critic(model: nn.Module, folder: str, tokenizer=None) -> str:
     """Write the critic of `model` (an `AutoModelForCausalLMWithValueHead`: its shared value head, or a
     `PolicyAndCritic`: its `ValueModel`) to `folder`; return the folder. `folder` must be new, empty, or a critic
-    saved before (which is replaced): a critic's config.json and weights would overwrite a model saved there. A
-    fully fine-tuned critic is a model folder, which needs its tokenizer (the policy's: a critic reads the policy's
-    token ids): pass `tokenizer`."""
+    saved before (which is replaced, whole: none of its files stay beside the new critic's): a critic's config.json
+    and weights would overwrite a model saved there, and files save_critic did not write are never deleted. A fully
+    fine-tuned critic is a model folder, which needs its tokenizer (the policy's: a critic reads the policy's token
+    ids): pass `tokenizer`.
+
+    The critic is written into a sibling folder and swapped in when complete, so a save killed at any point leaves
+    the earlier critic (or the new one), never a half-written file."""
     state = model.critic_state_dict()
     value_model = getattr(model, "critic", None)  # a critic with a body of its own; the shared head has none
     if not state:
@@ -55,23 +65,97 @@ def save_critic(model: nn.Module, folder: str, tokenizer=None) -> str:
         raise ValueError("A fully fine-tuned critic is saved as a model folder, with the tokenizer a later run checks "
                          "its vocabulary against: pass the policy's tokenizer, "
                          "trainer.model.save_critic(folder, trainer.processing_class).")
-    if os.path.isdir(folder) and os.listdir(folder) and not os.path.isfile(os.path.join(folder, CRITIC_INFO_FILE)):
-        raise ValueError(f"save_critic: {folder!r} already holds files that no save_critic wrote (a policy saved there "
-                         "would be overwritten by the critic's config and weights). Give the critic a folder of its "
-                         "own, e.g. os.path.join(output_dir, 'critic').")
-    os.makedirs(folder, exist_ok=True)
+    target = os.path.normpath(os.fspath(folder))
+    _recover(target)
+    _check_replaceable(target)
+    partial = target + _PARTIAL
+    shutil.rmtree(partial, ignore_errors=True)  # left by a save killed before its swap: hf_ppo's own name
+    os.makedirs(partial)
     info = {"critic": "shared", "base": None}
     if value_model is not None:
         info = {"critic": value_model.kind, "base": value_model.source}
         if full:
-            _save_sequence_classifier(value_model, folder)
-            tokenizer.save_pretrained(folder)
+            _save_sequence_classifier(value_model, partial)
+            tokenizer.save_pretrained(partial)
         else:
-            value_model.backbone.save_pretrained(folder)  # the adapter, in folder/critic/ (its adapter name)
-    save_file(state, os.path.join(folder, CRITIC_STATE_FILE), metadata={"format": "pt"})
-    with open(os.path.join(folder, CRITIC_INFO_FILE), "w") as f:
+            value_model.backbone.save_pretrained(partial)  # the adapter, in folder/critic/ (its adapter name)
+    save_file(state, os.path.join(partial, CRITIC_STATE_FILE), metadata={"format": "pt"})
+    # The files written, so a later save replaces exactly these and a load can tell a damaged folder.
+    info["files"] = sorted([*_files_in(partial), CRITIC_INFO_FILE])
+    with open(os.path.join(partial, CRITIC_INFO_FILE), "w") as f:
         json.dump(info, f, indent=2)
+    _swap_in(partial, target)
     return folder
+
+
+# Siblings of a critic folder while it is saved: the new critic until complete, the earlier one until replaced.
+_PARTIAL, _REPLACED = ".hf_ppo-partial", ".hf_ppo-replaced"
+# What save_critic wrote before it recorded its files (`info["files"]`): replaced, never foreign.
+_LEGACY_CRITIC_FILES = (CRITIC_STATE_FILE, CRITIC_INFO_FILE, "README.md", "critic/*", "config.json",
+                        "generation_config.json", "model*.safetensors", "model.safetensors.index.json",
+                        "tokenizer*", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+                        "vocab.*", "merges.txt", "spiece.model")
+
+
+def _files_in(folder: str) -> list[str]:
+    """Every file under `folder`, as paths relative to it with '/' separators."""
+    return sorted(os.path.relpath(os.path.join(d, f), folder).replace(os.sep, "/")
+                  for d, _, names in os.walk(folder) for f in names)
+
+
+def _recover(target: str) -> None:
+    """A save killed between its two renames left the earlier critic beside `target`: put it back."""
+    replaced = target + _REPLACED
+    if os.path.isdir(replaced):
+        if os.path.exists(target):
+            shutil.rmtree(replaced)  # the swap completed; only the removal of the earlier critic was cut short
+        else:
+            os.replace(replaced, target)
+
+
+def _check_replaceable(target: str) -> None:
+    """`target` may take a critic: absent, empty, or a critic save_critic wrote with no other file beside it."""
+    if not os.path.isdir(target):
+        if os.path.exists(target):
+            raise ValueError(f"save_critic: {target!r} is a file, not a folder. Give the critic a folder of its own, "
+                             "e.g. os.path.join(output_dir, 'critic').")
+        return
+    present = _files_in(target)
+    if not present:
+        return
+    fix = "Give the critic a folder of its own, e.g. os.path.join(output_dir, 'critic')"
+    if CRITIC_INFO_FILE not in present:
+        raise ValueError(f"save_critic: {target!r} already holds files that no save_critic wrote ({_some(present)}): a "
+                         "policy saved there would be overwritten by the critic's config and weights. " + fix + ".")
+    try:
+        info = _read_info(target)
+    except ValueError:
+        info = {}
+    ours = info.get("files")
+    foreign = [name for name in present if (name not in ours if isinstance(ours, list) else
+                                            not any(fnmatch.fnmatch(name, p) for p in _LEGACY_CRITIC_FILES))]
+    if foreign:
+        raise ValueError(f"save_critic: {target!r} holds a critic saved before, and files that save_critic did not "
+                         f"write ({_some(foreign)}): replacing the critic would delete them. {fix}, or move those "
+                         "files out first.")
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _swap_in(partial: str, target: str) -> None:
+    """Move the complete critic at `partial` to `target`, replacing the critic there: at every instant one of the two
+    is complete, at `target` or (between the renames) at `target + _REPLACED`, where the next save or load finds it."""
+    if os.path.isdir(target) and not os.listdir(target):
+        os.rmdir(target)
+    if not os.path.exists(target):
+        os.replace(partial, target)
+        return
+    replaced = target + _REPLACED
+    os.replace(target, replaced)
+    os.replace(partial, target)
+    shutil.rmtree(replaced)
 
 
 def _save_sequence_classifier(value_model: nn.Module, folder: str) -> None:
@@ -110,21 +194,66 @@ def saved_critic(critic_model, critic: str, init_kwargs: dict | None = None) -> 
     if not isinstance(critic_model, (str, os.PathLike)):
         return None
     folder = os.fspath(critic_model)
+    _recover(os.path.normpath(folder))  # a save_critic killed between its renames: its earlier critic is beside
+    if os.path.isdir(folder) and not os.listdir(folder) or (
+            not os.path.exists(folder) and os.path.isdir(os.path.normpath(folder) + _PARTIAL)):
+        raise ValueError(f"critic_model={folder!r} holds no critic and no model: "
+                         + ("an empty folder" if os.path.isdir(folder) else "a save_critic to it was interrupted "
+                            "before it completed") + ". Save the critic there "
+                         "(trainer.model.save_critic(folder, trainer.processing_class)), or pass the id or path of a "
+                         "critic or model.")
     if not os.path.isfile(os.path.join(folder, CRITIC_INFO_FILE)):
         folder = _pushed_critic(folder, init_kwargs) if not os.path.exists(folder) else None
         if folder is None:
             return None
-    with open(os.path.join(folder, CRITIC_INFO_FILE)) as f:
-        info = json.load(f)
+    info = _read_info(folder)
     if info.get("critic") != critic:
         raise ValueError(f"critic_model={os.fspath(critic_model)!r} holds a critic={info.get('critic')!r} critic, but "
                          f"this run has critic={critic!r}: set PPOConfig(critic={info.get('critic')!r}) to continue "
                          "from it.")
+    recorded = info.get("files")
+    # A fully fine-tuned critic is rebuilt from its own config and weights; a critic saved before the file list was
+    # recorded shows it by its config.json.
+    full = ("config.json" in recorded if isinstance(recorded, list)
+            else os.path.isfile(os.path.join(folder, "config.json")))
+    # What this load reads (the adapter copy in critic/, the card and the tokenizer files are for other tools).
+    reads = [CRITIC_STATE_FILE, *(["config.json"] if full else [])]
+    if full and isinstance(recorded, list):
+        reads += [name for name in recorded if fnmatch.fnmatch(name, "model*.safetensors*")]
+    _check_saved_files(folder, reads)
     state = load_file(os.path.join(folder, CRITIC_STATE_FILE))
     if critic != "separate":  # the shared head and reward_lora are rebuilt on the policy / the reward model
         return SavedCritic(critic, state, None)
-    full = os.path.isfile(os.path.join(folder, "config.json"))
     return SavedCritic(critic, state, folder if full else info.get("base"))
+
+
+_DAMAGED_FIX = ("It was damaged (a copy or download cut short, or a file edited or removed since). Save the critic "
+                "again from the run that trained it (trainer.model.save_critic(folder, trainer.processing_class)), "
+                "or pass another critic_model.")
+
+
+def _read_info(folder: str) -> dict:
+    """The critic's `hf_ppo_critic.json`; an unreadable one is an error naming it."""
+    path = os.path.join(folder, CRITIC_INFO_FILE)
+    try:
+        with open(path) as f:
+            info = json.load(f)
+    except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"The saved critic's {path} is unreadable ({type(err).__name__}: {err}). "
+                         + _DAMAGED_FIX) from err
+    if not isinstance(info, dict):
+        raise ValueError(f"The saved critic's {path} holds {type(info).__name__}, not a critic's description. "
+                         + _DAMAGED_FIX)
+    return info
+
+
+def _check_saved_files(folder: str, names: list[str]) -> None:
+    """Every file of a saved critic that a load reads is there and opens (`file_problem`): else an error naming each
+    file, before anything is built from them."""
+    problems = [f"{path} is {problem}" for path in (os.path.join(folder, name) for name in names)
+                if (problem := file_problem(path)) is not None]
+    if problems:
+        raise ValueError(f"The saved critic in {folder} cannot be loaded: {'; '.join(problems)}. " + _DAMAGED_FIX)
 
 
 def _pushed_critic(repo_id: str, init_kwargs: dict | None) -> str | None:

@@ -59,14 +59,36 @@ def tokenizer_size(tokenizer: PreTrainedTokenizerBase) -> int:
     return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
 
 
-def check_vocab(model, tokenizer: PreTrainedTokenizerBase, role: str, fix: str) -> None:
+def spare_rows_expected(rows: int) -> int:
+    """How many embedding rows beyond the tokenizer's ids a model may have without looking like another model's:
+    vocabularies are padded for speed (to a multiple of 64 or 128; Qwen2.5 by up to 399 rows, Phi-2 by 905,
+    DeepSeek LLM by 2,385 of 102,400), so a tenth of the rows, and at least 1024."""
+    return max(1024, rows // 10)
+
+
+def check_vocab(model, tokenizer: PreTrainedTokenizerBase, role: str, fix: str, warn_unused: bool = False) -> bool:
     """Fail now, not with an IndexError mid-rollout, when `model` has fewer embedding rows than the token ids of
-    `tokenizer`; `fix` says what to do for this model's role and the way it was given."""
+    `tokenizer`; `fix` says what to do for this model's role and the way it was given.
+
+    Fewer token ids than rows is normal (vocabularies padded for speed); with `warn_unused`, far fewer
+    (`spare_rows_expected`) from a tokenizer not saved with the model is probably another model's tokenizer: a
+    warning, and True is returned (so a model checked next against the same tokenizer need not say it again)."""
     rows = model.get_input_embeddings().weight.shape[0]
     needed = tokenizer_size(tokenizer)
     if needed > rows:
         raise ValueError(f"The tokenizer produces token ids up to {needed - 1} ({len(tokenizer)} tokens) but the "
                          f"{role}'s embedding has only {rows} rows. {_added_pad_fix(tokenizer, rows, role)}{fix}")
+    # A tokenizer from the model's own checkpoint is its own, however many rows it leaves unused.
+    if not warn_unused or rows - needed <= spare_rows_expected(rows) or same_checkpoint(model, tokenizer):
+        return False
+    source = getattr(model, "name_or_path", "") or ""
+    own = f"AutoTokenizer.from_pretrained({source!r})" if source else "the tokenizer saved with it"
+    what = f"Pass the policy's own tokenizer as processing_class ({own})" if role == "policy" else fix.rstrip(".")
+    warn_user(f"The tokenizer has {needed} token ids but the {role}'s embedding has {rows} rows: {rows - needed} rows "
+              f"no id reaches, more than the padding of a vocabulary (up to {spare_rows_expected(rows)} here). It is "
+              f"probably another model's tokenizer, whose ids mean other tokens to the {role}. {what}; if this one "
+              "is right (a vocabulary trimmed on purpose), ignore this warning.")
+    return True
 
 
 def _added_pad_fix(tokenizer: PreTrainedTokenizerBase, rows: int, role: str) -> str:

@@ -45,7 +45,7 @@ from ..models.adapters import adapter_active
 from ..runtime.sharding import gathered
 from .batch import RolloutBatch
 from .engines import RolloutEngine, chunks, sequence_inputs, stop_tensor
-from .environments import Prompt, collate
+from .environments import Prompt, check_sequences, collate, embedding_rows
 from .rewards import RewardSet, penalize
 
 
@@ -226,8 +226,12 @@ def environment_samples(environment, engine: RolloutEngine, policy: nn.Module, r
     padded to `response_length`; samples without a score of their own are scored with `reward` (a `RewardSet`) on
     the whole episode. `contains_stop`: the policy sampled a stop token somewhere in the episode."""
     start, pad = time.perf_counter(), tokenizer.pad_token_id
+    # Who gave the samples, for the errors of the boundary checks (`check_sequences`, `collate`).
+    source = getattr(environment, "source", None) or f"{type(environment).__name__}.rollout"
+    rows = embedding_rows(policy.policy_model)
 
     def sample(sequences: list[torch.Tensor], max_new_tokens: int | None = None) -> list[torch.Tensor]:
+        sequences = check_sequences(sequences, source, rows)
         width = max(len(seq) for seq in sequences)
         ids = queries.new_full((len(sequences), width), pad)
         mask = torch.zeros_like(ids, dtype=torch.bool)
@@ -237,7 +241,7 @@ def environment_samples(environment, engine: RolloutEngine, policy: nn.Module, r
         return [row[keep][:max_new_tokens] for row, keep in zip(new, new_mask)]
 
     episodes = environment.rollout([Prompt(q[m], p) for q, m, p in zip(queries, query_mask, prompts)], sample)
-    out = collate(episodes, len(queries), response_length, pad, queries.device)
+    out = collate(episodes, len(queries), response_length, pad, queries.device, source=source, rows=rows)
     contains_stop = (torch.isin(out.responses, stop_tensor(stop_token_ids, queries.device)) & out.policy_mask).any(1)
     generated = time.perf_counter()
     scores, each = out.scores, {}

@@ -17,6 +17,7 @@ gradients and write the sharded checkpoints. hf_ppo adds what PPO needs on top:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 
@@ -66,13 +67,35 @@ def sharded_by_accelerate() -> bool:
 
 
 def fsdp_version(args) -> int | None:
-    """The FSDP version this run asks for (`accelerate launch` with an FSDP config, or `fsdp` in the arguments);
+    """The FSDP version this run asks for (`fsdp` in the arguments, or `accelerate launch` with an FSDP config);
     None without FSDP."""
-    if not (_env_true("ACCELERATE_USE_FSDP") or args.fsdp):
-        return None
-    config = args.fsdp_config if isinstance(args.fsdp_config, dict) else {}
-    version = config.get("version") or config.get("fsdp_version") or os.environ.get("FSDP_VERSION", "1")
-    return int(version)
+    if args.fsdp:  # Trainer builds the plugin from the arguments: transformers' default version is 2
+        config = args.fsdp_config if isinstance(args.fsdp_config, dict) else {}
+        return int(config.get("version") or config.get("fsdp_version") or 2)
+    if _env_true("ACCELERATE_USE_FSDP"):  # accelerate builds it from the environment: its default is 1
+        return int(os.environ.get("FSDP_VERSION", "1"))
+    return None
+
+
+def environment_restored_on_error(construct):
+    """Decorates a construction that may fail (`PPOConfig.__post_init__`, `PPOLMTrainer.__init__`): on an error,
+    `os.environ` is put back exactly as it was. TrainingArguments and accelerate's Accelerator set
+    ACCELERATE_USE_FSDP / FSDP_* before a later check refuses the run (Trainer: "fsdp only works in distributed
+    training"); left behind in a notebook, they would make every later PPOConfig of that process an FSDP one.
+    A plain wrapper, not a contextlib one: its frame is hf_ppo's, so `warn_user` still finds the user's line."""
+    @functools.wraps(construct)
+    def constructing(*args, **kwargs):
+        before = dict(os.environ)
+        try:
+            return construct(*args, **kwargs)
+        except BaseException:
+            for key in [key for key in os.environ if key not in before]:
+                del os.environ[key]
+            for key, value in before.items():
+                if os.environ.get(key) != value:
+                    os.environ[key] = value
+            raise
+    return constructing
 
 
 def sharding_problems(args) -> list[str]:
@@ -94,9 +117,10 @@ def sharding_problems(args) -> list[str]:
                         f"'accelerate>={FSDP_ACCELERATE}'.")
         return problems
     if version != 2:
+        fix = ('pass fsdp_config={"version": 2} to PPOConfig (or drop the version: 2 is the default)' if args.fsdp
+               else "set fsdp_version: 2 in the accelerate config (recipes/accelerate/fsdp.yaml)")
         problems.append(f"FSDP version {version} is not supported: hf_ppo gathers the sharded weights for sampling "
-                        "with FSDP2's unshard/reshard. Set fsdp_version: 2 in the accelerate config "
-                        "(recipes/accelerate/fsdp.yaml).")
+                        f"with FSDP2's unshard/reshard. To shard with FSDP2, {fix}.")
     return problems
 
 

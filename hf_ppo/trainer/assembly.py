@@ -145,7 +145,7 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
         policy = without_critic(policy, args.advantage_estimator, given_with_head=isinstance(
             model, AutoModelForCausalLMWithValueHead))
     body = policy.policy_model
-    check_vocab(body, processing_class, "policy", POLICY_VOCAB_FIX)
+    policy_warned = check_vocab(body, processing_class, "policy", POLICY_VOCAB_FIX, warn_unused=True)
     stop_token_ids = resolve_stop_token_ids(args.stop_token_ids, args.stop_token_id, args.stop_token,
                                             processing_class, body)
     check_stop_token_ids(stop_token_ids, body, needs_stop=args.missing_eos_penalty is not None)
@@ -160,7 +160,9 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
     ref = load_reference(ref_model, model, ref_init_kwargs, args.ref_quantization, dtype, device,
                          uses_peft=policy.is_peft_model)
     if ref is not None:
-        check_vocab(ref, tokenizer, "reference model", REFERENCE_VOCAB_FIX)
+        # A reference of another model than the policy's (its vocabulary far larger) is said unless the policy's
+        # check already named this tokenizer.
+        check_vocab(ref, tokenizer, "reference model", REFERENCE_VOCAB_FIX, warn_unused=not policy_warned)
     reward, reward_processing_class = load_rewards(reward_model, reward_processing_class, args, dtype, device)
     saved = saved_critic(critic_model, args.critic, args.critic_model_init_kwargs)  # rebuilt, then its state loaded
     critic_model = saved.build_from if saved is not None else critic_model

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import zipfile
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +28,7 @@ from transformers import TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..models.value_head import VALUE_HEAD_FILE
+from ..runtime.files import file_problem
 from ..runtime.sharding import fsdp_version
 from ..runtime.warn import warn_user
 from .schedule import MinibatchSchedule
@@ -223,20 +223,10 @@ def _read_json(folder: str, name: str, issues: list[str]) -> dict | None:
 
 
 def _check_file(path: str, name: str, issues: list[str]) -> None:
-    """Cheap load check: a safetensors header that covers the file, a torch zip whose central directory reads."""
-    if not os.path.isfile(path):
-        issues.append(f"missing {name}")
-        return
-    try:
-        if name.endswith(".safetensors"):
-            from safetensors import safe_open
-
-            with safe_open(path, "pt"):
-                pass
-        elif name.endswith((".pt", ".pth", ".bin")):
-            zipfile.ZipFile(path).close()  # torch.save's format; the directory sits at the end of the file
-    except Exception as err:  # noqa: BLE001 - any failure to open means the file cannot be resumed from
-        issues.append(f"{name} is unreadable (truncated or corrupt: {type(err).__name__}: {err})")
+    """Cheap load check (`file_problem`): a missing or damaged file is an issue named by its file name."""
+    problem = file_problem(path)
+    if problem is not None:
+        issues.append(f"{problem} {name}" if problem == "missing" else f"{name} is {problem}")
 
 
 def checkpoints_by_step(run_dir: str) -> list[str]:
@@ -392,10 +382,50 @@ def load_policy_weights(policy, folder: str, peft: bool, device, adapter_name: s
         policy.load_state_dict(load_file(os.path.join(folder, name)), strict=False)
 
 
-def load_actor_critic(wrapper, folder: str, saved: SavedPPOState, device, adapter_name: str | None = None) -> None:
-    """Load a checkpoint's policy weights (see `load_policy_weights`) and critic into the unsharded actor-critic."""
+def load_actor_critic(wrapper, folder: str, saved: SavedPPOState, device, adapter_name: str | None = None) -> bool:
+    """Load a checkpoint's policy weights (see `load_policy_weights`) and critic into the unsharded actor-critic.
+    Returns whether the critic changed on resume (`critic_changed_on_resume`): then the checkpoint's optimizer state
+    no longer fits the optimizer's parameters and is not loaded."""
     load_policy_weights(wrapper.policy_model, folder, wrapper.is_peft_model, device, adapter_name=adapter_name)
-    wrapper.load_critic_state_dict(saved.value_head)
+    changed = critic_changed_on_resume(wrapper.has_critic, folder, saved)
+    if wrapper.has_critic and not changed:
+        wrapper.load_critic_state_dict(saved.value_head)
+    return changed
+
+
+def critic_changed_on_resume(has_critic: bool, folder: str, saved: SavedPPOState) -> bool:
+    """Whether this run's critic is not the checkpoint's: a critic-free estimator resuming a checkpoint with a critic,
+    a critic resuming a critic-free checkpoint, or another `critic`. With `allow_config_change_on_resume` the run
+    asked for that change: the policy resumes, a critic this run has no use for stays in the checkpoint untouched, a
+    critic the checkpoint lacks (or holds of another kind) starts fresh, and the optimizer (whose parameters changed
+    with the critic) starts afresh; a warning says so. Without the flag, an error."""
+    was = {name: saved.state.get("settings", {}).get(name) for name in ("advantage_estimator", "critic")}
+    recorded = f"advantage_estimator={was['advantage_estimator']!r}, critic={was['critic']!r}"
+    stored = f"{len(saved.value_head)} tensors in {VALUE_HEAD_FILE}"
+    optimizer = ("The optimizer's moments and the learning-rate schedule start afresh: the optimizer's parameters "
+                 "changed with the critic, so its saved state fits them no longer.")
+    if not has_critic and saved.value_head:
+        if not saved.changed:
+            raise CheckpointError(f"{folder} holds a critic ({stored}), but this run has none. Resume with the "
+                                  f"checkpoint's settings ({recorded}), or set allow_config_change_on_resume=True to "
+                                  "resume the policy alone.")
+        warn_user(f"Resuming from {folder} without its critic: it was written with {recorded}, and this run's "
+                  "advantage estimator uses no critic (allow_config_change_on_resume). The policy resumes; the "
+                  f"checkpoint's critic ({stored}) is not loaded and stays in the checkpoint, untouched. " + optimizer)
+        return True
+    if has_critic and (not saved.value_head or "critic" in saved.changed):
+        if not saved.changed:
+            raise CheckpointError(f"{folder} holds no critic ({recorded}), but this run trains one. Resume with the "
+                                  "checkpoint's settings, or set allow_config_change_on_resume=True to start the "
+                                  "critic fresh.")
+        what = ("holds no critic" if not saved.value_head else f"holds another critic ({stored}), which this run's "
+                "cannot load")
+        warn_user(f"Resuming from {folder}, written with {recorded}: it {what}. The policy resumes; this run's "
+                  "critic starts fresh, untrained, as it would in a new run (allow_config_change_on_resume), so its "
+                  "first value estimates are poor: critic_warmup_steps trains it alone first (it counts from the "
+                  "run's first step: set it above the checkpoint's step). " + optimizer)
+        return True
+    return False
 
 
 def _check_adapter_config(folder: str, current) -> None:

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from transformers import TrainingArguments
 
-from ..runtime.sharding import fsdp_version, sharding_problems
+from ..runtime.sharding import environment_restored_on_error, fsdp_version, sharding_problems
 from ..runtime.warn import warn_user
 from .config_checks import _BOOL_FIELDS, _TRL_ONLY_NAMES, _range_errors, critic_repo_problems
 
@@ -387,18 +387,20 @@ class PPOConfig(TrainingArguments):
     watch_collapse: bool = field(
         default=True,
         metadata={"help": "Watch the logged metrics for collapse and reward-hacking signatures (trainer/watch.py: length up "
-                  "while entropy falls, KL far beyond its target, clip fraction or value loss out of range, the "
-                  "training reward beating the reference while a judge's loses); each warns once with its fixes."},
+                  "while entropy falls, entropy collapse, KL far beyond its threshold, clip fraction or value loss out "
+                  "of range, the training reward beating the reference while a judge's loses); each warns once with "
+                  "its fixes."},
     )
     stop_on_collapse: bool = field(
         default=False,
         metadata={"help": "Stop training at the first collapse signature the watch sees, naming the last complete "
-                  "checkpoint (needs watch_collapse)."},
+                  "checkpoint and saving none after it, so resume_from_checkpoint=True resumes from it (needs "
+                  "watch_collapse)."},
     )
     collapse_kl_threshold: float | None = field(
         default=None,
         metadata={"help": "Per-response KL (`objective/kl`, nats) above which the watch warns. None: 3 x kl_target "
-                  "with adaptive_kl, no KL check with a fixed kl_coef."},
+                  "with adaptive_kl, 30 nats with a fixed kl_coef."},
     )
     allow_config_change_on_resume: bool = field(
         default=False,
@@ -433,6 +435,8 @@ class PPOConfig(TrainingArguments):
     _VALID_DICT_FIELDS = [*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs", "ref_model_init_kwargs",
                           "reward_model_init_kwargs", "critic_model_init_kwargs"]
 
+    # A refused config leaves the process as it found it (TrainingArguments sets FSDP_* variables first).
+    @environment_restored_on_error
     def __post_init__(self):
         for name in self._VALID_DICT_FIELDS:
             value = getattr(self, name, None)

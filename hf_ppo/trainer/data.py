@@ -94,7 +94,7 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
                    for p in prompts]
         else:
             ids = tokenizer(prompts, add_special_tokens=True)["input_ids"]
-        empty = [not (p if chat else p.strip()) for p in prompts]
+        empty = [_empty_chat(p) if chat else not p.strip() for p in prompts]
         return {"input_ids": ids, "_empty": empty, "_length": [len(i) for i in ids]}
 
     tokenized = dataset.map(tokenize, batched=True, remove_columns=[c for c in columns if c != key],
@@ -108,10 +108,15 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
         tokenized = tokenized.remove_columns(["_out_of_vocab"])
     empty = [i for i, e in enumerate(tokenized["_empty"]) if e]
     if empty:
-        keep = (f"len(x['{key}']) > 0" if chat else
-                "any(x['attention_mask']) if 'attention_mask' in x else len(x['input_ids']) > 0" if pretokenized else
-                f"x['{key}'].strip()")
-        raise ValueError(f"{name} has {len(empty)} empty prompt(s) (rows {empty[:10]}): remove them, e.g. "
+        text = "str(t['content'] or '').strip()"
+        if chat:
+            keep = f"any({text} for t in x['{key}']) and all({text} for t in x['{key}'] if t['role'] == 'user')"
+        elif pretokenized:
+            keep = "any(x['attention_mask']) if 'attention_mask' in x else len(x['input_ids']) > 0"
+        else:
+            keep = f"x['{key}'].strip()"
+        what = " (no text, or a user turn with none: the policy would answer the bare chat template)" if chat else ""
+        raise ValueError(f"{name} has {len(empty)} empty prompt(s){what} (rows {empty[:10]}): remove them, e.g. "
                          f"{name}.filter(lambda x: {keep}).")
     too_long = sum(length > budget for length in tokenized["_length"]) if budget else 0
     if too_long:
@@ -122,6 +127,18 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
     if key != "prompt" and not pretokenized:
         tokenized = tokenized.rename_column(key, "prompt")
     return tokenized
+
+
+def _blank(content) -> bool:
+    """A turn's content with no text: an empty or whitespace-only string, or an empty list of parts."""
+    return not content or (isinstance(content, str) and not content.strip())
+
+
+def _empty_chat(messages: list) -> bool:
+    """A chat prompt with nothing to answer: no turns, every turn blank, or a user turn blank (the prompt is then the
+    chat template's markup around nothing)."""
+    return (not messages or all(_blank(turn["content"]) for turn in messages)
+            or any(turn["role"] == "user" and _blank(turn["content"]) for turn in messages))
 
 
 def _check_rows(values: list, name: str, key: str, chat: bool) -> None:

@@ -65,6 +65,8 @@ class PPOLMTrainer(StepAPI, Trainer):
     # compute_loss already divides by the minibatch's token (or sequence) count, so Trainer must not divide again.
     loss_is_scaled_for_ga = True
 
+    # Accelerator sets ACCELERATE_USE_FSDP before Trainer refuses FSDP on one process: a refused trainer leaves none.
+    @sharding.environment_restored_on_error
     def __init__(
         self,
         model=None,
@@ -196,7 +198,8 @@ class PPOLMTrainer(StepAPI, Trainer):
             stop_token_ids=self.stop_token_ids, gather=self.accelerator.gather, shape_scores=functools.partial(
                 rewards.shape_scores, reward_moments=self.reward_moments, reward_clip=args.reward_clip,
                 gather=self.accelerator.gather), kl_coef=self.kl_ctl.value, **args.rollout_settings,
-            environment=inputs.get("environment", self.environment), response_length=args.response_length,
+            environment=inputs.get("environment", self.environment),
+            response_length=inputs.get("response_length", args.response_length),  # step(): its longest response
             extra_prompts=RefillPrompts(self.train_dataset, self.data_collator, args, self.state.global_step))
         if toggle:
             model.train()
@@ -321,6 +324,8 @@ class PPOLMTrainer(StepAPI, Trainer):
     def _save_checkpoint(self, model, trial) -> None:
         """The PPO state first, then Trainer's files: Trainer writes trainer_state.json last and rotates only after
         it, so a folder with a readable trainer_state.json is complete (see trainer/checkpoint.py)."""
+        if watch.stopped_by_collapse(self.callback_handler.callbacks):  # save_strategy='best' decides after on_log
+            return
         folder = checkpoint.checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
         with sharding.gathered(self.model):  # On every process, so all of them stop together.
             check_finite_weights(self.accelerator.unwrap_model(self.model), folder, self._last_complete_checkpoint())
@@ -345,16 +350,24 @@ class PPOLMTrainer(StepAPI, Trainer):
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         wrapper = self.accelerator.unwrap_model(model if model is not None else self.model)
         saved = checkpoint.load_ppo_state(resume_from_checkpoint, self.args, wrapper.critic_device)
+        self._critic_changed = False  # a critic changed on resume: the saved optimizer state fits no longer
         if self.is_fsdp_enabled:  # its sharded checkpoint holds the whole actor-critic, one shard per rank
             super()._load_from_checkpoint(resume_from_checkpoint, model)
         else:
-            checkpoint.load_actor_critic(wrapper, resume_from_checkpoint, saved, wrapper.critic_device, self.trained_adapter)
+            self._critic_changed = checkpoint.load_actor_critic(wrapper, resume_from_checkpoint, saved,
+                                                                wrapper.critic_device, self.trained_adapter)
         self.rollout_engine.weights_changed()
         self.iteration = checkpoint.restore_trainer_state(saved, kl_controller=self.kl_ctl,
                                                           reward_moments=self.reward_moments, guard=self._guard,
                                                           metrics=self._metrics, rewards=self.rewards)
         self._micro_step = None
         self._schedule = checkpoint.resumed_schedule(saved, resume_from_checkpoint, self.args)
+
+    def _load_optimizer_and_scheduler(self, *args, **kwargs) -> None:
+        """Trainer's, unless the critic changed on resume (`checkpoint.critic_changed_on_resume` warned): the
+        optimizer's parameters changed with it, so both start afresh."""
+        if not getattr(self, "_critic_changed", False):
+            super()._load_optimizer_and_scheduler(*args, **kwargs)
 
     # ---- publishing: the policy alone, with its model card ----------------------------------------------------------
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:

@@ -1,22 +1,34 @@
 """A watch for collapse and reward hacking, from the metrics the trainer already logs.
 
-`CollapseWatch` is a `TrainerCallback` that reads every logged dict (`on_log`) and looks for five signatures. Each
+`CollapseWatch` is a `TrainerCallback` that reads every logged dict (`on_log`) and looks for six signatures. Each
 warns once (a `CollapseWarning`) naming the numbers, the likely cause and the settings that usually fix it; with
-`stop_on_collapse` the first one stops training (`control.should_training_stop`) and names the last complete
-checkpoint. Trends compare the mean of the first `WINDOW` logged values of a metric (its start) with the mean of the
-last `WINDOW` (now), so one noisy log never fires a signature, and nothing is judged before `2 * WINDOW` logs:
+`stop_on_collapse` the first one stops training (`control.should_training_stop`), names the last complete checkpoint
+and keeps Trainer from saving the collapsed state after it (`control.should_save`), so that checkpoint stays the
+newest and `resume_from_checkpoint=True` resumes from it.
+
+Trends compare a metric's start with now: with n values logged so far, the means of its first and its last
+w = min(`WINDOW`, n // 2) values, judged from the second log on. A learning rate far too high blows the critic up
+within the first iteration's updates, so a start of `WINDOW` logs can already hold the blow-up (a tiny run logged
+value loss 0.18, 109, 4921 at steps 1-3), and the default `logging_steps=10` logs a run of a few dozen steps only a
+few times: a watch that waits for `2 * WINDOW` logs stays silent through the whole collapse. The signatures judged
+that early have thresholds far outside a healthy run's swings (entropy at a tenth, value loss at 100x, KL in
+absolute nats); the two with narrow ones (length with entropy, the clip fraction) wait for `2 * WINDOW` logs.
+Non-finite values (a NaN loss the guard skipped, an evaluation with no finite score) are left out of every mean and
+never fire a signature.
 
 | signature | fires when (the thresholds) |
 |---|---|
-| length up, entropy down | `rollout/response_length` now >= 1.3 x its start, and `policy/entropy_avg` now <= 0.7 x its start |
-| KL beyond its target | `objective/kl` now > `collapse_kl_threshold` (None: 3 x `kl_target` with `adaptive_kl`; off otherwise) |
-| clip fraction out of range | `policy/clipfrac_avg` now > 0.3 (healthy PPO clips a few percent to about 20% of tokens) |
-| value loss exploding | `loss/value_avg` now > 100 x its start |
+| length up, entropy down | `rollout/response_length` now >= 1.3 x start, `policy/entropy_avg` now <= 0.7 x start |
+| entropy collapse | `policy/entropy_avg` now <= 0.1 x its start (one token picked where many were chosen from) |
+| KL too high | `objective/kl` now > `collapse_kl_threshold` (None: 3 x `kl_target` if `adaptive_kl`, or 30) |
+| clip fraction out of range | `policy/clipfrac_avg` now > 0.3 (healthy PPO clips a few percent to 20% of tokens) |
+| value loss exploding | `loss/value_avg` now > 100 x its start, and > 1 |
 | reward hacking | at one evaluation, a training reward's win rate over the reference has its 95% interval above 0.5 while a judge's has it below 0.5 (`evaluation/`) |
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from transformers import TrainerCallback
@@ -25,9 +37,18 @@ from ..runtime.warn import warn_user
 
 WINDOW = 3  # logs averaged for "start" and "now"
 LENGTH_RISE, ENTROPY_FALL = 1.3, 0.7
+# Entropy at a tenth of its start: a policy that sampled among many tokens now picks one almost every time. Healthy
+# RLHF lowers entropy gradually (by tens of percent); a learning rate far too high takes it to ~0 within iterations.
+ENTROPY_COLLAPSE = 0.1
 KL_TARGET_MULTIPLE = 3.0
+# Per-response KL (nats) with a fixed kl_coef: 5 x the kl_target default (6, Ziegler et al.'s). At 30 nats the
+# policy gives its own responses e^30 times the reference's probability: it no longer samples what the reference would.
+KL_FIXED_DEFAULT = 30.0
 CLIPFRAC_MAX = 0.3
 VALUE_LOSS_RISE = 100.0  # a critic with a fresh head swings 10x between batches of a healthy run
+# ... and the loss must also reach 1 (squared reward units): a 0/1 reward that nothing earns at first starts the value
+# loss near 0, and its first successes raise it 100x in a healthy run; a blow-up reaches hundreds or thousands.
+VALUE_LOSS_FLOOR = 1.0
 
 
 class CollapseWarning(UserWarning):
@@ -38,11 +59,15 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 class CollapseWatch(TrainerCallback):
     """Warns once per signature (see the module docstring); `stop_on_collapse` stops training at the first.
 
     `kl_threshold`: per-response KL that counts as too far (None: no KL check); `last_checkpoint`: returns the last
-    complete checkpoint folder (or None), named when training stops.
+    complete checkpoint folder (or None), named when training stops. `stopped` is True once it stopped training.
     """
 
     def __init__(self, *, kl_threshold: float | None, stop: bool, last_checkpoint: Callable[[], str | None],
@@ -51,12 +76,20 @@ class CollapseWatch(TrainerCallback):
         self.stop, self.last_checkpoint = stop, last_checkpoint
         self.history: dict[str, list[float]] = {}
         self.fired: list[str] = []  # the signatures seen, in order
+        self.stopped = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """A new `train()` (a resume on the same trainer, say) is watched afresh, and saves again."""
+        self.history, self.fired, self.stopped = {}, [], False
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        """Record the finite metrics of `logs`, warn on each new signature, stop at the first with `stop`."""
+        if self.stopped:
+            control.should_save = False
         if not logs:
             return
         for key, value in logs.items():
-            if isinstance(value, (int, float)):
+            if _finite(value):
                 self.history.setdefault(key, []).append(float(value))
         found = [(name, text) for name, text in self._signatures(logs) if name not in self.fired]
         for name, text in found:
@@ -64,18 +97,38 @@ class CollapseWatch(TrainerCallback):
             if state.is_world_process_zero:
                 warn_user(f"Collapse watch, step {state.global_step}: {text}" + self._stop_text(), CollapseWarning)
         if found and self.stop:
-            control.should_training_stop = True
+            # on_log runs before Trainer saves on a save step (and on the last step): no checkpoint of the
+            # collapsed state may become newer than the one the warning names.
+            control.should_training_stop, control.should_save, self.stopped = True, False, True
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        """After a stop, Trainer's later events (the epoch end, an evaluation) save nothing either."""
+        if self.stopped:
+            control.should_save = False
+
+    on_evaluate = on_epoch_end
 
     def _stop_text(self) -> str:
         if not self.stop:
             return " (stop_on_collapse=True stops training at such a signature.)"
         folder = self.last_checkpoint()
-        where = (f"the last complete checkpoint is {folder} (the signature may have begun before it: compare its "
-                 "metrics)" if folder else "no checkpoint was saved (save_strategy='steps' keeps some)")
-        return f" stop_on_collapse=True: training stops now; {where}."
+        if not folder:
+            return (" stop_on_collapse=True: training stops now; no checkpoint was saved (save_strategy='steps' keeps "
+                    "some), and the model in memory is the collapsed one: do not save_model() it as the result.")
+        return (f" stop_on_collapse=True: training stops now; the last complete checkpoint is {folder}, and none is "
+                "saved after it (the signature may have begun before it: compare its metrics). The model in memory "
+                "is the collapsed one: do not save_model() it as the result; load the policy from that folder "
+                "(from_pretrained), or fix the settings and train(resume_from_checkpoint=True) to resume from it.")
+
+    def _span(self, key: str) -> tuple[float, float] | None:
+        """(start, now) of a metric: the means of its first and last w values, w = min(WINDOW, n // 2) of the n
+        logged so far; None before 2 logs of it."""
+        values = self.history.get(key, [])
+        width = min(WINDOW, len(values) // 2)
+        return (_mean(values[:width]), _mean(values[-width:])) if width else None
 
     def _trend(self, key: str) -> tuple[float, float] | None:
-        """(start, now) of a metric, or None before 2 * WINDOW logs of it."""
+        """(start, now) of a metric as means of WINDOW logs, or None before 2 * WINDOW logs of it."""
         values = self.history.get(key, [])
         if len(values) < 2 * WINDOW:
             return None
@@ -90,13 +143,23 @@ class CollapseWatch(TrainerCallback):
                 f"{entropy[0]:.3f} to {entropy[1]:.3f}: the policy is likely exploiting a reward that pays for length "
                 "(or repeating itself). Usually fixed by missing_eos_penalty (pay for stopping), "
                 "overlong_buffer_length (penalise running long), a larger kl_coef, or a lower learning_rate.")
-        kl = self._trend("objective/kl")
+        entropy = self._span("policy/entropy_avg")
+        if entropy and entropy[0] > 0 and entropy[1] <= ENTROPY_COLLAPSE * entropy[0]:
+            yield "entropy", (
+                f"the policy's entropy (policy/entropy_avg) fell from {entropy[0]:.3g} to {entropy[1]:.3g}, below "
+                f"{ENTROPY_COLLAPSE:g}x its start: the policy has collapsed onto a few responses (mode collapse), "
+                "usually from updates far too large. Usually fixed by a lower learning_rate, a larger kl_coef (or "
+                "adaptive_kl), fewer num_ppo_epochs, or, to keep it exploring, a small entropy_coef > 0 or "
+                "cliprange_high above cliprange (clip-higher).")
+        kl = self._span("objective/kl")
         if self.kl_threshold is not None and kl and kl[1] > self.kl_threshold:
+            width = min(WINDOW, len(self.history["objective/kl"]) // 2)
             yield "kl", (
-                f"KL to the reference (objective/kl) averages {kl[1]:.2f} nats per response over the last {WINDOW} "
-                f"logs, beyond {self.kl_threshold:g} ({self.kl_reason}): the policy has moved far from the reference, "
-                "typically gaming the reward or taking unstable updates. Usually fixed by a larger kl_coef (or "
-                "adaptive_kl), a lower learning_rate, fewer num_ppo_epochs, or whiten_rewards=True.")
+                f"KL to the reference (objective/kl) averages {kl[1]:.2f} nats per response over the "
+                f"{'last log' if width == 1 else f'last {width} logs'}, beyond {self.kl_threshold:g} "
+                f"({self.kl_reason}): the policy has moved far from the reference, typically gaming the reward or "
+                "taking unstable updates. Usually fixed by a larger kl_coef (or adaptive_kl), a lower learning_rate, "
+                "fewer num_ppo_epochs, or whiten_rewards=True.")
         clip = self.history.get("policy/clipfrac_avg", [])
         if len(clip) >= 2 * WINDOW and _mean(clip[-WINDOW:]) > CLIPFRAC_MAX:
             yield "clipfrac", (
@@ -104,17 +167,21 @@ class CollapseWatch(TrainerCallback):
                 f"{WINDOW} logs (healthy PPO: a few percent to about 20%): each update moves the "
                 "policy too far from the one that sampled. Usually fixed by a lower learning_rate, fewer "
                 "num_ppo_epochs, or a larger batch (per_device_train_batch_size, gradient_accumulation_steps).")
-        value = self._trend("loss/value_avg")
-        if value and value[0] > 0 and value[1] > VALUE_LOSS_RISE * value[0]:
+        value = self._span("loss/value_avg")
+        if value and value[0] > 0 and value[1] > max(VALUE_LOSS_RISE * value[0], VALUE_LOSS_FLOOR):
             yield "value_loss", (
                 f"the value loss (loss/value_avg) rose from {value[0]:.3g} to {value[1]:.3g}, over "
                 f"{VALUE_LOSS_RISE:g}x its start: the critic cannot follow the returns (the reward scale grew or "
-                "exploded). Usually fixed by whiten_rewards=True or normalize_rewards=True, reward_clip, a lower "
-                "critic_learning_rate (or learning_rate), or a smaller cliprange_value.")
+                "exploded, or the updates are far too large). Usually fixed by whiten_rewards=True or "
+                "normalize_rewards=True, reward_clip, a lower critic_learning_rate (or learning_rate), or a smaller "
+                "cliprange_value.")
+        # NaN (an evaluation with no finite score) compares False both ways, but say so rather than rely on it.
         hacked = [(k[len("eval_reward/"):-len("/win_rate_low")], logs[k]) for k in logs
-                  if k.startswith("eval_reward/") and k.endswith("/win_rate_low") and logs[k] > 0.5]
+                  if k.startswith("eval_reward/") and k.endswith("/win_rate_low") and _finite(logs[k])
+                  and logs[k] > 0.5]
         judged = [(k[len("eval_judge/"):-len("/win_rate_high")], logs[k]) for k in logs
-                  if k.startswith("eval_judge/") and k.endswith("/win_rate_high") and logs[k] < 0.5]
+                  if k.startswith("eval_judge/") and k.endswith("/win_rate_high") and _finite(logs[k])
+                  and logs[k] < 0.5]
         if hacked and judged:
             (reward, low), (judge, high) = hacked[0], judged[0]
             yield "reward_hacking", (
@@ -134,5 +201,12 @@ def add_watch(callbacks: list | None, args, last_checkpoint: Callable[[], str | 
     threshold, reason = args.collapse_kl_threshold, "collapse_kl_threshold"
     if threshold is None and args.adaptive_kl:
         threshold, reason = KL_TARGET_MULTIPLE * args.kl_target, f"{KL_TARGET_MULTIPLE:g} x kl_target"
+    elif threshold is None:
+        threshold, reason = KL_FIXED_DEFAULT, "the default with a fixed kl_coef; collapse_kl_threshold sets another"
     return [*callbacks, CollapseWatch(kl_threshold=threshold, stop=args.stop_on_collapse,
                                       last_checkpoint=last_checkpoint, kl_reason=reason)]
+
+
+def stopped_by_collapse(callbacks: list) -> bool:
+    """Whether a `CollapseWatch` among `callbacks` stopped training (no checkpoint of the collapsed state is saved)."""
+    return any(isinstance(c, CollapseWatch) and c.stopped for c in callbacks)
