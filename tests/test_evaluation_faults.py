@@ -15,6 +15,7 @@ from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.cli.command import main
 from hf_ppo.evaluation.evaluator import evaluation_metrics, win_rate
 from hf_ppo.evaluation.report import REPORT_FILE, metrics_markdown
+from hf_ppo.rollout.reward_calls import RewardFunctionError
 
 PROMPTS = Dataset.from_dict({"prompt": ["the movie was", "the food was", "the book was", "the show was"] * 2})
 
@@ -129,8 +130,10 @@ class Raising:
 @pytest.mark.parametrize("role", ["reward", "judge"])
 def test_a_reward_that_raises_at_evaluation_is_named_with_a_prompt(role, tiny_models, tokenizer, tmp_path):
     trainer = trainer_with(tmp_path, tiny_models, tokenizer, **{role: Raising("buggy_scorer")})
-    with pytest.raises(KeyError, match="label") as raised:  # its own type and message, kept
+    # Named by the reward call (issue 37: the function and its first failing row), its own error chained.
+    with pytest.raises(RewardFunctionError, match=r"'buggy_scorer' raised KeyError: 'label'") as raised:
         trainer.evaluate()
+    assert isinstance(raised.value.__cause__, KeyError)
     notes = " ".join(getattr(raised.value, "__notes__", []))
     assert "'buggy_scorer'" in notes and "starting with 'the movie was'" in notes
     assert ("eval_reward_model" in notes) == (role == "judge")

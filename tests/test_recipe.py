@@ -15,6 +15,16 @@ from hf_ppo.cli import tiny
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
+
+# The recipe settings of a tiny LoRA run on CPU: 2 prompts per iteration, one optimizer step each, nothing saved.
+TINY_RUN = {
+    "use_peft": True, "lora_r": 4, "lora_alpha": 8, "lora_target_modules": "all-linear",
+    "policy_quantization": "none", "reward_quantization": "none",
+    "response_length": 4, "per_device_train_batch_size": 2, "num_mini_batches": 1, "num_ppo_epochs": 1,
+    "max_steps": 2, "learning_rate": 1.0e-3, "logging_steps": 1, "num_sample_generations": 0,
+    "report_to": "none", "save_strategy": "no", "use_cpu": True, "disable_tqdm": True, "seed": 0,
+}
+
 def load_recipe():
     """recipes/ppo.py as a module (recipes/ is not a package: it is run as a script)."""
     spec = importlib.util.spec_from_file_location("ppo_recipe", RECIPES / "ppo.py")
@@ -58,12 +68,7 @@ def tiny_config(tmp_path: Path, models: dict, dataset: str, **extra) -> str:
         "model_name_or_path": models["policy"],
         "reward_model_name_or_path": models["reward"],
         "output_dir": str(tmp_path / "out"),
-        "use_peft": True, "lora_r": 4, "lora_alpha": 8, "lora_target_modules": "all-linear",
-        "policy_quantization": "none", "reward_quantization": "none",
-        "response_length": 4, "per_device_train_batch_size": 2, "num_mini_batches": 1, "num_ppo_epochs": 1,
-        "max_steps": 2, "learning_rate": 1.0e-3, "logging_steps": 1, "num_sample_generations": 0,
-        "report_to": "none", "save_strategy": "no", "use_cpu": True, "disable_tqdm": True, "seed": 0,
-        **extra,
+        **TINY_RUN, **extra,
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))

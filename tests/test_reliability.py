@@ -556,7 +556,7 @@ BAD_VALUES = {
     "entropy_coef": float("inf"), "missing_eos_penalty": -1.0, "value_head_learning_rate": 0.0,
     "critic_learning_rate": -1.0, "critic_warmup_steps": -1, "num_generations": 0, "overlong_penalty_factor": -1.0,
     "local_rollout_forward_batch_size": 0, "num_ppo_epochs": 0, "num_mini_batches": 0, "response_length": 0,
-    "temperature": 0.0, "top_p": 0.0, "max_consecutive_nonfinite": 0, "num_sample_generations": -1,
+    "temperature": 0.0, "top_p": 0.0, "max_consecutive_nonfinite": 0, "num_sample_generations": -1, "num_eval_samples": 0,
     "stop_token_id": -2, "logits_memory_mb": 0, "dataset_num_proc": 0, "sft_model_path": "", "reward_model_path": " ",
     "lam_critic": 1.5, "critic_updates_per_step": 0, "max_refill_rounds": -1,
     "importance_sampling_level": "group", "use_kl_loss": "yes", "use_bias_correction_kl": 1,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from tqdm.auto import tqdm
 
 from hf_ppo import PPOConfig
 from hf_ppo.trainer.progress import PPOProgressCallback, log_samples_table
@@ -15,20 +18,17 @@ def test_the_bar_names_the_kl_estimate_it_shows(tmp_path, estimator, label):
     callback = PPOProgressCallback(args)
     assert callback.kl_label == label and callback.steps_per_iteration == 4
 
-    class Bar:
-        def set_description(self, text):
-            self.description = text
-
-        def set_postfix(self, refresh=True, **values):
-            self.postfix = values
-
     class State:
         max_steps = 8
 
-    callback.training_bar = Bar()
+    callback.training_bar = tqdm(total=8, file=io.StringIO())  # tqdm's own set_postfix, whatever the reward names
     callback.caption(State(), {"objective/scores": 0.5, "objective/kl": -0.0123, "iteration": 1})
-    assert callback.training_bar.postfix == {"reward": "0.500", label: "-0.012"}
-    assert callback.training_bar.description == "PPO iteration 1/2"
+    assert callback.training_bar.postfix == f"reward=0.500, {label}=-0.012"
+    assert callback.training_bar.desc.startswith("PPO iteration 1/2")  # tqdm adds ": "
+    # Reward names are the caller's: one named like a tqdm argument ("refresh") is just a caption field.
+    callback.caption(State(), {"objective/scores": 0.5, "objective/kl": 0.1, "iteration": 1,
+                               "rewards/refresh/mean": 0.25})
+    assert callback.training_bar.postfix == f"reward=0.500, refresh=0.250, {label}=0.100"
 
 
 def test_sample_tables_are_written_above_the_progress_bar(monkeypatch):

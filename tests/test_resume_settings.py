@@ -22,6 +22,7 @@ MAY_CHANGE_ON_RESUME = {
     "ref_model_init_kwargs": "loading kwargs; may hold a Hub token, so never written to the checkpoint",
     "reward_model_init_kwargs": "loading kwargs; may hold a Hub token, so never written to the checkpoint",
     "num_sample_generations": "how many sample completions are logged; no effect on training",
+    "num_eval_samples": "how many responses evaluation samples per prompt; no effect on training",
     "push_merged_model": "what is pushed to the Hub after training",
     "critic_hub_model_id": "where push_to_hub pushes the critic after training",
     "max_consecutive_nonfinite": "when the guard gives up, not what a good step computes",

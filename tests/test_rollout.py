@@ -173,7 +173,8 @@ def test_rollout_stats_are_exactly_rollout_stats_and_finite(scripted_rollout):
         "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward", "objective/scores",
         "rollout/response_length", "rollout/eos_rate", "val/num_eos_tokens", "val/explained_variance",
         "policy/entropy_avg", "rollout/advantages_mean", "rollout/returns_mean"]
-    assert list(result.stats) == ROLLOUT_STATS
+    # Then each reward's own mean and std (issue 37), for a single reward too.
+    assert list(result.stats) == ROLLOUT_STATS + ["rewards/length_and_e/mean", "rewards/length_and_e/std"]
     for name, value in result.stats.items():
         assert torch.is_tensor(value) and value.dim() == 0 and math.isfinite(value.item()), name
     assert result.stats["rollout/eos_rate"].item() == pytest.approx(0.75)

@@ -296,7 +296,7 @@ def test_recipe_keeps_pretokenized_prompts(tok):
     recipe = _load_recipe()
     data = Dataset.from_dict({"input_ids": [[5, 6], [7]], "attention_mask": [[1, 1], [1]], "label": [0, 1]})
     kept = recipe.prompts_from_column(data, "prompt", tok, "ds")  # the default --prompt_column finds input_ids
-    assert kept.column_names == ["input_ids", "attention_mask"]
+    assert kept.column_names == ["input_ids", "attention_mask", "label"]  # other columns reach reward functions
     renamed = recipe.prompts_from_column(data.rename_column("input_ids", "ids"), "ids", tok, "ds")
     assert renamed["input_ids"] == [[5, 6], [7]]
 

@@ -22,6 +22,11 @@ rates, and writes the side-by-side report to OUTPUT_DIR/eval_report.md.
         --dataset outputs/demo/eval_prompts.jsonl --response_length 12 --temperature 0.7
     hf-ppo evaluate --policy my-user/my-ppo-model --reference my-user/my-sft-model --reward_model my-user/my-rm \\
         --judge my-user/another-rm --dataset my-user/prompts --dataset_split test --prompt_column prompt
+    hf-ppo evaluate --policy runs/math --reward_funcs hf_ppo.rewards.exact_answer --dataset math_test.jsonl \\
+        --num_samples 4                                  # accuracy of each reward function, and pass@4
+
+Rewards: --reward_model and/or --reward_funcs (as `reward_funcs` of hf-ppo train: dotted paths, files relative to the
+working directory, factories as JSON objects); each function gets the dataset's other columns as keyword arguments.
 
 --reference defaults to the base model of a LoRA adapter policy (adapter_config.json's base_model_name_or_path);
 a full-model policy needs it. Everything runs where torch finds a device (CPU or one GPU).
@@ -34,8 +39,12 @@ def evaluate_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--policy", required=True, help="The trained policy: a Hub id or folder (full model or LoRA adapter).")
     add("--reference", default=None, help="The model it started from (default: a LoRA adapter's base model).")
-    add("--reward_model", required=True, action="append",
+    add("--reward_model", action="append", default=None,
         help="A training reward model (id or folder; num_labels=1). Repeat for several: each is reported.")
+    add("--reward_funcs", nargs="+", action="extend", default=None, metavar="ENTRY",
+        help="Reward functions, scored for the policy and the reference as in training (after the reward models): "
+             "dotted paths (trl.rewards.accuracy_reward), files (rewards.py:exact, relative to the working "
+             "directory), or factories as a JSON object ('{\"path\": {\"arg\": value}}').")
     add("--judge", action="append", default=None, help="A reward model training never saw (repeatable).")
     add("--dataset", required=True, help="Prompts: a local .json/.jsonl/.csv/.parquet file or a Hub dataset id.")
     add("--dataset_config", default=None, help="Hub dataset configuration (subset) name.")
@@ -47,6 +56,9 @@ def evaluate_parser() -> argparse.ArgumentParser:
     add("--temperature", type=float, default=0.7, help="Sampling temperature (as in training).")
     add("--top_p", type=float, default=1.0, help="Nucleus sampling (as in training).")
     add("--batch_size", type=int, default=16, help="Prompts per sampling batch.")
+    add("--num_samples", type=int, default=1,
+        help="Responses sampled per prompt (k): with k > 1, pass@k of each 0/1 reward function (PPOConfig's "
+             "num_eval_samples).")
     add("--seed", type=int, default=0, help="Sampling and bootstrap seed.")
     return parser
 
@@ -63,7 +75,10 @@ def check_arguments(args: argparse.Namespace) -> None:
     load."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    for flag in ("num_prompts", "batch_size"):
+    if not args.reward_model and not args.reward_funcs:
+        raise SystemExit("hf-ppo evaluate: no reward: pass --reward_model (a reward model's id or folder) and/or "
+                         "--reward_funcs (reward functions, e.g. --reward_funcs trl.rewards.accuracy_reward).")
+    for flag in ("num_prompts", "batch_size", "num_samples"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise SystemExit(f"hf-ppo evaluate: --{flag} {value}: give an integer >= 1"
@@ -126,6 +141,12 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     metrics tables and where the report is; return the metrics."""
     args = evaluate_parser().parse_args(argv)
     check_arguments(args)
+    from .reward_funcs import RewardFuncsError, check_signatures, load_reward_funcs
+
+    try:  # imported (and checked) before any model loads
+        funcs = load_reward_funcs(args.reward_funcs)
+    except RewardFuncsError as err:
+        raise SystemExit(f"hf-ppo evaluate: {err}") from err
     reference = args.reference or default_reference(args.policy)
     from ..evaluation.report import REPORT_FILE, metrics_markdown
     from ..models.tokenizers import load_policy_tokenizer
@@ -135,13 +156,19 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     silence_known_warnings()
     config = PPOConfig(output_dir=args.output_dir, per_device_eval_batch_size=args.batch_size,
                        response_length=args.response_length, temperature=args.temperature, top_p=args.top_p,
-                       seed=args.seed, report_to=[], disable_tqdm=True, save_strategy="no")
+                       seed=args.seed, report_to=[], disable_tqdm=True, save_strategy="no",
+                       num_eval_samples=args.num_samples)
     tokenizer = load_policy_tokenizer(args.policy, None)
     prompts = prompts_from_column(load_split(args.dataset, args.dataset_config, args.dataset_split), args.prompt_column,
                               tokenizer, args.dataset)
     if args.num_prompts is not None:
         prompts = prompts.select(range(min(args.num_prompts, len(prompts))))
-    rewards = args.reward_model if len(args.reward_model) > 1 else args.reward_model[0]
+    try:
+        check_signatures(funcs, {"the --dataset prompts": prompts})
+    except RewardFuncsError as err:
+        raise SystemExit(f"hf-ppo evaluate: {err}") from err
+    rewards = list(args.reward_model or []) + [f.func for f in funcs]
+    rewards = rewards if len(rewards) > 1 else rewards[0]
     trainer = PPOLMTrainer(model=args.policy, args=config, processing_class=tokenizer, reward_model=rewards,
                            ref_model=reference, eval_reward_model=args.judge, eval_dataset=prompts)
     from transformers.trainer_callback import PrinterCallback

@@ -94,23 +94,25 @@ def build_sft_policy(out_dir: Path, seed: int = 0, verbose: bool = False, max_st
     A causal-LM loss over whole reviews ending in EOS, so the policy also learns to stop: the PPO demo relies on
     responses that end (the EOS trick and `rollout/eos_rate` only mean something then).
     """
+    return sft_tiny_policy(tiny.synthetic_reviews(3000, seed=seed + 100), out_dir, seed=seed, max_steps=max_steps,
+                           stage="1/4 SFT policy", verbose=verbose, lr_scheduler_type="cosine", warmup_steps=20)
+
+
+def sft_tiny_policy(texts: list[str], out_dir: Path, *, seed: int, max_steps: int, stage: str, verbose: bool,
+                    **schedule) -> Path:
+    """A fresh tiny policy (hidden 64, 2 layers) given a supervised pass on `texts` with trl's `SFTTrainer` (batch
+    32, learning rate 3e-3, `schedule`: the scheduler settings); model + tokenizer saved to `out_dir`. The demo's
+    reviews and the arithmetic task's worked questions both start here."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
     tokenizer = tiny.build_tokenizer(seed=seed)
     model = tiny.build_causal_lm(tokenizer, hidden_size=64, num_layers=2, seed=seed)
-    train = Dataset.from_dict({"text": tiny.synthetic_reviews(3000, seed=seed + 100)})
-    args = SFTConfig(
-        **_quiet_args(out_dir / "_run", seed),
-        max_steps=max_steps,
-        per_device_train_batch_size=32,
-        learning_rate=3e-3,
-        lr_scheduler_type="cosine",
-        warmup_steps=20,
-        max_length=32,
-    )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=train, processing_class=tokenizer)
-    _with_stage_bar(trainer, "1/4 SFT policy", verbose).train()
+    args = SFTConfig(**_quiet_args(out_dir / "_run", seed), max_steps=max_steps, per_device_train_batch_size=32,
+                     learning_rate=3e-3, max_length=32, **schedule)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"text": texts}),
+                         processing_class=tokenizer)
+    _with_stage_bar(trainer, stage, verbose).train()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -164,16 +166,17 @@ def build_reward(out_dir: Path, seed: int = 0, verbose: bool = False, max_steps:
     return out_dir, accuracy
 
 
-def cached(build, out_dir: Path, rebuild: bool, label: str):
-    """Run `build(out_dir)` unless a finished build (marked by `DONE`) is there already."""
+def cached(build, out_dir: Path, rebuild: bool, label: str, tag: str = "demo", version: str = CACHE_VERSION):
+    """Run `build(out_dir)` unless a finished build (marked by `DONE`) is there already; `tag` names the program in
+    the console, `version` is written into the mark."""
     done = out_dir / "DONE"
     if done.exists() and not rebuild:
-        print(f"[demo] {label}: cached in {out_dir}")
+        print(f"[{tag}] {label}: cached in {out_dir}")
         return
     start = time.perf_counter()
     build(out_dir)
-    done.write_text(CACHE_VERSION)  # written last: an interrupted build is redone, never half-used
-    print(f"[demo] {label}: built in {time.perf_counter() - start:.1f}s -> {out_dir}")
+    done.write_text(version)  # written last: an interrupted build is redone, never half-used
+    print(f"[{tag}] {label}: built in {time.perf_counter() - start:.1f}s -> {out_dir}")
 
 
 def write_prompts(path: Path, n: int, seed: int) -> Path:

@@ -21,6 +21,7 @@ from trl import TrlParser
 
 from ..trainer.config import PPOConfig
 from ..trainer.ppo_trainer import PPOLMTrainer
+from .reward_funcs import PROMPT_COLUMNS, RewardFunc, RewardFuncsError, check_signatures, load_reward_funcs
 
 HELP = """PPO (RLHF) on a Hub or local policy with a Hub or local reward model.
 
@@ -50,8 +51,16 @@ TL;DR summary budget, `learning_rate` 3e-6, `kl_coef` 0.05: set them for your ta
 recipes/configs/ do). With `dataset_test_split` and `eval_strategy: steps`, training evaluates the policy against its
 reference (win rates, KL; `eval_report.md` in `output_dir`).
 
-Deliberately left out: custom reward functions (pass a callable to `PPOLMTrainer` in your own script), dataset
-mixtures, streaming datasets, and any device placement (Trainer and accelerate own it).
+Rewards: a reward model (`reward_model_name_or_path`), reward functions (`reward_funcs`), or both; the rewards are
+[the reward model, *reward_funcs], combined with `reward_weights` (one weight each, in that order). A `reward_funcs`
+entry is a dotted import path (`trl.rewards.think_format_reward`), a file and a function in it (`rewards.py:exact`,
+looked up like the other relative paths), or a factory with its arguments, in YAML a one-key mapping
+(`- trl.rewards.get_soft_overlong_punishment: {{max_completion_len: 64, soft_punish_cache: 16}}`) and on the command
+line a JSON object: `--reward_funcs my_pkg.rewards.exact rewards.py:fmt '{{"my_pkg.make": {{"scale": 2}}}}'`. A
+function is called as in TRL: `prompts`, `completions`, `completion_ids` and every other dataset column as keyword
+arguments. Each entry is imported and checked against the dataset's columns before any model loads.
+
+Deliberately left out: dataset mixtures, streaming datasets, and any device placement (Trainer and accelerate own it).
 """
 
 # Local files are read with the `datasets` builder matching their suffix.
@@ -73,6 +82,12 @@ class ScriptArguments:
         metadata={"help": "Column holding the prompts: text, or chat messages (e.g. 'messages') rendered with the "
                   "tokenizer's chat template."},
     )
+    system_prompt: str | None = field(
+        default=None,
+        metadata={"help": "A system message put first in every prompt: a text prompt becomes the chat [system, user] "
+                  "rendered with the chat template (e.g. 'give the final answer as #### <number>'); None: prompts as "
+                  "they are."},
+    )
 
 
 @dataclass
@@ -84,6 +99,10 @@ class ModelArguments:
                                 "PPOConfig field, only the tokenizer is read from here, as in TRL's script)."})
     reward_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Reward model: a sequence classifier with 1 label."})
+    reward_funcs: list[str] | None = field(
+        default=None, metadata={"help": "Reward functions, after the reward model if any: dotted paths "
+                                "(trl.rewards.think_format_reward), files (rewards.py:exact), or factories (YAML: "
+                                "{path: {arg: value}}; command line: a JSON object)."})
     ref_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Reference model; None: the policy with its LoRA adapter disabled "
                                 "(with use_peft) or a frozen copy of the starting policy."},
@@ -105,19 +124,25 @@ class ModelArguments:
     lora_target_modules: list[str] | None = field(
         default=None, metadata={"help": "Modules to adapt, e.g. 'all-linear' or q_proj v_proj; None: peft's default."}
     )
+    # `reward_funcs` imported by `parse_args` (not an option: the command line never sets it).
+    loaded_reward_funcs: list[RewardFunc] = field(default_factory=list, init=False, repr=False)
 
 
-def resolve_model_paths(model_args: ModelArguments, ppo_config: PPOConfig) -> tuple[str, str, str]:
+def resolve_model_paths(model_args: ModelArguments, ppo_config: PPOConfig) -> tuple[str, str, str | None]:
     """(policy, tokenizer, reward model) paths from hf_ppo's names or TRL's (PPOConfig's `sft_model_path`,
-    `reward_model_path`)."""
+    `reward_model_path`); the reward model is None when `reward_funcs` alone give the rewards."""
     policy = ppo_config.sft_model_path or model_args.model_name_or_path
     if policy is None:
         raise ValueError("No policy: pass --model_name_or_path (or TRL's --sft_model_path).")
     rewards = {p for p in (model_args.reward_model_name_or_path, ppo_config.reward_model_path) if p is not None}
+    if not rewards and model_args.reward_funcs:
+        return policy, model_args.model_name_or_path or policy, None
     if not rewards:
         # TRL's script defaulted to EleutherAI/pythia-160m, a base LM whose score head would be random: no default.
-        raise ValueError("No reward model: pass --reward_model_name_or_path (or TRL's --reward_model_path), a "
-                         "sequence classifier trained with num_labels=1 (e.g. with trl's RewardTrainer).")
+        raise ValueError("No reward model and no reward function: pass --reward_model_name_or_path (or TRL's "
+                         "--reward_model_path), a sequence classifier trained with num_labels=1 (e.g. with trl's "
+                         "RewardTrainer), or --reward_funcs, reward functions by import path or file (e.g. "
+                         "--reward_funcs trl.rewards.think_format_reward rewards.py:exact_match), or both.")
     if len(rewards) > 1:
         raise ValueError(f"--reward_model_name_or_path and --reward_model_path name different models {sorted(rewards)}: "
                          "pass one.")
@@ -213,6 +238,10 @@ def parse_args(argv: list[str] | None = None, command: str = "python recipes/ppo
         hint = " (the demo's are built by `make demo`)" if any("demo" in e for e in errors) else ""
         raise ConfigError("\n".join(errors) + "\nRelative paths are read from the working directory, then from the "
                           f"config file's folder: fix the paths{hint}.")
+    try:  # imported now, so that a bad entry stops the run before anything loads
+        model_args.loaded_reward_funcs = load_reward_funcs(model_args.reward_funcs, config_dir)
+    except RewardFuncsError as err:
+        raise ConfigError(str(err)) from err
     test = script_args.dataset_test_split
     if test is not None and (os.sep in test or os.path.splitext(test)[1].lower() in LOCAL_BUILDERS):
         script_args.dataset_test_split = resolve_input(test, "dataset_test_split", config_dir, hub=False)
@@ -276,7 +305,9 @@ def load_split(name: str, config: str | None, split: str) -> Dataset:
 
 
 def prompts_from_column(dataset: Dataset, column: str, tokenizer, source: str) -> Dataset:
-    """Keep `column` alone, renamed "prompt": text, or chat messages the trainer renders with the chat template.
+    """`column` renamed "prompt" (text, or chat messages the trainer renders with the chat template), and every other
+    column but the prompt's own names (prompt, messages, input_ids, attention_mask), which would compete with it:
+    reward functions receive those columns as keyword arguments.
 
     Pre-tokenized prompts (TRL 1.12's format: token ids, used when `column` holds them or, by default, when the
     dataset has "input_ids" and no "prompt") are kept as "input_ids", with their "attention_mask" when present.
@@ -290,8 +321,9 @@ def prompts_from_column(dataset: Dataset, column: str, tokenizer, source: str) -
             "column of message lists, e.g. --prompt_column messages."
         )
     first = dataset[0][column] if len(dataset) else ""
+    others = [c for c in dataset.column_names if c != column and c not in PROMPT_COLUMNS]
     if isinstance(first, list) and first and all(isinstance(t, int) for t in first):  # token ids
-        keep = [column] + (["attention_mask"] if "attention_mask" in dataset.column_names else [])
+        keep = [column] + (["attention_mask"] if "attention_mask" in dataset.column_names else []) + others
         dataset = dataset.select_columns(keep)
         return dataset.rename_column(column, "input_ids") if column != "input_ids" else dataset
     if isinstance(first, list) and tokenizer.chat_template is None:  # chat: a list of {"role", "content"} dicts
@@ -302,8 +334,46 @@ def prompts_from_column(dataset: Dataset, column: str, tokenizer, source: str) -
         )
     if not isinstance(first, (str, list)):
         raise ValueError(f"Column {column!r} of {source!r} holds {type(first).__name__}, not text or chat messages.")
-    dataset = dataset.select_columns([column])
+    dataset = dataset.select_columns([column] + others)
     return dataset.rename_column(column, "prompt") if column != "prompt" else dataset
+
+
+def with_system_prompt(dataset: Dataset, system_prompt: str | None, tokenizer, source: str) -> Dataset:
+    """`dataset` (as `prompts_from_column` returns it) with `system_prompt` as the first message of every prompt: a
+    text prompt becomes [system, user], a chat prompt gets the system message in front. Refused, before any model
+    loads, for token-id prompts, a tokenizer without a chat template, and chats that already open with a system
+    message (which of the two was meant is not ours to guess)."""
+    if system_prompt is None:
+        return dataset
+    if "prompt" not in dataset.column_names:
+        raise ValueError(f"system_prompt needs text or chat prompts, but {source!r} has token ids (input_ids): put the "
+                         "system message into the ids yourself, or drop system_prompt.")
+    if tokenizer.chat_template is None:
+        raise ValueError("system_prompt makes every prompt a chat, but the policy's tokenizer has no chat template: "
+                         "use a chat/instruct model, or drop system_prompt and write the instruction into the prompts.")
+    for i, prompt in enumerate(dataset["prompt"]):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system":
+            raise ValueError(f"Row {i} of {source!r} already opens with a system message, and system_prompt gives "
+                             "another: drop system_prompt, or remove the dataset's own system messages.")
+
+    def add(row):
+        turns = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
+        return {"prompt": [{"role": "system", "content": system_prompt}, *turns]}
+
+    return dataset.map(add, desc="system_prompt")
+
+
+def reward_list(reward_model: str | None, funcs: list[RewardFunc], datasets: dict):
+    """The trainer's `reward_model`: [the reward model if any, *the reward functions], a single reward as itself.
+
+    Each function is first checked against the columns of each dataset it will score (`datasets`: {name: dataset or
+    None}), so a signature that cannot take the call stops the run before any model loads (`ConfigError`)."""
+    try:
+        check_signatures(funcs, datasets)
+    except RewardFuncsError as err:
+        raise ConfigError(str(err)) from err
+    rewards = ([reward_model] if reward_model is not None else []) + [f.func for f in funcs]
+    return rewards[0] if len(rewards) == 1 else rewards
 
 
 def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") -> PPOLMTrainer:
@@ -324,12 +394,18 @@ def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") 
                                               trust_remote_code=model_args.trust_remote_code)
     train = load_split(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)
     train = prompts_from_column(train, script_args.prompt_column, tokenizer, script_args.dataset_name)
+    train = with_system_prompt(train, script_args.system_prompt, tokenizer, script_args.dataset_name)
     evaluation = None
     if script_args.dataset_test_split is not None:
         test = script_args.dataset_test_split
         source = test if os.path.isfile(test) else script_args.dataset_name
         evaluation = load_split(source, script_args.dataset_config, test)
         evaluation = prompts_from_column(evaluation, script_args.prompt_column, tokenizer, source)
+        evaluation = with_system_prompt(evaluation, script_args.system_prompt, tokenizer, source)
+    reward = reward_list(reward_path, model_args.loaded_reward_funcs,
+                         {"the training prompts": train, "the evaluation prompts": evaluation})
+    if reward_path is not None and ppo_config.reward_model_path is not None and isinstance(reward, list):
+        ppo_config.reward_model_path = None  # now in the list (the trainer would take a list for a second model)
 
     peft_config = None
     if model_args.use_peft:
@@ -344,7 +420,7 @@ def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") 
     trainer = PPOLMTrainer(
         model=policy_path,
         args=ppo_config,
-        reward_model=reward_path,
+        reward_model=reward,
         ref_model=model_args.ref_model_name_or_path,
         critic_model=model_args.critic_model_name_or_path,
         train_dataset=train,

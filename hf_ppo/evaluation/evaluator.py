@@ -1,35 +1,44 @@
 """Did it work? The policy against its reference on the eval prompts.
 
 `trainer.evaluate()` (so `eval_strategy` / `eval_steps` during training, and `hf-ppo evaluate` on a saved policy)
-samples a response from the policy and one from the reference for every eval prompt, with the training sampling
-settings (steps 1-3, `rollout.sample_and_score`), and scores both with every training reward and every judge
-(`eval_reward_model`: rewards that evaluation reads and training never sees). The reference's responses and scores
-are sampled once per eval set and cached: the reference does not change, and every evaluation compares against the
-same responses. Metrics, each under Trainer's prefix (`eval_`):
+samples `num_eval_samples` (k, default 1) responses from the policy and k from the reference for every eval prompt,
+with the training sampling settings (steps 1-3, `rollout.sample_and_score`), and scores them with every training
+reward and every judge (`eval_reward_model`: rewards that evaluation reads and training never sees); reward functions
+get the prompt's dataset columns, as in training. The reference's responses and scores are sampled once per eval set
+and cached: the reference does not change, and every evaluation compares against the same responses. Sample j of
+the policy is paired with sample j of the reference for the same prompt; a pair is *scored* when both sides' scores
+are finite and neither reward function returned None (does not apply). Metrics, each under Trainer's prefix
+(`eval_`):
 
-- `eval_reward/<name>/policy`, `.../reference`: the mean raw score of each side for each training reward
-  (`eval_judge/<name>/...` for a judge);
-- `.../win_rate`: the fraction of prompts where the policy's response scores above the reference's, ties counted
-  half; `.../win_rate_low`, `.../win_rate_high`: its 95% percentile-bootstrap interval (`win_rate`);
+- `eval_reward/<name>/policy`, `.../reference`: the mean raw score of each side over the scored pairs, for each
+  training reward (`eval_judge/<name>/...` for a judge): for a 0/1 reward, the accuracy;
+- `.../win_rate`: the fraction of scored pairs where the policy's response scores above the reference's, ties
+  counted half; `.../win_rate_low`, `.../win_rate_high`: its 95% percentile-bootstrap interval over prompts
+  (`win_rate`);
+- with k > 1, for a score whose every scored value is 0 or 1: `.../pass@j/policy`, `.../pass@j/reference` for j in
+  1, the powers of 2 below k, and k (`pass_ks`): the unbiased pass@j of Chen et al. 2021 (`pass_at_k`), averaged
+  over the prompts with at least j scored pairs; `.../pass@<k>/prompts`: how many prompts entered pass@k; and
+  `eval_num_samples`, `eval_num_prompts`;
 - `eval_kl_to_reference`: KL(policy || reference) per response on the policy's samples (`kl_estimator`, summed over
-  tokens, as `objective/kl`);
+  tokens, as `objective/kl`), averaged over all k samples of every prompt;
 - `eval_policy/response_length`, `eval_reference/response_length` (tokens), `eval_policy/stop_rate`,
   `eval_reference/stop_rate` (the fraction of responses that ended with a stop token);
-- `.../nonfinite`: the number of prompts where either side's score was NaN/inf. As training drops such rollouts,
-  evaluation leaves those prompts out of that score's means and win rate, with a warning naming the reward or judge
-  and a prompt; when no finite pair remains, the means, the win rate and its interval are NaN (never a loss, 0.0).
+- `.../nonfinite`: the number of pairs where either side's score was NaN/inf; `.../not_applicable`: the number of
+  pairs where either side's reward function returned None. As training drops NaN rollouts, evaluation leaves those
+  pairs out of that score's means, win rate and pass@k (NaN/inf with a warning naming the reward or judge and a
+  prompt); when no scored pair remains, the means, the win rate and its interval are NaN (never a loss, 0.0).
   `eval_loss` leaves NaN/inf training scores out of each batch's mean (a batch with none finite makes it NaN).
 
-A side-by-side Markdown report (the metrics, then prompt / reference response and score / policy response and score)
-goes to `output_dir/eval_report.md`, rewritten at each evaluation; a file of that name that hf_ppo did not write is
-never touched (a warning says so).
+A side-by-side Markdown report (the metrics, pass@k, then prompt / reference response and score / policy response and
+score, one row per pair) goes to `output_dir/eval_report.md`, rewritten at each evaluation; a file of that name that
+hf_ppo did not write is never touched (a warning says so).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -45,40 +54,92 @@ def win_rate(policy_scores: torch.Tensor, reference_scores: torch.Tensor, *, num
              seed: int = 0, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
     """The policy's win rate over the reference and its bootstrap interval: (rate, low, high).
 
-    policy_scores, reference_scores (N,): the two responses' scores for each of N prompts. Each prompt's outcome is
-    1 when the policy scores higher, 0.5 on a tie (equal scores), 0 otherwise; the rate is their mean. The interval is
-    the percentile bootstrap: the (1 - confidence)/2 and (1 + confidence)/2 quantiles of the mean outcome over
-    `num_bootstrap` resamples of the N prompts with replacement, drawn from a generator seeded with `seed` (the same
-    scores always give the same interval), widened if needed to contain the rate itself. NaN/inf scores are refused:
-    compared, a NaN would count as a loss (`evaluation_metrics` leaves such prompts out first).
+    policy_scores, reference_scores (N,) or (N, k): the two sides' scores for each of N prompts, k samples each
+    (sample j of the policy is paired with sample j of the reference). Each pair's outcome is 1 when the policy scores
+    higher, 0.5 on a tie (equal scores), 0 otherwise; the rate is their mean. The interval is the percentile
+    bootstrap over prompts (a prompt's k pairs are resampled together: they share the prompt): the
+    (1 - confidence)/2 and (1 + confidence)/2 quantiles of the rate over `num_bootstrap` resamples of the N prompts
+    with replacement, drawn from a generator seeded with `seed` (the same scores always give the same interval),
+    widened if needed to contain the rate itself. NaN/inf scores are refused: compared, a NaN would count as a loss
+    (`evaluation_metrics` leaves such pairs out first).
     """
-    if policy_scores.shape != reference_scores.shape or policy_scores.dim() != 1 or not policy_scores.numel():
-        raise ValueError(f"win_rate needs two (N,) score tensors of one shape with N > 0, got "
+    if (policy_scores.shape != reference_scores.shape or policy_scores.dim() not in (1, 2)
+            or not policy_scores.numel()):
+        raise ValueError(f"win_rate needs two (N,) or (N, k) score tensors of one shape with N > 0, got "
                          f"{tuple(policy_scores.shape)} and {tuple(reference_scores.shape)}.")
     p, r = policy_scores.double().cpu(), reference_scores.double().cpu()
-    bad = (~torch.isfinite(p) | ~torch.isfinite(r)).nonzero().flatten().tolist()
+    bad = (~torch.isfinite(p) | ~torch.isfinite(r)).flatten().nonzero().flatten().tolist()
     if bad:
-        raise ValueError(f"win_rate got NaN/inf scores at {len(bad)} of {len(p)} positions (first: {bad[:5]}): a "
+        raise ValueError(f"win_rate got NaN/inf scores at {len(bad)} of {p.numel()} positions (first: {bad[:5]}): a "
                          "non-finite score is no win and no loss. Leave those pairs out (torch.isfinite on both "
                          "sides) before calling win_rate.")
-    outcome = (p > r).double() + 0.5 * (p == r).double()
-    rate = outcome.mean().item()
+    p, r = p.reshape(len(p), -1), r.reshape(len(r), -1)
+    return _paired_rate(_outcomes(p, r), torch.ones_like(p, dtype=torch.bool), num_bootstrap, seed, confidence)
+
+
+def _outcomes(policy: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    return (policy > reference).double() + 0.5 * (policy == reference).double()
+
+
+def _paired_rate(outcome: torch.Tensor, scored: torch.Tensor, num_bootstrap: int, seed: int,
+                 confidence: float) -> tuple[float, float, float]:
+    """(rate, low, high) of the outcomes (N, k) where `scored` (N, k) holds (at least one), bootstrapped over the
+    prompts that have a scored pair."""
+    keep = scored.any(1)
+    wins, counts = (outcome * scored).sum(1)[keep], scored.sum(1)[keep].double()
+    rate = (wins.sum() / counts.sum()).item()
     generator = torch.Generator().manual_seed(seed)
-    resampled = outcome[torch.randint(len(outcome), (num_bootstrap, len(outcome)), generator=generator)].mean(1)
+    draws = torch.randint(len(wins), (num_bootstrap, len(wins)), generator=generator)
+    resampled = wins[draws].sum(1) / counts[draws].sum(1)
     tails = torch.tensor([(1 - confidence) / 2, (1 + confidence) / 2], dtype=torch.double)
     low, high = torch.quantile(resampled, tails).tolist()
     return rate, min(low, rate), max(high, rate)
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of one prompt (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"):
+    the probability that at least one of k samples drawn without replacement from n samples, c of them correct, is
+    correct: 1 - C(n - c, k) / C(n, k), computed as the product 1 - prod_{i = n-c+1}^{n} (1 - k / i), which never
+    forms the (huge) binomials. Needs 0 <= c <= n and 1 <= k <= n."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}.")
+    if n - c < k:  # every draw of k holds a correct sample
+        return 1.0
+    product = 1.0
+    for i in range(n - c + 1, n + 1):
+        product *= 1.0 - k / i
+    return 1.0 - product
+
+
+def pass_at_k_mean(correct: torch.Tensor, scored: torch.Tensor, k: int) -> tuple[float, int]:
+    """(pass@k averaged over prompts, the number of prompts averaged): `correct` (N, m) 0/1 scores of m samples per
+    prompt, `scored` (N, m) the samples that count (a NaN/inf or None score does not); a prompt with fewer than k
+    scored samples has no pass@k and is left out. NaN when no prompt has k."""
+    values = []
+    for row_correct, row_scored in zip(correct.tolist(), scored.tolist()):
+        n = sum(row_scored)
+        if n >= k:
+            values.append(pass_at_k(n, int(sum(c for c, s in zip(row_correct, row_scored) if s)), k))
+    return (sum(values) / len(values) if values else math.nan), len(values)
+
+
+def pass_ks(num_samples: int) -> list[int]:
+    """The k of the pass@k metrics for `num_samples` samples per prompt: 1, the powers of 2 below it, and itself."""
+    return sorted({1, num_samples, *(2 ** i for i in range(1, num_samples.bit_length()) if 2 ** i < num_samples)})
+
+
 @dataclass
 class Side:
-    """One side's (policy or reference) responses to a batch of eval prompts: decoded text, each reward's raw score
-    {name: (B,)}, lengths (B,) in tokens and whether each stopped (B,) bool."""
+    """One side's (policy or reference) responses to a batch of eval prompts, k samples per prompt, prompt-major (the
+    k samples of prompt i are rows i*k .. i*k + k-1): decoded text, each reward's raw score {name: (B*k,)}, where each
+    reward applied {name: (B*k,) bool} (False: the function returned None for that row), lengths (B*k,) in tokens
+    and whether each stopped (B*k,) bool."""
 
     responses: list[str]
     scores: dict[str, torch.Tensor]
     lengths: torch.Tensor
     stopped: torch.Tensor
+    applies: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class _Generator(nn.Module):
@@ -88,6 +149,20 @@ class _Generator(nn.Module):
     def __init__(self, model):
         super().__init__()
         self.policy_model = model
+
+
+def repeated(inputs: dict, k: int) -> dict:
+    """The eval batch with every prompt (its tokens, its prompt, its columns) repeated k times in a row, as
+    `RolloutRepeatSampler` repeats prompts for `num_generations`: sample j of prompt i is row i*k + j."""
+    if k == 1:
+        return inputs
+    out = dict(inputs, samples_per_prompt=k)
+    out["queries"] = inputs["queries"].repeat_interleave(k, dim=0)
+    out["query_mask"] = inputs["query_mask"].repeat_interleave(k, dim=0)
+    out["prompts"] = [p for p in inputs["prompts"] for _ in range(k)]
+    if inputs.get("columns"):
+        out["columns"] = {name: [v for v in values for _ in range(k)] for name, values in inputs["columns"].items()}
+    return out
 
 
 class Evaluator:
@@ -105,17 +180,20 @@ class Evaluator:
 
     @torch.no_grad()
     def step(self, trainer, inputs: dict) -> torch.Tensor:
-        """Sample and score both sides for one batch of eval prompts; return the eval loss (-mean training score of
-        the policy's responses, as before this evaluation existed)."""
+        """Sample `num_eval_samples` responses per prompt from each side and score them, for one batch of eval
+        prompts; return the eval loss (-mean training score of the policy's responses, as before this evaluation
+        existed)."""
         policy = trainer.accelerator.unwrap_model(trainer.model)
         if getattr(trainer, "environment", None) is not None and not self._batches:
-            warn_user("evaluate() samples one response per eval prompt from the policy and the reference and scores "
+            warn_user("evaluate() samples responses to each eval prompt from the policy and the reference and scores "
                       "them with the training rewards: the environment's episodes (turns, tools, its scores) are not "
                       "part of this evaluation. Evaluate multi-turn behaviour with your environment itself.")
+        k = getattr(trainer.args, "num_eval_samples", 1)
         # The eval loader is sequential: a batch's position and prompts name it (a repeated prompt gets a sample of
         # its own from the reference, as from the policy).
-        key = (len(self._batches), inputs["queries"].cpu().numpy().tobytes(),
+        key = (len(self._batches), k, inputs["queries"].cpu().numpy().tobytes(),
                inputs["query_mask"].cpu().numpy().tobytes())
+        inputs = repeated(inputs, k)
         if key not in self._reference:
             self._reference[key] = self._side(trainer, policy, inputs, reference=True)[0]
         side, combined, samples = self._side(trainer, policy, inputs, reference=False)
@@ -130,8 +208,9 @@ class Evaluator:
                                           ref_adapter=trainer.ref_adapter, memory_bytes=args.logits_memory_bytes)
         kl = masked_sum(kl_estimate(logprobs, ref_logprobs, args.kl_estimator), samples.response_mask, dim=1)
         prompts = decode_masked(trainer.processing_class, inputs["queries"], inputs["query_mask"])
-        # Gathered here, inside Trainer's loop, as it gathers its losses: the padding of a last uneven batch drops out.
-        gathered = trainer.gather_function(_tensors(self._reference[key], side, kl))
+        # Gathered here, inside Trainer's loop, as it gathers its losses: the padding of a last uneven batch drops out
+        # (its rows are prompts: each tensor is (prompts, k)).
+        gathered = trainer.gather_function(_tensors(self._reference[key], side, kl, k))
         self._batches.append((prompts, self._reference[key], side, gathered))
         # NaN/inf scores are left out (as from the win rates); none finite: NaN, never a number that reads as real.
         return -combined[torch.isfinite(combined)].mean()
@@ -146,22 +225,28 @@ class Evaluator:
             context = reference_context(policy, trainer.ref_adapter)
         batch_size = args.local_rollout_forward_batch_size
         who = "reference" if reference else "policy"
+        columns = inputs.get("columns")
         with context, _naming(f"while sampling the {who}'s responses and scoring them with the training reward(s) "
                               f"{trainer.rewards.names}", tokenizer, inputs):
             samples = sample_and_score(trainer.rollout_engine, model, trainer.rewards, inputs["queries"],
                                        inputs["query_mask"], inputs["prompts"], tokenizer=tokenizer,
-                                       stop_token_ids=trainer.stop_token_ids, batch_size=batch_size)
-        each = samples.reward_scores or {trainer.rewards.names[0]: samples.scores}  # one reward: its raw score
-        scores = {f"reward/{k}": v for k, v in each.items()}
+                                       stop_token_ids=trainer.stop_token_ids, batch_size=batch_size, columns=columns)
+        # Every reward's raw score and the rows it applies to (a function's None: applies False, score 0.0).
+        each = samples.each_reward or {trainer.rewards.names[0]: (samples.scores, None)}
+        scores = {f"reward/{k}": v for k, (v, _) in each.items()}
+        applies = {f"reward/{k}": a for k, (_, a) in each.items() if a is not None}
         if self.judges is not None:
             with _naming(f"while the judge(s) {self.judges.names} (eval_reward_model) scored the {who}'s responses",
                          tokenizer, inputs):
-                judged = self.judges.score(queries=inputs["queries"], query_mask=inputs["query_mask"],
-                                           responses=samples.responses, response_mask=samples.response_mask,
-                                           tokenizer=tokenizer, prompts=inputs["prompts"], batch_size=batch_size)[1]
-            scores.update({f"judge/{k}": v for k, v in judged.items()})
+                # Each judge on its own (never combined): a row only some judges skip (None) is no error.
+                judged = self.judges.score_each(queries=inputs["queries"], query_mask=inputs["query_mask"],
+                                                responses=samples.responses, response_mask=samples.response_mask,
+                                                tokenizer=tokenizer, prompts=inputs["prompts"], batch_size=batch_size,
+                                                columns=columns)
+            scores.update({f"judge/{k}": v for k, (v, _) in judged.items()})
+            applies.update({f"judge/{k}": a for k, (_, a) in judged.items()})
         side = Side(decode_masked(tokenizer, samples.responses, samples.response_mask), scores,
-                    samples.response_mask.sum(1).float(), samples.contains_stop)
+                    samples.response_mask.sum(1).float(), samples.contains_stop, applies)
         return side, samples.scores, samples
 
     def finish(self, trainer, prefix: str = "eval") -> dict[str, float]:
@@ -175,9 +260,11 @@ class Evaluator:
         if trainer.is_world_process_zero():
             _warn_nonfinite(metrics, merged, [(prompts, ref, pol) for prompts, ref, pol, _ in batches], prefix)
         if trainer.is_world_process_zero() and trainer.args.should_save:
-            rows = [row for prompts, ref, pol, _ in batches for row in _rows(prompts, ref, pol)][:REPORT_ROWS]
+            num_samples = merged["kl"].shape[1]
+            rows = [row for prompts, ref, pol, _ in batches
+                    for row in _rows(prompts, ref, pol, num_samples)][:REPORT_ROWS]
             write_report(trainer.args.output_dir, metrics, rows, step=trainer.state.global_step,
-                         num_prompts=len(merged["kl"]))
+                         num_prompts=len(merged["kl"]), num_samples=num_samples)
         return {f"{prefix}_{k}": v for k, v in metrics.items()}
 
 
@@ -190,42 +277,72 @@ def _naming(doing: str, tokenizer, inputs: dict):
     except Exception as err:
         if hasattr(err, "add_note"):
             first = decode_masked(tokenizer, inputs["queries"][:1], inputs["query_mask"][:1])[0]
-            err.add_note(f"hf_ppo: raised in evaluate() {doing}, on a batch of {len(inputs['queries'])} eval prompts "
-                         f"starting with {first[:200]!r}.")
+            k = inputs.get("samples_per_prompt", 1)
+            batch = f"{len(inputs['queries']) // k} eval prompts" + (f" x {k} samples" if k > 1 else "")
+            err.add_note(f"hf_ppo: raised in evaluate() {doing}, on a batch of {batch} starting with "
+                         f"{first[:200]!r}.")
         raise
 
 
-def _tensors(reference: Side, policy: Side, kl: torch.Tensor) -> dict[str, torch.Tensor]:
-    out = {"kl": kl.float()}
+def _tensors(reference: Side, policy: Side, kl: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
+    """Per-prompt tensors (B, k) to gather: "kl", "<side>|<score name>", "<side>|length", "<side>|stopped", and
+    "applies:<side>|<score name>" (1.0 where the reward applied) for every score."""
+    out = {"kl": kl.float().reshape(-1, k)}
     for name, side in (("reference", reference), ("policy", policy)):
-        out.update({f"{name}|{k}": v.float() for k, v in side.scores.items()})
-        out[f"{name}|length"], out[f"{name}|stopped"] = side.lengths.float(), side.stopped.float()
+        for score, values in side.scores.items():
+            out[f"{name}|{score}"] = values.float().reshape(-1, k)
+            applies = side.applies.get(score)
+            out[f"applies:{name}|{score}"] = (torch.ones_like(values, dtype=torch.float) if applies is None else
+                                              applies.to(values.device).float()).reshape(-1, k)
+        out[f"{name}|length"] = side.lengths.float().reshape(-1, k)
+        out[f"{name}|stopped"] = side.stopped.float().reshape(-1, k)
     return out
 
 
 def evaluation_metrics(tensors: dict[str, torch.Tensor], seed: int = 0) -> dict[str, float]:
-    """The metrics (named as in the module docstring, without the prefix) from per-prompt tensors (N,):
-    "kl", and "policy|<score name>", "reference|<score name>", "policy|length", "policy|stopped" (and the
-    reference's)."""
+    """The metrics (named as in the module docstring, without the prefix) from per-prompt tensors, (N,) for one
+    sample per prompt or (N, k) for k: "kl", and "policy|<score name>", "reference|<score name>", "policy|length",
+    "policy|stopped" (and the reference's); optionally "applies:policy|<score name>" (and the reference's): 1.0 where
+    the reward applied, 0.0 where its function returned None (absent: it applied everywhere).
+
+    A (prompt, sample) pair is scored when both sides applied and both scores are finite; means, the win rate and
+    pass@k read the scored pairs only, `nonfinite` and `not_applicable` count the others. pass@j (j in `pass_ks(k)`)
+    is reported for k > 1 when every scored value of that score is 0 or 1.
+    """
+    tensors = {name: t.reshape(len(t), -1) for name, t in tensors.items()}
+    k = tensors["kl"].shape[1]
     metrics = {}
-    for key in [k for k in tensors if k.startswith("policy|") and k not in ("policy|length", "policy|stopped")]:
+    for key in [k_ for k_ in tensors if k_.startswith("policy|") and k_ not in ("policy|length", "policy|stopped")]:
         name = key.split("|", 1)[1]
         policy, reference = tensors[key], tensors[f"reference|{name}"]
+        applies = torch.ones_like(policy, dtype=torch.bool)
+        for side in ("policy", "reference"):
+            if f"applies:{side}|{name}" in tensors:
+                applies &= tensors[f"applies:{side}|{name}"].bool()
         finite = torch.isfinite(policy) & torch.isfinite(reference)  # a pair with a NaN/inf side is left out
-        policy, reference = policy[finite], reference[finite]
-        if finite.any():
-            rate, low, high = win_rate(policy, reference, seed=seed)
-            means = policy.mean().item(), reference.mean().item()
+        scored = finite & applies
+        if scored.any():
+            rate, low, high = _paired_rate(_outcomes(policy.double(), reference.double()), scored, NUM_BOOTSTRAP, seed,
+                                           CONFIDENCE)
+            means = policy[scored].mean().item(), reference[scored].mean().item()
         else:
             rate = low = high = math.nan
             means = math.nan, math.nan
         metrics.update({f"{name}/policy": means[0], f"{name}/reference": means[1], f"{name}/win_rate": rate,
                         f"{name}/win_rate_low": low, f"{name}/win_rate_high": high,
-                        f"{name}/nonfinite": float((~finite).sum())})
+                        f"{name}/nonfinite": float((~finite).sum()), f"{name}/not_applicable": float((~applies).sum())})
+        values = torch.cat([policy[scored], reference[scored]])
+        if k > 1 and values.numel() and bool(((values == 0) | (values == 1)).all()):
+            for j in pass_ks(k):
+                for side, scores in (("policy", policy), ("reference", reference)):
+                    metrics[f"{name}/pass@{j}/{side}"], used = pass_at_k_mean(scores.nan_to_num(0.0), scored, j)
+            metrics[f"{name}/pass@{k}/prompts"] = float(used)
     metrics["kl_to_reference"] = tensors["kl"].mean().item()
     for side in ("policy", "reference"):
         metrics[f"{side}/response_length"] = tensors[f"{side}|length"].mean().item()
         metrics[f"{side}/stop_rate"] = tensors[f"{side}|stopped"].mean().item()
+    if k > 1:
+        metrics["num_samples"], metrics["num_prompts"] = float(k), float(len(tensors["kl"]))
     return metrics
 
 
@@ -233,6 +350,7 @@ def _warn_nonfinite(metrics: dict[str, float], merged: dict[str, torch.Tensor],
                     batches: list[tuple[list[str], Side, Side]], prefix: str) -> None:
     """One warning per reward or judge that gave NaN/inf in this evaluation: the counts (`merged`: over all
     processes), which side, a prompt (of this process's `batches`, when it has one) and what became of the metrics."""
+    what = "eval prompts" if "num_samples" not in metrics else "sampled (prompt, response) pairs"
     for key in [k for k in metrics if k.endswith("/nonfinite") and metrics[k]]:
         name = key[:-len("/nonfinite")]
         kind, short = name.split("/", 1)
@@ -246,18 +364,24 @@ def _warn_nonfinite(metrics: dict[str, float], merged: dict[str, torch.Tensor],
         nothing_left = math.isnan(metrics[f"{name}/win_rate"])
         warn_user(
             f"Evaluation: the {'judge' if kind == 'judge' else 'reward'} {short!r} returned NaN/inf for "
-            f"{int(metrics[key])} eval prompts ({which})"
+            f"{int(metrics[key])} {what} ({which})"
             + (f", e.g. the prompt {example[:200]!r}" if example is not None else "") + ". "
-            + ("No prompt has finite scores on both sides: its means, win rate and interval are NaN (no finite "
-               "scores), not a loss. " if nothing_left else
-               "Those prompts are left out of its means and win rate. ")
+            + (f"No {'prompt' if 'num_samples' not in metrics else 'pair'} has finite scores on both sides: its "
+               "means, win rate and interval are NaN (no finite scores), not a loss. " if nothing_left else
+               "Those are left out of its means, win rate and pass@k. ")
             + f"The count is logged as `{prefix}_{name}/nonfinite`. Make the {kind} return finite floats for every "
               "(prompt, completion).")
 
 
-def _rows(prompts: list[str], reference: Side, policy: Side) -> list[tuple[str, str, dict, str, dict]]:
+def _rows(prompts: list[str], reference: Side, policy: Side, k: int = 1) -> list[tuple[str, str, dict, str, dict]]:
+    """The report's rows: one per (prompt, sample) pair, the prompt marked with the sample's number when k > 1; a
+    score of a reward that did not apply (None) is None."""
     def scores(side: Side, i: int) -> dict:
-        return {k: v[i].item() for k, v in side.scores.items()}
+        return {name: (v[i].item() if name not in side.applies or bool(side.applies[name][i]) else None)
+                for name, v in side.scores.items()}
 
-    return [(p, reference.responses[i], scores(reference, i), policy.responses[i], scores(policy, i))
+    def label(i: int, prompt: str) -> str:
+        return prompt if k == 1 else f"{prompt} (sample {i % k + 1}/{k})"
+
+    return [(label(i, p), reference.responses[i], scores(reference, i), policy.responses[i], scores(policy, i))
             for i, p in enumerate(prompts)]

@@ -22,20 +22,29 @@ def score_names(metrics: dict[str, float], prefix: str = "") -> list[str]:
 
 
 def metrics_markdown(metrics: dict[str, float], prefix: str = "") -> str:
-    """The metrics as two Markdown tables (per score; per side), readable as plain text too."""
+    """The metrics as Markdown tables (per score; with several samples per prompt, pass@k per score; per side),
+    readable as plain text too."""
+    k = int(metrics.get(f"{prefix}num_samples", 1) or 1)
+    unit = "prompts" if k == 1 else "samples"
     lines = ["| score | policy | reference | policy win rate (95% CI) |", "|---|---|---|---|"]
     for name in score_names(metrics, prefix):
-        m = {k: metrics[f"{prefix}{name}/{k}"] for k in ("policy", "reference", "win_rate", "win_rate_low",
-                                                            "win_rate_high")}
-        # Prompts with a NaN/inf score were left out (evaluation/evaluator.py); none left: no number to show.
+        m = {k_: metrics[f"{prefix}{name}/{k_}"] for k_ in ("policy", "reference", "win_rate", "win_rate_low",
+                                                             "win_rate_high")}
+        # Pairs with a NaN/inf score or a None (does not apply) were left out (evaluation/evaluator.py).
         left_out = int(metrics.get(f"{prefix}{name}/nonfinite", 0) or 0)
+        not_applicable = int(metrics.get(f"{prefix}{name}/not_applicable", 0) or 0)
         if math.isnan(m["win_rate"]):
-            lines.append(f"| {name} | no finite scores | no finite scores | no finite scores ({left_out or 'all'} "
-                         "prompts NaN/inf) |")
+            why = " and ".join([f"{left_out} {unit} NaN/inf"] * bool(left_out)
+                               + [f"{not_applicable} {unit} None"] * bool(not_applicable)) or f"all {unit} NaN/inf"
+            lines.append(f"| {name} | no finite scores | no finite scores | no finite scores ({why}) |")
             continue
-        note = f" ({left_out} prompts left out: NaN/inf)" if left_out else ""
+        notes = ([f"{left_out} {unit} left out: NaN/inf"] * bool(left_out)
+                 + [f"{not_applicable} {unit} left out: None, does not apply"] * bool(not_applicable))
+        note = f" ({'; '.join(notes)})" if notes else ""
         lines.append(f"| {name} | {m['policy']:.4g} | {m['reference']:.4g} | {m['win_rate']:.3f} "
                      f"[{m['win_rate_low']:.3f}, {m['win_rate_high']:.3f}]{note} |")
+    if k > 1:
+        lines += ["", *pass_at_k_lines(metrics, prefix, k)]
     lines += ["", "| | policy | reference |", "|---|---|---|"]
     for label, key in (("mean response length (tokens)", "response_length"), ("stop rate", "stop_rate")):
         policy, reference = metrics[f"{prefix}policy/{key}"], metrics[f"{prefix}reference/{key}"]
@@ -45,6 +54,38 @@ def metrics_markdown(metrics: dict[str, float], prefix: str = "") -> str:
     return "\n".join(lines)
 
 
+def pass_at_k_lines(metrics: dict[str, float], prefix: str, k: int) -> list[str]:
+    """The pass@k table (one row per score and side) and a line for each score without pass@k, saying why."""
+    names = score_names(metrics, prefix)
+    ks = sorted({int(key[len(prefix) + len(n) + 6:].split("/")[0]) for n in names for key in metrics
+                 if key.startswith(f"{prefix}{n}/pass@") and not key.endswith("/prompts")})
+    lines = [f"pass@j: the chance that at least one of j of the {k} responses sampled per prompt scores 1 (the "
+             "unbiased estimator of Chen et al. 2021), averaged over the prompts with at least j scored samples; only "
+             "for rewards whose every score is 0 or 1."]
+    if ks:
+        lines += ["", "| score | side | " + " | ".join(f"pass@{j}" for j in ks) + " |",
+                  "|---|---|" + "---|" * len(ks)]
+        for name in names:
+            if f"{prefix}{name}/pass@1/policy" not in metrics:
+                continue
+            for side in ("policy", "reference"):
+                cells = [metrics.get(f"{prefix}{name}/pass@{j}/{side}", math.nan) for j in ks]
+                lines.append(f"| {name} | {side} | " + " | ".join("n/a" if math.isnan(v) else f"{v:.3f}"
+                                                                 for v in cells) + " |")
+        lines.append("")
+    for name in names:
+        prompts = metrics.get(f"{prefix}{name}/pass@{k}/prompts")
+        num_prompts = metrics.get(f"{prefix}num_prompts")
+        if f"{prefix}{name}/pass@1/policy" not in metrics:
+            why = ("it has no scored samples" if math.isnan(metrics[f"{prefix}{name}/policy"]) else
+                   "its scores are not all 0 or 1")
+            lines.append(f"- {name}: no pass@k: {why}.")
+        elif num_prompts is not None and prompts is not None and prompts < num_prompts:
+            lines.append(f"- {name}: pass@{k} over {int(prompts)} of {int(num_prompts)} prompts (the others have "
+                         f"fewer than {k} scored samples: NaN/inf or None).")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
 def _cell(text: str) -> str:
     """Text made safe for one Markdown table cell."""
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
@@ -52,12 +93,15 @@ def _cell(text: str) -> str:
 
 
 def _score_cell(scores: dict) -> str:
-    return "<br>".join(f"{name}: {value:.4g}" for name, value in scores.items())
+    return "<br>".join(f"{name}: {'None (does not apply)' if value is None else format(value, '.4g')}"
+                       for name, value in scores.items())
 
 
-def write_report(output_dir: str, metrics: dict[str, float], rows: list, *, step: int, num_prompts: int) -> str | None:
+def write_report(output_dir: str, metrics: dict[str, float], rows: list, *, step: int, num_prompts: int,
+                 num_samples: int = 1) -> str | None:
     """Write `output_dir/eval_report.md` (the metrics, then `rows` side by side); return its path, or None (with a
-    warning) when a file of that name exists that hf_ppo did not write."""
+    warning) when a file of that name exists that hf_ppo did not write. `num_samples`: responses per prompt and
+    side."""
     path = os.path.join(output_dir, REPORT_FILE)
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
@@ -65,12 +109,17 @@ def write_report(output_dir: str, metrics: dict[str, float], rows: list, *, step
                 warn_user(f"{path} exists and was not written by hf_ppo: the evaluation report was not written. "
                           f"Move that file, or use another output_dir.")
                 return None
+    each = "one response each" if num_samples == 1 else f"{num_samples} responses each"
+    paired = "" if num_samples == 1 else " (sample j of the policy paired with sample j of the reference)"
+    pairs = "prompts" if num_samples == 1 else "(prompt, sample) pairs"
     lines = [REPORT_MARK, f"# The policy against its reference (step {step})", "",
-             f"{num_prompts} eval prompts, one response each from the policy and from the reference, sampled with "
+             f"{num_prompts} eval prompts, {each} from the policy and from the reference{paired}, sampled with "
              "the training sampling settings and scored by every training reward (`reward/...`) and judge "
-             "(`judge/...`). Win rate: the fraction of prompts where the policy's response scores higher, ties "
-             f"counted half; the interval is a {CONFIDENCE:.0%} bootstrap interval ({NUM_BOOTSTRAP} resamples).", "",
-             metrics_markdown(metrics), "", f"## Samples (the first {len(rows)})", "",
+             f"(`judge/...`). Win rate: the fraction of {pairs} where the policy's response scores higher, ties "
+             f"counted half; the interval is a {CONFIDENCE:.0%} bootstrap interval ({NUM_BOOTSTRAP} resamples of "
+             "the prompts).", "",
+             metrics_markdown(metrics), "",
+             f"## Samples (the first {len(rows)})", "",
              "| prompt | reference response | reference score | policy response | policy score |",
              "|---|---|---|---|---|"]
     for prompt, ref_text, ref_scores, pol_text, pol_scores in rows:

@@ -6,10 +6,11 @@ from .batch import RolloutBatch
 from .engines import KVCacheSampler, RolloutEngine, StaticCacheSampler, generate, make_rollout_engine
 from .environments import Environment, EnvSample, GivenSamples
 from .refill import rollout_with_refill
+from .reward_calls import RewardFunctionError, check_reward_function
 from .rewards import RewardSet, load_reward_model, load_rewards, score_responses
 from .steps import Rollout, policy_forward, reference_logprobs, rollout, sample_and_score, without_uniform_groups
 
-__all__ = ["EnvSample", "Environment", "GivenSamples", "KVCacheSampler", "RewardSet", "Rollout", "RolloutBatch",
-           "RolloutEngine", "StaticCacheSampler", "generate", "load_reward_model", "load_rewards",
-           "make_rollout_engine", "policy_forward", "reference_logprobs", "rollout", "rollout_with_refill",
-           "sample_and_score", "score_responses", "without_uniform_groups"]
+__all__ = ["EnvSample", "Environment", "GivenSamples", "KVCacheSampler", "RewardFunctionError", "RewardSet",
+           "Rollout", "RolloutBatch", "RolloutEngine", "StaticCacheSampler", "check_reward_function", "generate",
+           "load_reward_model", "load_rewards", "make_rollout_engine", "policy_forward", "reference_logprobs",
+           "rollout", "rollout_with_refill", "sample_and_score", "score_responses", "without_uniform_groups"]

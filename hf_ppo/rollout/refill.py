@@ -16,12 +16,14 @@ from .steps import Rollout, rollout
 
 @torch.no_grad()
 def rollout_with_refill(policy: nn.Module, queries, query_mask, prompts: list, *, max_refill_rounds: int = 0,
-                        extra_prompts: Callable[[int], dict] | None = None, **settings) -> Rollout:
+                        extra_prompts: Callable[[int], dict] | None = None, columns: dict[str, list] | None = None,
+                        **settings) -> Rollout:
     """`rollout`, then DAPO's refill (Yu et al. 2025, dynamic sampling; verl's `filter_groups.max_num_gen_batches`).
 
     While groups of the batch are dropped (`drop_uniform_groups`) and fewer than `max_refill_rounds` extra rounds
     were sampled, round r rolls out `extra_prompts(r)` (one more rollout batch of prompt groups, as the data collator
-    makes them: {"queries", "query_mask", "prompts"}) with the same `settings`, and its groups with signal take the
+    makes them: {"queries", "query_mask", "prompts", "columns"}, each round's reward functions given its own
+    prompts' `columns`) with the same `settings`, and its groups with signal take the
     places of dropped ones (`merge_groups`); groups still uniform after the last round stay masked. Under several
     processes every round gathers across them, so they all sample until none has a dropped group left.
 
@@ -32,7 +34,7 @@ def rollout_with_refill(policy: nn.Module, queries, query_mask, prompts: list, *
     rollout that sampled each group; the group estimators (rloo, grpo) read each group alone. Running reward
     statistics (`normalize_rewards`, `normalize_each_reward`) see every round.
     """
-    result = rollout(policy, queries, query_mask, prompts, **settings)
+    result = rollout(policy, queries, query_mask, prompts, columns=columns, **settings)
     if not max_refill_rounds:
         return result
     if extra_prompts is None or result.dropped is None:
@@ -44,7 +46,7 @@ def rollout_with_refill(policy: nn.Module, queries, query_mask, prompts: list, *
     while rounds < max_refill_rounds and _anywhere(dropped.any(), gather):
         extra = extra_prompts(rounds)
         more = rollout(policy, extra["queries"].to(queries.device), extra["query_mask"].to(query_mask.device),
-                       extra["prompts"], **settings)
+                       extra["prompts"], columns=extra.get("columns"), **settings)
         batch, dropped, count = merge_groups(batch, dropped, more.batch, more.dropped, k, pad_token_id)
         refilled, rounds = refilled + count, rounds + 1
         result.generate_seconds += more.generate_seconds

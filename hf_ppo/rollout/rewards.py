@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import contextlib
-import numbers
 from typing import Callable
 
 import torch
@@ -28,6 +27,7 @@ from ..models.pretrained import _init_kwargs, _is_quantized, compute_dtype, free
 from ..models.tokenizers import load_reward_tokenizer, load_tokenizer, same_checkpoint, same_tokenizer, with_scoring_pad
 from ..runtime.warn import warn_user
 from .engines import chunks, sequence_inputs
+from .reward_calls import call_reward, check_reward_function, data_columns, reward_values
 
 # A checkpoint without a trained score head (a causal LM, a base encoder) is not a reward model.
 REWARD_HEAD_FIX = ("If a score head (`score` / `classifier`) is missing, this checkpoint is no reward model (a causal LM "
@@ -124,7 +124,7 @@ def _reward_set(rewards, classes, names, is_list, tokenizer, args, chat, train_d
         input_format = "auto" if callable_in_list else args.reward_input_format
         with naming_reward(name if is_list else None, i):
             tokenizers.append(reward_tokenizer(reward, tokenizer, processing_class, input_format, chat))
-            probe_reward_callable(reward, train_dataset, tokenizer)
+            probe_reward_callable(reward, train_dataset, tokenizer, name)
     return RewardSet(rewards, tokenizers, names, [float(w) for w in weights], input_format=args.reward_input_format,
                      normalize_each=normalize_each, is_list=is_list)
 
@@ -243,34 +243,14 @@ def fit_context(attention_mask: torch.Tensor, context: int | None, own_pooling: 
 
 
 def check_reward_values(values, expected: int) -> torch.Tensor:
-    """A reward callable's output as a (B,) float32 tensor: a sequence, 1-D tensor or 1-D array of `expected` numbers.
-
-    Anything else (a dict, a 2-D tensor, strings, None entries, a single number) is an error that says what came
-    back. NaN/inf pass through: the trainer drops such a rollout (see trainer/guard.py).
-    """
-    fix = f"return one number per (prompt, completion) pair: a list of {expected} floats or a 1-D tensor/array"
-    if hasattr(values, "ndim") and hasattr(values, "shape"):  # torch tensor or numpy array
-        if values.ndim != 1:
-            raise TypeError(f"The reward function returned a {type(values).__name__} of shape {tuple(values.shape)}: "
-                            f"{fix} (e.g. .squeeze(-1) on (B, 1) logits).")
-        try:
-            scores = torch.as_tensor(values).detach().to(device="cpu", dtype=torch.float32)
-        except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(f"The reward function returned a {type(values).__name__} of dtype {values.dtype}: "
-                            f"{fix}.") from err
-    elif isinstance(values, (str, bytes, dict)) or not isinstance(values, (list, tuple)):
-        shown = f"a dict with keys {list(values)[:5]}" if isinstance(values, dict) else f"{values!r:.100}"
-        raise TypeError(f"The reward function returned {type(values).__name__} {shown}: {fix}.")
-    else:
-        bad = [(i, v) for i, v in enumerate(values) if not _is_number(v)]
-        if bad:
-            i, v = bad[0]
-            raise TypeError(f"The reward function returned a non-number at position {i}: {type(v).__name__} "
-                            f"{v!r:.60} ({len(bad)} such entries): {fix}.")
-        scores = torch.tensor([float(v) for v in values], dtype=torch.float32)
-    if scores.numel() != expected:
-        raise ValueError(f"The reward function returned {scores.numel()} scores for {expected} completions: it must "
-                         "return one float per (prompt, completion) pair, in order.")
+    """A reward callable's output as a (B,) float32 tensor, every entry a number (`reward_calls.reward_values`, which
+    also takes None for "does not apply", is what scoring uses); anything else is an error that says what came back.
+    NaN/inf pass through: the trainer drops such a rollout (see trainer/guard.py)."""
+    scores, applies = reward_values(values, expected)
+    if not applies.all():
+        i = int((~applies).nonzero()[0])
+        raise TypeError(f"The reward function returned a non-number at position {i}: NoneType None "
+                        f"({int((~applies).sum())} such entries): return one number per (prompt, completion) pair.")
     return scores
 
 
@@ -281,25 +261,27 @@ def scores_given(prompts, completions):
                      "the environment (EnvSample.score), or pass reward_model= to PPOLMTrainer.")
 
 
-def probe_reward_callable(reward, train_dataset, tokenizer) -> None:
-    """Call a reward callable once at construction on two prompts with empty completions: a wrong return type or
-    NaN/inf fails now, naming the fix, not at the first rollout. Models and a missing dataset are skipped."""
-    if not callable(reward) or isinstance(reward, nn.Module) or train_dataset is None or reward is scores_given:
+def probe_reward_callable(reward, train_dataset, tokenizer, name: str | None = None) -> None:
+    """Check a reward callable at construction: its signature against the dataset's columns
+    (`check_reward_function`), then one call on the first two rows (their prompts and columns) with empty
+    completions: a wrong return type, NaN/inf or an exception fails now, naming the function and the fix, not at the
+    first rollout. Models are skipped; without a dataset only the signature is checked."""
+    if not callable(reward) or isinstance(reward, nn.Module) or reward is scores_given:
         return
-    probe = [train_dataset[i]["prompt"] for i in range(min(2, len(train_dataset)))]
-    probe = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in probe]
-    if not torch.isfinite(check_reward_values(reward(probe, [""] * len(probe)), len(probe))).all():
-        raise ValueError("The reward function returned NaN/inf for the probe (prompts, empty completions): "
-                         "return finite floats.")
-
-
-def _is_number(value) -> bool:
-    """A real number: int/float/bool, a numpy scalar, or a one-element tensor/array (not a string, not None)."""
-    if isinstance(value, (str, bytes)) or value is None:
-        return False
-    if isinstance(value, numbers.Real):
-        return True
-    return getattr(value, "ndim", None) == 0 or getattr(value, "shape", None) in ((), (1,))
+    name = name or reward_name(reward)
+    check_reward_function(reward, None if train_dataset is None else data_columns(train_dataset.column_names), name)
+    if train_dataset is None:
+        return
+    rows = [train_dataset[i] for i in range(min(2, len(train_dataset)))]
+    prompts = [row["prompt"] for row in rows]
+    texts = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in prompts]
+    columns = {c: [row[c] for row in rows] for c in data_columns(rows[0])}
+    values = call_reward(reward, name, prompts=prompts, prompt_texts=texts, texts=[""] * len(rows),
+                         completion_ids=[[] for _ in rows], columns=columns)
+    scores, applies = reward_values(values, len(rows))
+    if not torch.isfinite(scores[applies]).all():
+        raise ValueError(f"The reward function {name!r} returned NaN/inf for the probe (the first prompts, empty "
+                         "completions): return finite floats (or None where it does not apply).")
 
 
 def decode_masked(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -350,23 +332,51 @@ def _question_text(prompt, decoded: str) -> str:
 @torch.no_grad()
 def score_responses(
     reward, *, queries, query_mask, responses, response_mask, tokenizer, prompts: list, batch_size: int,
-    reward_tokenizer=None, input_format: str = "auto",
+    reward_tokenizer=None, input_format: str = "auto", columns: dict[str, list] | None = None,
 ) -> torch.Tensor:
-    """One score per response: (B,) fp32.
+    """One score per response: (B,) fp32 (`score_applicable`, for a reward that applies to every row: a None
+    returned by a reward function is an error here; `RewardSet.score` is what takes it)."""
+    scores, applies = score_applicable(reward, queries=queries, query_mask=query_mask, responses=responses,
+                                       response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
+                                       batch_size=batch_size, reward_tokenizer=reward_tokenizer,
+                                       input_format=input_format, columns=columns)
+    if not applies.all():
+        raise ValueError(f"The reward function {reward_name(reward)!r} returned None (does not apply) for "
+                         f"{int((~applies).sum())} row(s): score through a RewardSet, which leaves them out of the "
+                         "weighted sum, or return a number for every row.")
+    return scores
 
-    `reward` is a callable `(prompts, completions) -> list[float]` (called on text), or a frozen reward model.
+
+@torch.no_grad()
+def score_applicable(
+    reward, *, queries, query_mask, responses, response_mask, tokenizer, prompts: list, batch_size: int,
+    reward_tokenizer=None, input_format: str = "auto", columns: dict[str, list] | None = None,
+    name: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(one score per response (B,) fp32, whether the reward applies to each row (B,) bool).
+
+    `reward` is a reward function called on text in its convention (`reward_calls.call_reward`: TRL's keywords with
+    the dataset's `columns`, or positional `(prompts, completions)`; a returned None: does not apply), or a frozen
+    reward model (applies to every row). `name`: the function's name in errors.
     With `reward_tokenizer=None` the reward model shares the policy's tokenizer and reads prompt + response as token
     ids (no decode: the 'concat' format's fast path). Otherwise prompt and response are decoded and given in
     `input_format` (see `reward_input_format`, resolved per batch): the conversation rendered with the reward
     tokenizer's chat template ('chat'), a (question, answer) text pair ('pair'), or prompt + response ('concat').
     """
+    if reward is scores_given:  # hf_ppo's own refusal, not a user's function failing
+        scores_given(prompts, None)
     if callable(reward) and not isinstance(reward, nn.Module):
+        name = name or reward_name(reward)
         prompt_texts = decode_masked(tokenizer, queries, query_mask)
-        values = reward(prompt_texts, decode_masked(tokenizer, responses, response_mask))
-        return check_reward_values(values, len(prompt_texts)).to(queries.device)
+        ids = [row[keep].tolist() for row, keep in zip(responses, response_mask.bool())]
+        values = call_reward(reward, name, prompts=list(prompts), prompt_texts=prompt_texts, columns=columns,
+                             texts=decode_masked(tokenizer, responses, response_mask), completion_ids=ids)
+        scores, applies = reward_values(values, len(prompt_texts))
+        return scores.to(queries.device), applies.to(queries.device)
+    everywhere = torch.ones(len(queries), dtype=torch.bool, device=queries.device)
     if reward_tokenizer is None:
         inputs = sequence_inputs(queries, query_mask, responses, response_mask)
-        return reward_model_scores(reward, inputs["input_ids"], inputs["attention_mask"], batch_size)
+        return reward_model_scores(reward, inputs["input_ids"], inputs["attention_mask"], batch_size), everywhere
     conversational = all(isinstance(p, list) for p in prompts)
     kind = reward_input_format(input_format, reward, reward_tokenizer, conversational)
     prompt_texts = decode_masked(tokenizer, queries, query_mask)
@@ -386,7 +396,7 @@ def score_responses(
     device = queries.device
     token_types = encoded.get("token_type_ids") if kind == "pair" else None
     return reward_model_scores(reward, encoded["input_ids"].to(device), encoded["attention_mask"].to(device),
-                               batch_size, None if token_types is None else token_types.to(device))
+                               batch_size, None if token_types is None else token_types.to(device)), everywhere
 
 
 def reward_name(reward) -> str:
@@ -448,27 +458,56 @@ class RewardSet:
 
     @torch.no_grad()
     def score(self, *, queries, query_mask, responses, response_mask, tokenizer, prompts: list, batch_size: int,
-              gather: Callable | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(the combined score (B,), {name: the reward's raw score (B,)} for a list, else {}).
+              gather: Callable | None = None, columns: dict[str, list] | None = None
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(the combined score (B,), {name: the reward's raw score (B,), 0.0 where it returned None} for a list, else
+        {}): `score_each`, then `combine`. `columns`: the dataset's other columns, one value per row."""
+        each = self.score_each(queries=queries, query_mask=query_mask, responses=responses,
+                               response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
+                               batch_size=batch_size, columns=columns)
+        combined = self.combine(each, prompts, gather)
+        return combined, ({name: scores for name, (scores, _) in each.items()} if self.is_list else {})
 
-        `gather` (training): the per-reward statistics take in this batch, gathered over processes, before
-        normalising; None (evaluation): they normalise with what they hold, unchanged.
-        """
-        combined, raw = None, {}
+    @torch.no_grad()
+    def score_each(self, *, queries, query_mask, responses, response_mask, tokenizer, prompts: list,
+                   batch_size: int, columns: dict[str, list] | None = None
+                   ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """{name: (raw scores (B,), applies (B,) bool)} for every reward (`score_applicable`; a reward function's
+        None: applies False, score 0.0)."""
+        each = {}
         for i, (reward, reward_tokenizer, name) in enumerate(zip(self.rewards, self.tokenizers, self.names)):
             with naming_reward(name if self.is_list else None, i):
-                scores = score_responses(reward, queries=queries, query_mask=query_mask, responses=responses,
-                                         response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
-                                         batch_size=batch_size, reward_tokenizer=reward_tokenizer,
-                                         input_format=self.input_format)
-            raw[name] = scores
+                each[name] = score_applicable(reward, queries=queries, query_mask=query_mask, responses=responses,
+                                              response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
+                                              batch_size=batch_size, reward_tokenizer=reward_tokenizer,
+                                              input_format=self.input_format, columns=columns, name=name)
+        return each
+
+    def combine(self, each: dict[str, tuple[torch.Tensor, torch.Tensor]], prompts: list,
+                gather: Callable | None = None) -> torch.Tensor:
+        """sum_i w_i * r_i over the rewards that apply to each row (TRL's None), each r_i first normalised by its own
+        running statistics when `normalize_each` (updated from the rows it applies to, over all processes through
+        `gather`; None (evaluation): unchanged). A row no reward applies to is an error naming it."""
+        combined = None
+        for i, (name, (scores, applies)) in enumerate(each.items()):
             if self.moments is not None:
                 if gather is not None:
-                    self.moments[i].update(gather(scores))
+                    gathered_scores, gathered_applies = gather(scores), gather(applies.float()) > 0
+                    if gathered_applies.any():
+                        self.moments[i].update(gathered_scores[gathered_applies])
                 scores = self.moments[i].normalize(scores)
-            term = self.weights[i] * scores
+            term = torch.where(applies, self.weights[i] * scores, torch.zeros_like(scores))
             combined = term if combined is None else combined + term
-        return combined, (raw if self.is_list else {})
+        none = ~torch.stack([applies for _, applies in each.values()]).any(0)
+        if none.any():
+            row = int(none.nonzero()[0])
+            prompt = prompts[row] if row < len(prompts) else None
+            raise ValueError(f"Every reward returned None (does not apply) for {int(none.sum())} row(s), first row "
+                             f"{row} of the batch (prompt {prompt!r:.200}); rewards: {', '.join(self.names)}. Such a "
+                             "row would train on a score of nothing: return a number for it from at least one "
+                             "reward (e.g. 0.0 for a wrong answer), add a reward that applies to every row, or drop "
+                             "those rows from the dataset.")
+        return combined
 
     def state_dict(self) -> dict | None:
         """The per-reward running statistics by name (None without `normalize_each`): JSON-able, for checkpoints."""

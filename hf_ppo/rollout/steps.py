@@ -175,11 +175,27 @@ def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, 
     return stats if has_critic else {k: v for k, v in stats.items() if k not in CRITIC_STATS}
 
 
+def reward_stats(each_reward: dict, gather: Callable | None = None) -> dict[str, torch.Tensor]:
+    """`rewards/<name>/mean` and `rewards/<name>/std` (TRL's names) of each reward's raw scores over the rows it
+    applies to (a reward function's None rows left out), over all processes (`gather`); a reward that applied to no
+    row anywhere has none."""
+    stats = {}
+    for name, (scores, applies) in each_reward.items():
+        if gather is not None:
+            scores, applies = gather(scores), gather(applies.float()) > 0
+        kept = scores[applies].float()
+        if kept.numel():
+            stats[f"rewards/{name}/mean"] = kept.mean()
+            stats[f"rewards/{name}/std"] = kept.std() if kept.numel() > 1 else torch.zeros((), device=kept.device)
+    return stats
+
+
 class Samples(NamedTuple):
     """Steps 1-3 for a batch of prompts: responses (B, R), response_mask (B, R), contains_stop (B,), scores (B,)
     before any penalty, the seconds spent sampling (steps 1-2), and with a list of rewards each one's raw score
     {name: (B,)} ({} for a single reward); from an environment also policy_mask (B, R) and step_rewards (B, R) or
-    None (`environment_samples`)."""
+    None (`environment_samples`); `each_reward`: every reward's raw scores and the rows it applies to (its metrics,
+    `reward_stats`)."""
 
     responses: torch.Tensor
     response_mask: torch.Tensor
@@ -189,17 +205,19 @@ class Samples(NamedTuple):
     reward_scores: dict | None = None
     policy_mask: torch.Tensor | None = None
     step_rewards: torch.Tensor | None = None
+    each_reward: dict | None = None  # {name: (raw scores (B,), applies (B,) bool)} for every reward scored
 
 
 @torch.no_grad()
 def sample_and_score(engine: RolloutEngine, policy: nn.Module, reward, queries, query_mask, prompts: list, *,
                      tokenizer, reward_tokenizer=None, input_format: str = "auto", stop_token_ids, batch_size: int,
-                     gather: Callable | None = None) -> Samples:
+                     gather: Callable | None = None, columns: dict[str, list] | None = None) -> Samples:
     """Steps 1-3, the path training and evaluation share: generate with `engine` from the policy model
     (`policy.policy_model`, never a DDP wrapper), truncate after the stop token, score with `reward`.
 
     `reward`: a `RewardSet` (it holds its tokenizers and format; `gather` updates its per-reward statistics), or one
-    reward model / callable read with `reward_tokenizer` and `input_format`.
+    reward model / callable read with `reward_tokenizer` and `input_format`. `columns`: the prompt dataset's other
+    columns, one value per row, for the reward functions (`reward_calls.call_reward`).
     """
     if isinstance(reward, RewardSet):
         if reward_tokenizer is not None:
@@ -212,16 +230,18 @@ def sample_and_score(engine: RolloutEngine, policy: nn.Module, reward, queries, 
         responses, response_mask, contains_stop = truncate_after_stop(responses, stop_token_ids,
                                                                       tokenizer.pad_token_id)  # 2.
         generated = time.perf_counter()
-        scores, each = reward.score(queries=queries, query_mask=query_mask, responses=responses,  # 3.
-                                    response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
-                                    batch_size=batch_size, gather=gather)
-    return Samples(responses, response_mask, contains_stop, scores, generated - start, each)
+        every = reward.score_each(queries=queries, query_mask=query_mask, responses=responses,  # 3.
+                                  response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
+                                  batch_size=batch_size, columns=columns)
+        scores = reward.combine(every, prompts, gather)
+    each = {name: raw for name, (raw, _) in every.items()} if reward.is_list else {}
+    return Samples(responses, response_mask, contains_stop, scores, generated - start, each, each_reward=every)
 
 
 @torch.no_grad()
 def environment_samples(environment, engine: RolloutEngine, policy: nn.Module, reward, queries, query_mask,
                         prompts: list, *, tokenizer, stop_token_ids, batch_size: int, response_length: int,
-                        gather: Callable | None = None) -> Samples:
+                        gather: Callable | None = None, columns: dict[str, list] | None = None) -> Samples:
     """Steps 1-3 through an `Environment` (`rollout/environments.py`): its episodes, sampled with `engine` from the policy,
     padded to `response_length`; samples without a score of their own are scored with `reward` (a `RewardSet`) on
     the whole episode. `contains_stop`: the policy sampled a stop token somewhere in the episode."""
@@ -244,14 +264,16 @@ def environment_samples(environment, engine: RolloutEngine, policy: nn.Module, r
     out = collate(episodes, len(queries), response_length, pad, queries.device, source=source, rows=rows)
     contains_stop = (torch.isin(out.responses, stop_tensor(stop_token_ids, queries.device)) & out.policy_mask).any(1)
     generated = time.perf_counter()
-    scores, each = out.scores, {}
+    scores, each, every = out.scores, {}, None
     if not out.given.all():  # 3. the trainer's rewards score the episodes that came back without a score
-        scored, each = reward.score(queries=queries, query_mask=query_mask, responses=out.responses,
-                                    response_mask=out.response_mask, tokenizer=tokenizer, prompts=prompts,
-                                    batch_size=batch_size, gather=gather)
+        every = reward.score_each(queries=queries, query_mask=query_mask, responses=out.responses,
+                                  response_mask=out.response_mask, tokenizer=tokenizer, prompts=prompts,
+                                  batch_size=batch_size, columns=columns)
+        scored = reward.combine(every, prompts, gather)
+        each = {name: raw for name, (raw, _) in every.items()} if reward.is_list else {}
         scores = torch.where(out.given, scores, scored.to(scores.dtype))
     return Samples(out.responses, out.response_mask, contains_stop, scores, generated - start, each,
-                   out.policy_mask, out.step_rewards)
+                   out.policy_mask, out.step_rewards, every)
 
 
 def without_uniform_groups(batch: RolloutBatch, scores: torch.Tensor, k: int) -> tuple[RolloutBatch, torch.Tensor]:
@@ -290,6 +312,7 @@ def rollout(
     advantage_estimator: str = "gae", num_generations: int = 1, scale_rewards: bool = True,
     memory_bytes: int = LOGITS_MEMORY_BYTES, lam_critic: float | None = None, use_kl_loss: bool = False,
     drop_uniform_groups: bool = False, environment=None, response_length: int | None = None,
+    columns: dict[str, list] | None = None,
 ) -> Rollout:
     """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
 
@@ -301,6 +324,7 @@ def rollout(
     `drop_uniform_groups`, the groups whose shaped scores are all equal leave the update (`without_uniform_groups`)
     after the statistics, which describe everything sampled (`rollout_with_refill` refills their places). With an
     `environment` (`rollout/environments.py`) steps 1-3 are its episodes (`environment_samples`, `response_length` wide).
+    `columns`: the prompt dataset's other columns, one value per prompt row, for the reward functions.
     """
     if len(queries) % num_generations:
         raise ValueError(f"{len(queries)} prompts are not whole groups of num_generations={num_generations}.")
@@ -311,11 +335,12 @@ def rollout(
         if environment is None:
             samples = sample_and_score(engine, policy, reward, queries, query_mask, prompts, tokenizer=tokenizer,
                                        reward_tokenizer=reward_tokenizer, input_format=input_format,
-                                       stop_token_ids=stop_token_ids, batch_size=batch_size, gather=gather)
+                                       stop_token_ids=stop_token_ids, batch_size=batch_size, gather=gather,
+                                       columns=columns)
         else:
             samples = environment_samples(environment, engine, policy, reward, queries, query_mask, prompts,
                                           tokenizer=tokenizer, stop_token_ids=stop_token_ids, batch_size=batch_size,
-                                          response_length=response_length, gather=gather)
+                                          response_length=response_length, gather=gather, columns=columns)
         responses, response_mask, contains_stop = samples[:3]
         policy_mask = samples.policy_mask if samples.policy_mask is not None else response_mask.clone()
         # 4. The EOS penalty, on responses that never stopped; the overlong penalty.
@@ -345,7 +370,11 @@ def rollout(
     # 9. Statistics.
     stats = rollout_stats(batch, kl, entropy, stop_token_ids, has_critic)
     each = samples.reward_scores or {}
-    stats.update({f"objective/scores/{name}": raw.mean() for name, raw in each.items()})
+    per_reward = reward_stats(samples.each_reward or {}, gather)
+    # A reward's None rows are no score of 0: its mean is over the rows it applies to.
+    stats.update({f"objective/scores/{name}": per_reward.get(f"rewards/{name}/mean", raw.mean())
+                  for name, raw in each.items()})
+    stats.update(per_reward)
     dropped = None
     if drop_uniform_groups:
         dropped = uniform_groups(shaped, num_generations)

@@ -45,6 +45,7 @@ MARKER_FILE = "hf_ppo_checkpoint.json"
 # PPOConfig fields that do not change what training computes (or may hold secrets, like a `token` in the init
 # kwargs): never compared on resume.
 _NOT_COMPARED = {"model_init_kwargs", "ref_model_init_kwargs", "reward_model_init_kwargs", "num_sample_generations",
+                 "num_eval_samples",
                  "push_merged_model", "critic_hub_model_id", "max_consecutive_nonfinite",
                  "allow_config_change_on_resume",
                  # TRL's run-length and bookkeeping names: they set max_steps / run_name / map workers, which a resume

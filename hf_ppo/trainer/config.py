@@ -323,6 +323,13 @@ class PPOConfig(TrainingArguments):
         default=10,
         metadata={"help": "Log a table of sample completions this many times over training (0: never)."},
     )
+    num_eval_samples: int = field(
+        default=1,
+        metadata={"help": "Evaluation: responses sampled per eval prompt from the policy and from the reference "
+                  "(sample j of one paired with sample j of the other for the win rate). k > 1 adds pass@1 .. pass@k "
+                  "(Chen et al. 2021's unbiased estimator) for every reward whose scores are all 0 or 1, and costs k "
+                  "times the sampling."},
+    )
     push_merged_model: bool = field(
         default=False,
         metadata={"help": "push_to_hub uploads the adapter merged into a de-quantized base instead of the adapter."},

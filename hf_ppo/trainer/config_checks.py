@@ -47,6 +47,8 @@ _RANGES = [
     ("reward_clip", True, lambda v: 0 < v < math.inf, "None (off) or > 0 (scores are clipped to [-clip, clip])"),
     ("overlong_penalty_factor", False, lambda v: 0 <= v < math.inf, ">= 0 (the penalty at full response_length)"),
     ("num_sample_generations", False, lambda v: v >= 0, "an integer >= 0 (0: never)"),
+    ("num_eval_samples", False, lambda v: isinstance(v, int) and v >= 1,
+     "an integer >= 1 (responses per eval prompt and side; 1: one each)"),
     ("max_consecutive_nonfinite", False, lambda v: v >= 1, "an integer >= 1"),
     ("collapse_kl_threshold", True, lambda v: 0 < v < math.inf, "None (3 x kl_target with adaptive_kl) or > 0 (nats)"),
 ]

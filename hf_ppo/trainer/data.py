@@ -8,11 +8,15 @@ import math
 import torch
 from torch.utils.data import Sampler
 
+from ..rollout.reward_calls import data_columns
 from ..runtime.warn import warn_user
 
 
 class PromptCollator:
-    """Left-pads tokenized prompts: {"queries": (B, Q) long, "query_mask": (B, Q) bool, "prompts": raw prompts}."""
+    """Left-pads tokenized prompts: {"queries": (B, Q) long, "query_mask": (B, Q) bool, "prompts": raw prompts,
+    "columns": {column: one raw value per row}} ("columns": the dataset's other columns, `data_columns`; {} when
+    there are none). The sampler repeats a row once per sample (`RolloutRepeatSampler`), so the columns are aligned
+    with the completions as they are."""
 
     def __init__(self, pad_token_id: int):
         self.pad_token_id = pad_token_id
@@ -25,7 +29,8 @@ class PromptCollator:
             n = len(f["input_ids"])
             queries[row, width - n:] = torch.tensor(f["input_ids"], dtype=torch.long)
             mask[row, width - n:] = True
-        return {"queries": queries, "query_mask": mask, "prompts": [f["prompt"] for f in features]}
+        columns = {c: [f[c] for f in features] for c in data_columns(features[0])}
+        return {"queries": queries, "query_mask": mask, "prompts": [f["prompt"] for f in features], "columns": columns}
 
 
 def _pretokenized_rows(batch: dict, tokenizer) -> tuple[list[list[int]], list[str]]:
@@ -42,7 +47,9 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
 
     Accepts a "prompt" column (text), a "messages" column (chat), or pre-tokenized "input_ids" (TRL 1.12's format;
     an "attention_mask" column, when present, marks padding to drop). Returns a dataset with columns "prompt" (the
-    raw text or messages; for pre-tokenized rows their decoded text) and "input_ids".
+    raw text or messages; for pre-tokenized rows their decoded text) and "input_ids", and every other column of
+    `dataset` as it is (the reward functions' keyword arguments; a pre-tokenized dataset's "attention_mask" is dropped
+    once its padding is).
     """
     if dataset is None:
         return None
@@ -97,7 +104,7 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
         empty = [_empty_chat(p) if chat else not p.strip() for p in prompts]
         return {"input_ids": ids, "_empty": empty, "_length": [len(i) for i in ids]}
 
-    tokenized = dataset.map(tokenize, batched=True, remove_columns=[c for c in columns if c != key],
+    tokenized = dataset.map(tokenize, batched=True, remove_columns=[c for c in ("attention_mask",) if c in columns],
                             desc=f"Tokenizing {name}", num_proc=num_proc)
     if pretokenized:
         bad = [i for i, b in enumerate(tokenized["_out_of_vocab"]) if b]

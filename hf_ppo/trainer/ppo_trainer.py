@@ -200,6 +200,7 @@ class PPOLMTrainer(StepAPI, Trainer):
                 gather=self.accelerator.gather), kl_coef=self.kl_ctl.value, **args.rollout_settings,
             environment=inputs.get("environment", self.environment),
             response_length=inputs.get("response_length", args.response_length),  # step(): its longest response
+            columns=inputs.get("columns"),  # the dataset's other columns, for the reward functions
             extra_prompts=RefillPrompts(self.train_dataset, self.data_collator, args, self.state.global_step))
         if toggle:
             model.train()

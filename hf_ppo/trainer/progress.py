@@ -37,7 +37,8 @@ class StageProgressCallback(ProgressCallback):
 
 
 class PPOProgressCallback(StageProgressCallback):
-    """Trainer's progress bar (it counts optimizer steps), captioned with the PPO iteration, reward and KL."""
+    """Trainer's progress bar (it counts optimizer steps), captioned with the PPO iteration, the combined reward, the
+    first reward's own mean (`rewards/<name>/mean`) and KL."""
 
     def __init__(self, args):
         super().__init__("PPO", args.print_metrics)
@@ -49,8 +50,13 @@ class PPOProgressCallback(StageProgressCallback):
         if "objective/scores" in logs:
             total = max(1, state.max_steps // self.steps_per_iteration)
             self.training_bar.set_description(f"PPO iteration {logs.get('iteration', 0)}/{total}")
-            self.training_bar.set_postfix(reward=f"{logs['objective/scores']:.3f}",
-                                          **{self.kl_label: f"{logs['objective/kl']:.3f}"}, refresh=False)
+            postfix = {"reward": f"{logs['objective/scores']:.3f}"}
+            first = next((k for k in logs if k.startswith("rewards/") and k.endswith("/mean")), None)
+            if first:  # the first reward's own mean (over the rows it applies to), beside the combined score
+                name = first[len("rewards/"):-len("/mean")]
+                postfix[f"{name}_mean" if name in ("reward", self.kl_label) else name] = f"{logs[first]:.3f}"
+            postfix[self.kl_label] = f"{logs['objective/kl']:.3f}"
+            self.training_bar.set_postfix(postfix, refresh=False)
 
 
 def log_samples_table(rows: list[tuple[str, str, float]], iteration: int, step: int, report_to: list[str]) -> None:
