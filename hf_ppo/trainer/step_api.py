@@ -36,6 +36,11 @@ TRL_KEYS = {
 _CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
 
 
+def _name(setting) -> str:
+    """A TrainingArguments choice as its string (`save_strategy`, `lr_scheduler_type`: an enum after __post_init__)."""
+    return getattr(setting, "value", setting)
+
+
 _IDS_FIX = "step() takes, per sample, the prompt's and the response's token ids as 1-D LongTensors, as TRL 0.11's did."
 
 
@@ -215,13 +220,13 @@ class StepAPI:
             raise ValueError(f"step(): max_refill_rounds={args.max_refill_rounds} refills with prompts sampled from "
                              "train_dataset, and step() trains on the caller's samples: set max_refill_rounds=0 "
                              "(drop_uniform_groups still drops the uniform groups), or sample more in your loop.")
-        strategy = getattr(args.save_strategy, "value", args.save_strategy)
+        strategy = _name(args.save_strategy)
         if strategy in ("epoch", "best"):
             raise ValueError(f"step(): save_strategy={strategy!r} saves at the end of an epoch or at a new best "
                              "evaluation, and step() has neither: set save_strategy='steps' and save_steps (optimizer "
                              "steps; the call that reaches a multiple ends with a checkpoint), or save_strategy='no' "
                              "and call trainer.save_model(folder) in your loop.")
-        schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+        schedule = _name(args.lr_scheduler_type)
         steps = args.optimizer_steps_per_iteration
         if schedule not in _CONSTANT_SCHEDULES and 0 < args.max_steps < done + steps:
             raise ValueError(
@@ -238,7 +243,7 @@ class StepAPI:
         At the end of the call, as a checkpoint-<global_step> folder: one taken part-way through it would hold
         half an update."""
         args, state = self.args, self.state
-        if getattr(args.save_strategy, "value", args.save_strategy) != "steps":
+        if _name(args.save_strategy) != "steps":
             return
         every, last = state.save_steps, state.global_step
         if (every > 0 and last // every > first_step // every) or first_step < args.max_steps <= last:
@@ -250,13 +255,13 @@ class StepAPI:
         if self.optimizer is not None and self.lr_scheduler is not None:
             return self.model_wrapped
         args = self.args
-        schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+        schedule = _name(args.lr_scheduler_type)
         if args.max_steps <= 0 and schedule not in _CONSTANT_SCHEDULES:
             raise ValueError(f"step(): lr_scheduler_type={schedule!r} needs the run's length: set max_steps (optimizer "
                              "steps: iterations x num_ppo_epochs x num_mini_batches), or lr_scheduler_type='constant'.")
         self.state.max_steps = max(args.max_steps, 0)
         self.state.compute_steps(args, self.state.max_steps)  # save_steps as a fraction of max_steps, as train()'s
-        if getattr(args.save_strategy, "value", args.save_strategy) == "steps":
+        if _name(args.save_strategy) == "steps":
             self._hp_search_setup(None)  # as train() does first: a rotation that would delete others' checkpoints is refused
         model, _ = self._prepare_for_training(max(args.max_steps, 1), None, None)
         return model

@@ -120,22 +120,15 @@ class CollapseWatch(TrainerCallback):
                 "is the collapsed one: do not save_model() it as the result; load the policy from that folder "
                 "(from_pretrained), or fix the settings and train(resume_from_checkpoint=True) to resume from it.")
 
-    def _span(self, key: str) -> tuple[float, float] | None:
-        """(start, now) of a metric: the means of its first and last w values, w = min(WINDOW, n // 2) of the n
-        logged so far; None before 2 logs of it."""
+    def _span(self, key: str, least: int = 2) -> tuple[float, float, int] | None:
+        """(start, now, w) of a metric: the means of its first and last w values, w = min(WINDOW, n // 2) of the n
+        logged so far; None before `least` logs of it (2 for the wide thresholds, 2 * WINDOW for the narrow ones)."""
         values = self.history.get(key, [])
         width = min(WINDOW, len(values) // 2)
-        return (_mean(values[:width]), _mean(values[-width:])) if width else None
-
-    def _trend(self, key: str) -> tuple[float, float] | None:
-        """(start, now) of a metric as means of WINDOW logs, or None before 2 * WINDOW logs of it."""
-        values = self.history.get(key, [])
-        if len(values) < 2 * WINDOW:
-            return None
-        return _mean(values[:WINDOW]), _mean(values[-WINDOW:])
+        return (_mean(values[:width]), _mean(values[-width:]), width) if len(values) >= least else None
 
     def _signatures(self, logs: dict):
-        length, entropy = self._trend("rollout/response_length"), self._trend("policy/entropy_avg")
+        length, entropy = (self._span(key, 2 * WINDOW) for key in ("rollout/response_length", "policy/entropy_avg"))
         if (length and entropy and length[0] > 0 and length[1] >= LENGTH_RISE * length[0]
                 and entropy[1] <= ENTROPY_FALL * entropy[0]):
             yield "length_entropy", (
@@ -153,17 +146,17 @@ class CollapseWatch(TrainerCallback):
                 "cliprange_high above cliprange (clip-higher).")
         kl = self._span("objective/kl")
         if self.kl_threshold is not None and kl and kl[1] > self.kl_threshold:
-            width = min(WINDOW, len(self.history["objective/kl"]) // 2)
+            width = kl[2]  # fewer than WINDOW logs so far: the message says how many it averaged
             yield "kl", (
                 f"KL to the reference (objective/kl) averages {kl[1]:.2f} nats per response over the "
                 f"{'last log' if width == 1 else f'last {width} logs'}, beyond {self.kl_threshold:g} "
                 f"({self.kl_reason}): the policy has moved far from the reference, typically gaming the reward or "
                 "taking unstable updates. Usually fixed by a larger kl_coef (or adaptive_kl), a lower learning_rate, "
                 "fewer num_ppo_epochs, or whiten_rewards=True.")
-        clip = self.history.get("policy/clipfrac_avg", [])
-        if len(clip) >= 2 * WINDOW and _mean(clip[-WINDOW:]) > CLIPFRAC_MAX:
+        clip = self._span("policy/clipfrac_avg", 2 * WINDOW)
+        if clip and clip[1] > CLIPFRAC_MAX:
             yield "clipfrac", (
-                f"the policy's clip fraction (policy/clipfrac_avg) averages {_mean(clip[-WINDOW:]):.2f} over the last "
+                f"the policy's clip fraction (policy/clipfrac_avg) averages {clip[1]:.2f} over the last "
                 f"{WINDOW} logs (healthy PPO: a few percent to about 20%): each update moves the "
                 "policy too far from the one that sampled. Usually fixed by a lower learning_rate, fewer "
                 "num_ppo_epochs, or a larger batch (per_device_train_batch_size, gradient_accumulation_steps).")
