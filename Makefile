@@ -2,6 +2,8 @@
 # site-packages), so a run tests exactly what a new user's `pip install` resolves that day.
 #   make demo / make test      .venv:         the newest releases inside pyproject.toml's tested range
 #   make test-floors           .venv-floors:  the range's floors (deps/floors.txt), as CI's second leg
+#   make test-random           .venv, the tests in a random order (modules shuffled, tests shuffled in each module):
+#                              a test that passes only after another one shows; the seed is printed for a rerun
 #   make test-latest           a throwaway venv with the newest release of every dependency, past the ceilings;
 #                              prints which ceilings a green run allows raising (deps/test_latest.py)
 #   make docs                  .venv + the docs extra: the documentation site in site/ (mkdocs build --strict)
@@ -16,7 +18,7 @@ STAMP := $(VENV)/.hf_ppo-installed
 CPU_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl))
 TORCH_REQ := $(if $(CPU_WHEEL),torch==$(subst +cpu,,$(word 2,$(subst -, ,$(notdir $(CPU_WHEEL))))),torch)
 
-.PHONY: install demo test test-fast test-floors test-latest bench bench-gpu bench-learning docs clean
+.PHONY: install demo test test-fast test-floors test-random test-latest bench bench-gpu bench-learning docs clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -32,11 +34,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) recipes/demo.py --output_dir outputs/demo
 
+# -rs: the log ends with every skip, counted per reason (each reason says where the skip is expected).
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -rs tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -rs -m "not slow" tests
+
+test-random: $(STAMP)
+	$(PY) -m pip install -q pytest-random-order
+	$(PY) -m pytest -q -rs -p random_order --random-order-bucket=module $(PYTEST_ARGS) tests
 
 test-floors:
 	$(MAKE) test VENV=.venv-floors CONSTRAINTS=deps/floors.txt

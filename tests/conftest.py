@@ -12,8 +12,9 @@ from hub_fixtures import *  # noqa: F401,F403 - first: sets HF_ENDPOINT/HF_HOME 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Two cores: keep each test process from oversubscribing them.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Two cores: keep each test process from oversubscribing them. OMP_NUM_THREADS, when set (several pytest processes side
+# by side), is the caller's choice and wins.
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture(scope="session")

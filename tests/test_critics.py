@@ -18,7 +18,7 @@ from hf_ppo.hub.publish import POLICY_IGNORE_PATTERNS
 from hf_ppo.models.actor_critic import PolicyAndCritic
 from hf_ppo.models.critics import ValueModel
 from hf_ppo.rollout.rewards import reward_model_scores
-from hf_ppo.runtime.sharding import FSDP_ACCELERATE, fsdp_supported
+from guards import needs_fsdp2
 from hub_fixtures import TEST_USER
 
 TEXTS = ["the movie was great and the plot was fun", "the food was bad", "the book was lovely ."]
@@ -258,7 +258,7 @@ def test_critic_hub_model_id_is_a_repo_of_its_own(tmp_path):
         config(critic_hub_model_id="me/critic", advantage_estimator="grpo", num_generations=2)
 
 
-@pytest.mark.skipif(not fsdp_supported(), reason=f"FSDP needs accelerate >= {FSDP_ACCELERATE}: refused before this")
+@needs_fsdp2  # the floor leg's accelerate is refused for FSDP before this check
 def test_critic_hub_model_id_is_refused_with_fsdp(tmp_path, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")

@@ -202,7 +202,8 @@ def test_the_ppo_config_page_is_generated_from_the_dataclass():
 @pytest.mark.slow
 def test_the_site_builds_strict(tmp_path):
     if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None:
-        pytest.skip("mkdocs / mkdocstrings not installed (the docs extra); CI builds the site with `make docs`")
+        pytest.skip("mkdocs / mkdocstrings not installed (the docs extra): expected on CI's floor leg and before "
+                    "`make docs`, which builds the site strict in CI")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                             cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

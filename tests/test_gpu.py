@@ -11,7 +11,8 @@ from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.rollout.engines import KVCacheSampler, StaticCacheSampler
 from hf_ppo.runtime.versions import CHECKPOINTING_ARG
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU: expected on CI and the CPU dev machines (bench/bench.py --gpu)")
 
 
 def reward(prompts, completions):

@@ -16,9 +16,8 @@ from datasets import Dataset
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.models import gguf
-from hf_ppo.runtime.sharding import FSDP_ACCELERATE, fsdp_supported
+from guards import needs_fsdp2
 
-needs_fsdp2 = pytest.mark.skipif(not fsdp_supported(), reason=f"FSDP2 needs accelerate >= {FSDP_ACCELERATE}")
 
 
 def zero(prompts, completions):

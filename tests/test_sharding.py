@@ -22,10 +22,11 @@ import yaml
 
 from hf_ppo import PPOConfig
 from hf_ppo.cli import tiny
-from hf_ppo.runtime.sharding import FSDP_ACCELERATE, fsdp_supported
+from hf_ppo.runtime.sharding import FSDP_ACCELERATE, fsdp_supported, fsdp_version, sharding_problems
 
-# The FSDP2 path is tested with accelerate >= FSDP_ACCELERATE only (CI's floor leg has an older one: it checks the error).
-needs_fsdp2 = pytest.mark.skipif(not fsdp_supported(), reason=f"FSDP2 needs accelerate >= {FSDP_ACCELERATE}")
+# The FSDP2 path is tested with accelerate >= ACCELERATE_FSDP2 only (CI's floor leg has an older one: it checks the
+# error). The guard reads accelerate's version itself, never through fsdp_supported(), which the first test checks.
+from guards import ACCELERATE_FSDP2, installed_at_least, needs_fsdp2  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,6 +202,34 @@ def test_fsdp2_configuration_is_accepted_and_stores_4bit_weights_in_the_compute_
     PPOConfig(output_dir=str(tmp_path), use_cpu=True, policy_quantization="4bit")
     # fully_shard shards floating-point tensors only: the 4-bit base must be stored as bf16 to be sharded.
     assert quantization_config("4bit", torch.bfloat16).bnb_4bit_quant_storage == torch.bfloat16
+
+
+def test_fsdp_support_agrees_with_the_installed_accelerate():
+    """The FSDP tests skip on the guard of tests/guards.py, which reads accelerate's version itself: a bug that made
+    fsdp_supported() say no on the tested accelerate would otherwise turn every FSDP test into a skip, and refuse FSDP
+    to users, while the run reports green."""
+    assert FSDP_ACCELERATE == ACCELERATE_FSDP2
+    assert fsdp_supported() == installed_at_least("accelerate", ACCELERATE_FSDP2)
+
+
+@needs_fsdp2
+def test_the_fsdp_version_of_a_launcher_that_sets_none_is_accelerates_default(monkeypatch):
+    """`accelerate launch` with an FSDP config that names no fsdp_version sets ACCELERATE_USE_FSDP and no FSDP_VERSION;
+    accelerate then builds FSDP version 1, which hf_ppo cannot sample from: hf_ppo must read the same default and
+    refuse it, naming the fix. accelerate's own plugin is asked what it builds, so a change of its default shows."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.delenv("FSDP_VERSION", raising=False)
+    args = SimpleNamespace(fsdp=None, fsdp_config=None, deepspeed=None)
+    assert fsdp_version(args) == FullyShardedDataParallelPlugin().fsdp_version == 1
+    [problem] = sharding_problems(args)
+    assert "FSDP version 1 is not supported" in problem and "fsdp_version: 2" in problem
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    assert fsdp_version(args) == FullyShardedDataParallelPlugin().fsdp_version == 2
+    assert sharding_problems(args) == []
 
 
 def test_fsdp_with_an_accelerate_older_than_the_tested_one_is_refused(monkeypatch, tmp_path):

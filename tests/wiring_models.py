@@ -106,10 +106,15 @@ class RecordingTrainer(PPOLMTrainer):
         self.add_callback(_GradientRecorder(self))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        # Only what training computed is recorded: a test that calls compute_loss on a finished run (the loss tests of
+        # tests/test_objective_wiring.py) must not add its own batches to the record that a later test reads.
+        recording = self.is_in_train
         call = len(self.micro_batches)
-        self.micro_batches.append(clone_batch(rollout_batch_in(inputs)))
-        if call in self._snapshot_calls:
-            self.snapshots[call] = (copy.deepcopy(self.accelerator.unwrap_model(model)), dict(inputs))
+        if recording:
+            self.micro_batches.append(clone_batch(rollout_batch_in(inputs)))
+            if call in self._snapshot_calls:
+                self.snapshots[call] = (copy.deepcopy(self.accelerator.unwrap_model(model)), dict(inputs))
         out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-        self.losses.append((out[0] if return_outputs else out).detach().clone())
+        if recording:
+            self.losses.append((out[0] if return_outputs else out).detach().clone())
         return out
