@@ -157,7 +157,9 @@ def _train_and_compare(tmp_path, arithmetic, main, AutoTokenizer):
     held_out = arithmetic.rows(held_out_pairs)
     tokenizer = AutoTokenizer.from_pretrained(sft)
     before = arithmetic.accuracy(arithmetic.load_policy(sft), tokenizer, held_out)
-    assert 0.05 <= before <= 0.4, before  # the SFT policy has the format and some sums, not all
+    # The SFT policy has the format and some sums, not all. Its start depends on the CPU's float kernels (15% where
+    # the bench ran, 41% on an AMD EPYC): the test asks for the rise, not for one machine's start.
+    assert 0.05 <= before <= 0.5, before
 
     main(["train", "--config", str(REPO / "recipes/configs/arithmetic.yaml"), "--model_name_or_path", str(sft),
           "--dataset_name", str(train), "--output_dir", str(tmp_path / "ppo")])

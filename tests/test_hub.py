@@ -332,7 +332,7 @@ def test_model_card_content_and_metadata(tmp_path, tiny_base):
         assert f"- {package}: " in text
     for arxiv in ["1707.06347", "1909.08593", "2403.17031"]:
         assert arxiv in text
-    assert "![Reward and KL over training](training_curves.png)" in text
+    assert "![Reward, KL, response length and entropy per PPO iteration](training_curves.png)" in text
     assert (folder / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Nothing from this machine.
     for leak in [str(tmp_path), str(tiny_base), str(Path.home()), "/tmp/", secret, f"/{getpass.getuser()}/"]:

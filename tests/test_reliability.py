@@ -558,10 +558,10 @@ BAD_VALUES = {
     "local_rollout_forward_batch_size": 0, "num_ppo_epochs": 0, "num_mini_batches": 0, "response_length": 0,
     "temperature": 0.0, "top_p": 0.0, "max_consecutive_nonfinite": 0, "num_sample_generations": -1, "num_eval_samples": 0,
     "stop_token_id": -2, "logits_memory_mb": 0, "dataset_num_proc": 0, "sft_model_path": "", "reward_model_path": " ",
-    "lam_critic": 1.5, "critic_updates_per_step": 0, "max_refill_rounds": -1,
+    "lam_critic": 1.5, "lam_length_alpha": 0.0, "critic_updates_per_step": 0, "max_refill_rounds": -1,
     "importance_sampling_level": "group", "use_kl_loss": "yes", "use_bias_correction_kl": 1,
     "drop_uniform_groups": "on", "watch_collapse": "true", "stop_on_collapse": "false", "collapse_kl_threshold": 0.0,
-    "critic_hub_model_id": "no-namespace",
+    "critic_hub_model_id": "no-namespace", "apply_chat_template_to_text": "yes", "hub_base_model_id": "/home/me/base",
 }
 # Reviewed: fields for which every value of their type is legal (a name, a label).
 ACCEPTS_ANY_VALUE = {

@@ -34,6 +34,7 @@ from .ppo_math import (
     compute_rewards,
     group_centred,
     grpo_advantages,
+    length_adaptive_lam,
     masked_sum,
     masked_whiten,
     reinforce_pp_advantages,
@@ -53,6 +54,7 @@ class EstimatorSettings(NamedTuple):
     whiten_advantages: bool = True
     scale_rewards: bool = True
     lam_critic: float | None = None  # None: lam
+    lam_length_alpha: float | None = None  # None: lam for the actor; else VAPO's per-row length-adaptive lambda
 
 
 def gae(scores, kl, mask, values, s: EstimatorSettings, step_rewards=None) -> dict[str, torch.Tensor]:
@@ -61,7 +63,10 @@ def gae(scores, kl, mask, values, s: EstimatorSettings, step_rewards=None) -> di
     real tokens (returns keep the raw advantages).
 
     Decoupled GAE (VAPO, Yue et al. 2025): the critic's returns are GAE(`lam_critic`) advantages + values, the actor's
-    advantages GAE(`lam`); with `lam_critic` None (or equal to `lam`) one GAE serves both."""
+    advantages GAE(`lam`); with `lam_critic` None (or equal to `lam`) one GAE serves both. VAPO's length-adaptive
+    lambda (`lam_length_alpha` = alpha): the actor's advantages use, in place of `lam`, each row's own lambda
+    1 - 1 / (alpha * its number of real response tokens) (`ppo_math.length_adaptive_lam`); the critic's returns stay
+    GAE(`lam_critic`, or `lam` when that is None)."""
     if values is None:
         raise ValueError("advantage_estimator='gae' needs a critic's values: this model has no critic.")
     rewards, non_score_rewards = compute_rewards(scores, kl, mask, s.kl_coef)
@@ -72,6 +77,8 @@ def gae(scores, kl, mask, values, s: EstimatorSettings, step_rewards=None) -> di
     advantages, returns = compute_gae(rewards, values, mask, s.gamma, s.lam)
     if s.lam_critic is not None and s.lam_critic != s.lam:
         returns = compute_gae(rewards, values, mask, s.gamma, s.lam_critic)[1]
+    if s.lam_length_alpha is not None:  # only the actor's lambda adapts to the length; the returns stay as above
+        advantages = compute_gae(rewards, values, mask, s.gamma, length_adaptive_lam(mask, s.lam_length_alpha))[0]
     whitened = masked_whiten(advantages, mask) if s.whiten_advantages else advantages
     return {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": whitened, "returns": returns}
 

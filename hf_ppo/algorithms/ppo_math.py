@@ -194,8 +194,21 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer_length: int,
     return -penalty_factor * over.clamp(min=0.0, max=1.0)
 
 
+def length_adaptive_lam(mask: torch.Tensor, alpha: float) -> torch.Tensor:
+    """VAPO's length-adaptive GAE lambda (Yue et al. 2025), one per row: mask (batch, len) -> (batch,).
+
+    lambda_i = 1 - 1 / (alpha * l_i), where l_i is the number of real response tokens of row i (mask True: padding
+    and an environment's tokens between policy turns are not counted), clamped at 0: a response shorter than
+    1 / alpha tokens gets lambda 0 (one-step TD), never a negative lambda; an empty row gets 0 too. Longer responses
+    get a lambda nearer 1, so the score at their end still reaches their first tokens. Example: alpha 0.5, lengths
+    [2, 4, 8] -> [0, 0.5, 0.75].
+    """
+    lengths = as_bool_mask(mask).sum(dim=1).to(torch.float32)
+    return (1.0 - 1.0 / (alpha * lengths)).clamp(min=0.0)
+
+
 def compute_gae(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016) over the policy's tokens, in order.
 
@@ -206,8 +219,11 @@ def compute_gae(
     token after it. rewards, values, mask: (batch, len) -> (advantages, returns), (batch, len), 0 at masked
     positions. Example: rewards [0, 0, 1], values 0.5, gamma 1, lam 0.95 -> advantages [0.45125, 0.475, 0.5];
     the same with an environment token in the middle (mask [1, 0, 1, 1]) -> [0.45125, 0, 0.475, 0.5].
+    `lam` is one float, or a (batch,) tensor with each row's own lambda (`length_adaptive_lam`).
     """
     zeros = torch.zeros_like(values[:, 0])
+    if isinstance(lam, torch.Tensor):
+        lam = lam.to(device=values.device, dtype=values.dtype)
     next_value, last_adv = zeros, zeros
     advantages = []
     for t in reversed(range(rewards.shape[1])):

@@ -29,12 +29,17 @@ Rewards: --reward_model and/or --reward_funcs (as `reward_funcs` of hf-ppo train
 working directory, factories as JSON objects); each function gets the dataset's other columns as keyword arguments.
 
 --reference defaults to the base model of a LoRA adapter policy (adapter_config.json's base_model_name_or_path);
-a full-model policy needs it. Everything runs where torch finds a device (CPU or one GPU).
+a full-model policy needs it. Each model loads as the run that trained the policy loaded it (hf_ppo_run.json, which
+save_model() writes beside the policy: the reference of a LoRA run is its base in the policy's quantization), in
+full precision when nothing is recorded; --policy_quantization, --ref_quantization and --reward_quantization
+(4bit, 8bit or none, PPOConfig's names) choose. Everything runs where torch finds a device (CPU or one GPU).
 """
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-ppo evaluate", description=EVALUATE_HELP,
+                                     usage="hf-ppo evaluate --policy PATH_OR_ID [--reward_model RM] [--reward_funcs "
+                                           "ENTRY ...] --dataset PROMPTS [--key value ...]",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--policy", required=True, help="The trained policy: a Hub id or folder (full model or LoRA adapter).")
@@ -60,7 +65,33 @@ def evaluate_parser() -> argparse.ArgumentParser:
         help="Responses sampled per prompt (k): with k > 1, pass@k of each 0/1 reward function (PPOConfig's "
              "num_eval_samples).")
     add("--seed", type=int, default=0, help="Sampling and bootstrap seed.")
+    for flag, what in (("policy", "the policy (a LoRA policy's base)"), ("ref", "the reference"),
+                       ("reward", "the reward models and judges")):
+        add(f"--{flag}_quantization", choices=QUANTIZATIONS, default=None,
+            help=f"Load {what} in 4bit, 8bit or none (full precision). Default: as the run that trained the policy "
+                 "loaded it (its hf_ppo_run.json), else none.")
     return parser
+
+
+QUANTIZATIONS = ("4bit", "8bit", "none")
+
+
+def recorded_quantization(policy: str, args: argparse.Namespace) -> dict[str, str]:
+    """{"policy", "ref", "reward"}: each model's quantization for this evaluation: the option when given, else what
+    the run that trained `policy` recorded beside it (`hub.publish.RUN_RECORD_FILE`), else 'none'. A reference
+    given by --reference that is not the run's own reference is loaded in full precision unless told."""
+    from ..hub.publish import read_run_record
+
+    record = (read_run_record(policy) if os.path.isdir(policy) else None) or {}
+    loaded = record.get("quantization") or {}
+    rewards = {q for q in loaded.get("reward") or [] if q is not None}
+    recorded = {"policy": loaded.get("policy"), "ref": loaded.get("reference"),
+                "reward": rewards.pop() if len(rewards) == 1 else None}
+    chosen = {name: getattr(args, f"{name}_quantization") or recorded[name] or "none" for name in recorded}
+    if args.ref_quantization is None and args.reference is not None and record.get("reference") not in (
+            None, args.reference):
+        chosen["ref"] = "none"  # another reference than the run's: nothing says how it was loaded
+    return chosen
 
 
 MODEL_FLAGS = {"policy": "the trained policy", "reference": "the reference model", "reward_model": "a reward model",
@@ -87,6 +118,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     for flag, value in given + [("dataset", args.dataset)]:
         where = "" if os.path.isabs(os.path.expanduser(value)) else f" (relative to {os.getcwd()})"
         if os.path.exists(value):
+            if flag in ("policy", "reference") and os.path.isfile(value) and value.lower().endswith(".gguf"):
+                continue  # a GGUF checkpoint: converted once, then loaded as a folder (models/gguf.py)
             if flag != "dataset" and not os.path.isdir(value):
                 raise SystemExit(f"hf-ppo evaluate: --{flag} {value!r} is a file; {MODEL_FLAGS[flag]} is a folder "
                                  "(what save_pretrained / trainer.save_model wrote) or a Hub id: pass the folder "
@@ -123,8 +156,8 @@ def default_reference(policy: str) -> str:
 
     from ..models.adapters import adapter_config
 
-    adapter = adapter_config(policy, None)
-    if adapter is None and not os.path.isdir(policy):
+    adapter = adapter_config(policy, None) if not os.path.isfile(policy) else None  # a .gguf file is a full model
+    if adapter is None and not os.path.exists(policy):
         try:  # not an adapter: is it a model at all?
             cached_file(policy, CONFIG_NAME)
         except OSError as err:
@@ -149,16 +182,20 @@ def evaluate(argv: list[str]) -> dict[str, float]:
         raise SystemExit(f"hf-ppo evaluate: {err}") from err
     reference = args.reference or default_reference(args.policy)
     from ..evaluation.report import REPORT_FILE, metrics_markdown
+    from ..models import gguf
     from ..models.tokenizers import load_policy_tokenizer
     from ..trainer import PPOConfig, PPOLMTrainer
     from .recipe import load_split, prompts_from_column, silence_known_warnings
 
     silence_known_warnings()
+    quantization = recorded_quantization(args.policy, args)
     config = PPOConfig(output_dir=args.output_dir, per_device_eval_batch_size=args.batch_size,
                        response_length=args.response_length, temperature=args.temperature, top_p=args.top_p,
                        seed=args.seed, report_to=[], disable_tqdm=True, save_strategy="no",
-                       num_eval_samples=args.num_samples)
-    tokenizer = load_policy_tokenizer(args.policy, None)
+                       num_eval_samples=args.num_samples, policy_quantization=quantization["policy"],
+                       ref_quantization=quantization["ref"], reward_quantization=quantization["reward"])
+    policy, policy_kwargs = gguf.split_gguf_path(args.policy, None)  # a .gguf file: its folder and name
+    tokenizer = load_policy_tokenizer(*gguf.converted(policy, policy_kwargs, "policy"))
     prompts = prompts_from_column(load_split(args.dataset, args.dataset_config, args.dataset_split), args.prompt_column,
                               tokenizer, args.dataset)
     if args.num_prompts is not None:
@@ -177,8 +214,10 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     metrics = trainer.evaluate()
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
-        json.dump({"policy": args.policy, "reference": reference, **metrics}, f, indent=2)
-    print(f"{args.policy} against {reference} on {len(prompts)} prompts of {args.dataset}:\n")
+        json.dump({"policy": args.policy, "reference": reference, "quantization": quantization, **metrics}, f,
+                  indent=2)
+    loaded = "quantization: " + ", ".join(f"{name} {q}" for name, q in quantization.items())
+    print(f"{args.policy} against {reference} on {len(prompts)} prompts of {args.dataset} ({loaded}):\n")
     print(metrics_markdown(metrics, "eval_"))
     print(f"\nSide by side: {os.path.join(args.output_dir, REPORT_FILE)}")
     return metrics

@@ -237,15 +237,6 @@ def quiet_console() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def kl_figures(history: list[dict]) -> dict:
-    """First, last and peak logged `objective/kl` (nats per response), with the PPO iteration of the peak."""
-    logged = [(e["objective/kl"], e.get("iteration")) for e in history if "objective/kl" in e]
-    if not logged:
-        return {}
-    peak, at = max(logged, key=lambda pair: pair[0])
-    return {"first": logged[0][0], "last": logged[-1][0], "peak": peak, "iteration_of_peak": at}
-
-
 def load_command(policy_dir: Path) -> str:
     """A shell command that loads the saved policy from any directory and completes one prompt."""
     code = (f"from peft import AutoPeftModelForCausalLM; from transformers import AutoTokenizer; p = '{policy_dir}'; "
@@ -274,6 +265,7 @@ def main(argv: list[str] | None = None, prog: str = "python recipes/demo.py") ->
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     from ..hub.plots import plot_training_curves
+    from ..trainer.progress import kl_figures
     from . import recipe as ppo
 
     start = time.perf_counter()

@@ -19,6 +19,7 @@ from datasets import Dataset, DatasetDict, load_dataset
 from transformers import AutoTokenizer, TrainingArguments
 from trl import TrlParser
 
+from ..models import gguf
 from ..trainer.config import PPOConfig
 from ..trainer.ppo_trainer import PPOLMTrainer
 from .reward_funcs import PROMPT_COLUMNS, RewardFunc, RewardFuncsError, check_signatures, load_reward_funcs
@@ -290,6 +291,16 @@ def init_kwargs(model_args: ModelArguments, revision: str | None) -> dict:
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
+def load_tokenizer(path: str, policy_init_kwargs: dict, model_args: ModelArguments):
+    """The policy's tokenizer from `path`; for a GGUF policy (`gguf_file` in `model_init_kwargs`, or the `.gguf` file
+    itself as the model) from the folder it is converted into (`models/gguf.py`), which the trainer loads next."""
+    folder, _ = gguf.converted(path, policy_init_kwargs, "policy")
+    if folder != path:  # a GGUF checkpoint: its tokenizer was saved beside the converted weights
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=model_args.trust_remote_code)
+    return AutoTokenizer.from_pretrained(path, revision=model_args.model_revision,
+                                         trust_remote_code=model_args.trust_remote_code)
+
+
 def load_split(name: str, config: str | None, split: str) -> Dataset:
     """One split of a Hub dataset, or the whole of a local file (its only split)."""
     suffix = os.path.splitext(name)[1].lower()
@@ -390,8 +401,7 @@ def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") 
                                            **(ppo_config.reward_model_init_kwargs or {})}
 
     policy_path, tokenizer_path, reward_path = resolve_model_paths(model_args, ppo_config)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, revision=model_args.model_revision,
-                                              trust_remote_code=model_args.trust_remote_code)
+    tokenizer = load_tokenizer(tokenizer_path, ppo_config.model_init_kwargs, model_args)
     train = load_split(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)
     train = prompts_from_column(train, script_args.prompt_column, tokenizer, script_args.dataset_name)
     train = with_system_prompt(train, script_args.system_prompt, tokenizer, script_args.dataset_name)

@@ -53,8 +53,9 @@ def PPOConfig(**kwargs) -> _PPOConfig:  # noqa: N802 - TRL 0.11's class name, so
     `gradient_accumulation_steps` x `num_mini_batches` (`batch_size / (mini_batch_size x gradient_accumulation_steps)`),
     as TRL 0.11 took one optimizer step per `mini_batch_size x gradient_accumulation_steps` samples. The learning rate
     is constant (TRL 0.11 had no schedule unless one was passed), `max_grad_norm=None` means no clipping, nothing is
-    saved (`save_strategy="no"`). The result also carries `model_name` and TRL's other informational fields as
-    attributes for the caller's code to read back.
+    saved (`save_strategy="no"`), and log-probs are taken at `temperature=1.0` (TRL 0.11's `step()` read the raw
+    logits whatever its `generate()` sampled with). The result also carries `model_name` and TRL's other
+    informational fields as attributes for the caller's code to read back.
     """
     unknown = set(kwargs) - set(TRL_DEFAULTS) - set(READ_BACK) - set(COSMETIC) - set(HF_PPO_EXTRAS)
     if unknown:
@@ -78,7 +79,7 @@ def PPOConfig(**kwargs) -> _PPOConfig:  # noqa: N802 - TRL 0.11's class name, so
         per_device_train_batch_size=trl["mini_batch_size"],
         gradient_accumulation_steps=trl["gradient_accumulation_steps"],
         num_mini_batches=trl["batch_size"] // step_size, num_ppo_epochs=trl["ppo_epochs"],
-        learning_rate=trl["learning_rate"], lr_scheduler_type="constant", seed=trl["seed"],
+        learning_rate=trl["learning_rate"], lr_scheduler_type="constant", seed=trl["seed"], temperature=1.0,
         kl_coef=trl["init_kl_coef"], adaptive_kl=trl["adap_kl_ctrl"], kl_target=trl["target"],
         kl_horizon=int(trl["horizon"]), kl_estimator={"kl": "k1", "mse": "k2"}[trl["kl_penalty"]],
         gamma=trl["gamma"], lam=trl["lam"], cliprange=trl["cliprange"], cliprange_value=trl["cliprange_value"],

@@ -5,7 +5,9 @@ samples `num_eval_samples` (k, default 1) responses from the policy and k from t
 with the training sampling settings (steps 1-3, `rollout.sample_and_score`), and scores them with every training
 reward and every judge (`eval_reward_model`: rewards that evaluation reads and training never sees); reward functions
 get the prompt's dataset columns, as in training. The reference's responses and scores are sampled once per eval set
-and cached: the reference does not change, and every evaluation compares against the same responses. Sample j of
+and cached: the reference does not change, and every evaluation compares against the same responses. Its sampling
+is seeded on its own (the run's `seed`, the batch's position), so two evaluations of different policies on the same
+prompts with the same seed show the same reference rows. Sample j of
 the policy is paired with sample j of the reference for the same prompt; a pair is *scored* when both sides' scores
 are finite and neither reward function returned None (does not apply). Metrics, each under Trainer's prefix
 (`eval_`):
@@ -30,8 +32,9 @@ are finite and neither reward function returned None (does not apply). Metrics, 
   `eval_loss` leaves NaN/inf training scores out of each batch's mean (a batch with none finite makes it NaN).
 
 A side-by-side Markdown report (the metrics, pass@k, then prompt / reference response and score / policy response and
-score, one row per pair) goes to `output_dir/eval_report.md`, rewritten at each evaluation; a file of that name that
-hf_ppo did not write is never touched (a warning says so).
+score, one row per pair) goes to `output_dir/eval_report-step<N>.md`, one per evaluation, and to
+`output_dir/eval_report.md`, the latest; a file of either name that hf_ppo did not write is never touched (a warning
+says so).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import torch
 from torch import nn
 
 from ..algorithms.ppo_math import kl_estimate, masked_sum
+from ..models.adapters import adapter_parameters
 from ..rollout.rewards import RewardSet, decode_masked
 from ..rollout.steps import policy_forward, reference_context, reference_logprobs, sample_and_score
 from ..runtime.warn import warn_user
@@ -194,8 +198,14 @@ class Evaluator:
         key = (len(self._batches), k, inputs["queries"].cpu().numpy().tobytes(),
                inputs["query_mask"].cpu().numpy().tobytes())
         inputs = repeated(inputs, k)
+        if not self._batches:
+            _warn_if_reference_is_policy(trainer, policy)
         if key not in self._reference:
-            self._reference[key] = self._side(trainer, policy, inputs, reference=True)[0]
+            # Seeded on its own (the run's seed, the batch, the process), so the reference's responses are the same
+            # whichever policy is evaluated and whatever it sampled before: a report's reference rows reproduce.
+            seed = trainer.args.seed + 1_000_003 * len(self._batches) + 7_919 * trainer.args.process_index
+            with _seeded(seed):
+                self._reference[key] = self._side(trainer, policy, inputs, reference=True)[0]
         side, combined, samples = self._side(trainer, policy, inputs, reference=False)
         args = trainer.args
         logprobs = policy_forward(policy, inputs["queries"], inputs["query_mask"], samples.responses,
@@ -266,6 +276,37 @@ class Evaluator:
             write_report(trainer.args.output_dir, metrics, rows, step=trainer.state.global_step,
                          num_prompts=len(merged["kl"]), num_samples=num_samples)
         return {f"{prefix}_{k}": v for k, v in metrics.items()}
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    """Run with torch's generators (CPU and CUDA) seeded with `seed`; on exit they are as they were, so the policy's
+    sampling and training draw from the run's own stream, untouched."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def _warn_if_reference_is_policy(trainer, policy) -> None:
+    """Say so when the reference is the policy itself: an evaluation-only trainer (no train_dataset) whose policy is
+    an adapter (a saved one given as `model`) and whose reference, with ref_model=None, is the frozen copy of that
+    adapter made to continue training from it. It scores against itself (KL 0, win rates near 0.5) while it looks
+    like a result. (Before training continues from an adapter, that is the start, and no warning is due.)"""
+    name, body = trainer.ref_adapter, getattr(policy, "policy_model", policy)
+    if (trainer.ref_model is not None or name is None or trainer.trained_adapter is None
+            or getattr(trainer, "train_dataset", None) is not None or trainer.state.global_step):
+        return
+    trained = adapter_parameters(body, trainer.trained_adapter)
+    reference = adapter_parameters(body, name)
+    if len(trained) != len(reference) or not all(torch.equal(a, b) for a, b in zip(trained, reference)):
+        return
+    base = body.peft_config[trainer.trained_adapter].base_model_name_or_path
+    warn_user(f"evaluate(): the reference is the policy itself. The policy is the adapter {trainer.trained_adapter!r} "
+              f"(on {base!r}) and, with ref_model=None, its reference is a frozen copy of that adapter (the starting "
+              "point when training continues from it), so KL is 0 and win rates are near 0.5: nothing is measured. "
+              f"To evaluate a saved adapter against the model it was trained from, pass ref_model={base!r} (its "
+              "base; with ref_quantization as in training), as `hf-ppo evaluate` does.")
 
 
 @contextlib.contextmanager

@@ -1,18 +1,23 @@
-"""The evaluation report apart from the sampling: `eval_report.md` (metrics, then prompt / reference / policy side
-by side), the metrics as Markdown tables (`metrics_markdown`, also what `hf-ppo evaluate` prints), and
+"""The evaluation report apart from the sampling: `eval_report-step<N>.md` per evaluation and `eval_report.md`, the
+latest (metrics, then prompt / reference / policy side by side), the metrics as Markdown tables (`metrics_markdown`, also what `hf-ppo evaluate` prints), and
 `final_evaluation`, which publishing reads from the log history. Nothing here samples, so the Hub code can use it."""
 
 from __future__ import annotations
 
 import math
+import itertools
 import os
 
 from ..runtime.warn import warn_user
 
 NUM_BOOTSTRAP = 1000
 CONFIDENCE = 0.95
-REPORT_FILE = "eval_report.md"
-REPORT_MARK = "<!-- hf_ppo evaluation report: rewritten by hf_ppo at each evaluation -->"
+REPORT_FILE = "eval_report.md"  # the latest evaluation's report
+STEP_REPORT_FILE = "eval_report-step{step}.md"  # each evaluation's, kept
+# The first line of every report: hf_ppo rewrites only files that start with it (earlier versions wrote the same
+# opening with other words after it).
+REPORT_MARK = "<!-- hf_ppo evaluation report: written by hf_ppo, which rewrites it -->"
+_MARK_START = "<!-- hf_ppo evaluation report"
 REPORT_ROWS = 16  # samples shown side by side in the report
 
 
@@ -97,18 +102,28 @@ def _score_cell(scores: dict) -> str:
                        for name, value in scores.items())
 
 
+def written_by_hf_ppo(path: str) -> bool:
+    """True when `path` does not exist or is a report hf_ppo wrote (it opens with the report mark)."""
+    if not os.path.lexists(path):
+        return True
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().startswith(_MARK_START)
+    except (OSError, UnicodeDecodeError):  # a folder, a binary file: not a report
+        return False
+
+
 def write_report(output_dir: str, metrics: dict[str, float], rows: list, *, step: int, num_prompts: int,
                  num_samples: int = 1) -> str | None:
-    """Write `output_dir/eval_report.md` (the metrics, then `rows` side by side); return its path, or None (with a
-    warning) when a file of that name exists that hf_ppo did not write. `num_samples`: responses per prompt and
-    side."""
-    path = os.path.join(output_dir, REPORT_FILE)
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            if f.readline().rstrip("\n") != REPORT_MARK:
-                warn_user(f"{path} exists and was not written by hf_ppo: the evaluation report was not written. "
-                          f"Move that file, or use another output_dir.")
-                return None
+    """Write the report (the metrics, then `rows` side by side) to `output_dir/eval_report-step<step>.md`, kept, and
+    to `output_dir/eval_report.md`, the latest; return the path of the step's report, or None when it was not
+    written. A file of either name that hf_ppo did not write is never replaced (a warning names it). `num_samples`:
+    responses per prompt and side."""
+    paths = [os.path.join(output_dir, STEP_REPORT_FILE.format(step=step)), os.path.join(output_dir, REPORT_FILE)]
+    foreign = [p for p in paths if not written_by_hf_ppo(p)]
+    for path in foreign:
+        warn_user(f"{path} exists and was not written by hf_ppo: it was left as it is, and the evaluation report was "
+                  "not written there. Move that file, or use another output_dir.")
     each = "one response each" if num_samples == 1 else f"{num_samples} responses each"
     paired = "" if num_samples == 1 else " (sample j of the policy paired with sample j of the reference)"
     pairs = "prompts" if num_samples == 1 else "(prompt, sample) pairs"
@@ -126,11 +141,30 @@ def write_report(output_dir: str, metrics: dict[str, float], rows: list, *, step
         lines.append(f"| {_cell(prompt)} | {_cell(ref_text)} | {_score_cell(ref_scores)} | {_cell(pol_text)} | "
                      f"{_score_cell(pol_scores)} |")
     os.makedirs(output_dir, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(tmp, path)
-    return path
+    for path in paths:
+        if path not in foreign:
+            _write_atomically(path, "\n".join(lines) + "\n")
+    return None if paths[0] in foreign else paths[0]
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Write `text` beside `path` under a fresh temporary name (never a name someone else's file has), then rename it
+    over `path`: a reader sees the old report or the new one, never half of one."""
+    folder, name = os.path.split(path)
+    for attempt in itertools.count():
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}-{attempt}.tmp")
+        try:
+            f = open(tmp, "x", encoding="utf-8")  # "x": fails rather than open an existing file
+        except FileExistsError:
+            continue
+        break
+    try:
+        with f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def final_evaluation(log_history: list[dict], prefix: str = "eval_") -> tuple[int | None, str | None]:

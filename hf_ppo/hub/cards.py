@@ -12,8 +12,9 @@ from importlib import metadata, resources
 from pathlib import Path
 
 from ..evaluation.report import final_evaluation
+from ..models import gguf
 from ..models.critics import CRITIC_INFO_FILE, CRITIC_STATE_FILE
-from .plots import metric_series, plot_training_curves
+from .plots import DEFAULT_PANELS, metric_series, plot_training_curves, x_axis
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +46,8 @@ CARD_HYPERPARAMETERS = [
     "whiten_rewards", "missing_eos_penalty", "normalize_rewards", "policy_quantization", "ref_quantization",
     "reward_quantization", "seed", "loss_aggregation", "cliprange_low", "cliprange_high", "dual_clip",
     "advantage_estimator", "num_generations", "scale_rewards", "critic", "critic_warmup_steps", "critic_learning_rate",
-    "critic_updates_per_step", "lam_critic", "critic_hub_model_id", "importance_sampling_level", "use_kl_loss",
-    "use_bias_correction_kl", "drop_uniform_groups", "max_refill_rounds",
+    "critic_updates_per_step", "lam_critic", "lam_length_alpha", "critic_hub_model_id", "importance_sampling_level",
+    "use_kl_loss", "use_bias_correction_kl", "drop_uniform_groups", "max_refill_rounds",
     "reward_weights", "normalize_each_reward", "overlong_buffer_length"]
 # How the card names each critic and each critic-free estimator.
 _CRITIC_TEXT = {"shared": "a value head on the policy's body", "separate": "a separate critic model",
@@ -76,8 +77,12 @@ def method_texts(hyperparameters: dict) -> tuple[str, str]:
 
 
 def card_hyperparameters(args) -> dict:
-    """The PPOConfig values the card lists (`CARD_HYPERPARAMETERS`), plus the per-device rollout batch and world size."""
-    values = {name: getattr(args, name) for name in CARD_HYPERPARAMETERS}
+    """The PPOConfig values the card lists (`CARD_HYPERPARAMETERS`), plus the per-device rollout batch and world size.
+
+    Only the run length that took effect: `max_steps` when set (Trainer then ignores `num_train_epochs`), else
+    `num_train_epochs` (`max_steps` is then -1, unused)."""
+    unused = "num_train_epochs" if args.max_steps > 0 else "max_steps"
+    values = {name: getattr(args, name) for name in CARD_HYPERPARAMETERS if name != unused}
     values["rollout_batch_size (per device)"] = args.rollout_batch_size
     values["world_size"] = args.world_size
     return values
@@ -126,18 +131,48 @@ def source_name(obj) -> str | None:
 
 
 def write_policy_card(folder, policy, trained_adapter: str | None, sources: dict, args, log_history: list[dict], *,
-                      repo_id: str, merged: bool, dataset_names: list[str], saved_locally: bool = False) -> bool:
+                      repo_id: str, merged: bool, dataset_names: list[str], saved_locally: bool = False,
+                      chat_prompts: bool = False) -> bool:
     """Render the trained policy's card (and plot) into `folder`; return whether the policy is an adapter.
 
     `policy`: the policy model (a PeftModel when LoRA-trained); `sources`: {"model", "reward_model", "ref_model"}
-    names as given to the trainer.
+    names as given to the trainer; `chat_prompts`: the run's prompts were chat messages (the card's example then
+    prompts through the chat template). The base is named by `args.hub_base_model_id` when set, and by the GGUF file
+    it was converted from when it was one.
     """
     peft_config = policy.peft_config[trained_adapter].to_dict() if trained_adapter else None
-    write_model_card(folder, repo_id=repo_id, base_model=sources["model"], reward_model=sources["reward_model"],
+    init_kwargs = args.model_init_kwargs if isinstance(args.model_init_kwargs, dict) else None
+    gguf_file = gguf_origin(sources["model"], init_kwargs)
+    write_model_card(folder, repo_id=repo_id, base_model=args.hub_base_model_id or sources["model"],
+                     reward_model=sources["reward_model"],
                      ref_model=sources["ref_model"], dataset_names=dataset_names, peft_config=peft_config,
                      hyperparameters=card_hyperparameters(args), log_history=log_history,
-                     merged=merged or (saved_locally and peft_config is None), saved_locally=saved_locally)
+                     merged=merged or (saved_locally and peft_config is None), saved_locally=saved_locally,
+                     chat_prompts=chat_prompts, gguf_file=gguf_file,
+                     gguf_repo=_hub_id(sources["model"]) if gguf_file else None)
     return peft_config is not None
+
+
+# hf_ppo's GGUF conversion folders: `<the file's stem>-<16 hex>` in `gguf.cache_root()` (models/gguf.py).
+_GGUF_FOLDER = re.compile(r"(?P<stem>.+)-[0-9a-f]{16}")
+
+
+def gguf_origin(model: str | None, init_kwargs: dict | None) -> str | None:
+    """The name of the GGUF file the policy's base came from, or None: `gguf_file` in `init_kwargs`, a `.gguf` file
+    given as the model, or hf_ppo's conversion folder of one (a base read back from an adapter trained on it)."""
+    if (init_kwargs or {}).get("gguf_file"):
+        return Path(init_kwargs["gguf_file"]).name
+    if not isinstance(model, str):
+        return None
+    if model.lower().endswith(".gguf"):
+        return Path(model).name
+    folder = Path(model).expanduser()
+    match = _GGUF_FOLDER.fullmatch(folder.name)
+    try:
+        in_cache = match is not None and folder.parent.resolve() == gguf.cache_root().resolve()
+    except OSError:
+        in_cache = False
+    return f"{match['stem']}.gguf" if in_cache else None
 
 
 # ---- Model card ------------------------------------------------------------------------------------------------------
@@ -154,6 +189,9 @@ def write_model_card(
     log_history: list[dict],
     merged: bool = False,
     saved_locally: bool = False,
+    chat_prompts: bool = False,
+    gguf_file: str | None = None,
+    gguf_repo: str | None = None,
 ) -> Path:
     """Render the policy's model card into `folder/README.md` and its plot into `folder/training_curves.png`.
 
@@ -164,7 +202,13 @@ def write_model_card(
     `merged`), `tags` and `datasets`. Nothing local is written: model and dataset names that are not Hub ids
     become "a local model"/"a local dataset", and hyperparameters holding a path or a secret are left out.
     `saved_locally`: the card of a folder written by `save_model()` (not pushed yet); its "How to load" loads the
-    folder itself, `merged` then meaning a standalone model (no adapter). Returns the path of README.md.
+    folder itself, `merged` then meaning a standalone model (no adapter). `chat_prompts`: the policy was trained on
+    chat prompts, so the example prompts it through the tokenizer's chat template (plain text would be a prompt it
+    never saw). `gguf_file`: the name of the GGUF file the base was converted from, `gguf_repo` the Hub repo
+    holding it (None: a local file); the card names them instead of "a local model", and its example loads the base
+    with `gguf_file` when `base_model` is that repo (a `base_model` of its own, the Hub id of the original model,
+    loads as it is). The plot has the four panels of `plots.DEFAULT_PANELS` against PPO iterations. Returns the
+    path of README.md.
     """
     import jinja2
     from huggingface_hub import ModelCard, ModelCardData
@@ -174,8 +218,9 @@ def write_model_card(
     plot = plot_training_curves(
         log_history,
         folder / PLOT_FILE,
-        panels={key: label for key, label in CARD_METRICS[:2]},
+        panels=DEFAULT_PANELS,
         title=f"PPO training of {repo_id.split('/')[-1]}",
+        x_key=x_axis(log_history),
     )
     base_id, ref_id = _hub_id(base_model), _hub_id(ref_model)
     rewards = reward_model if isinstance(reward_model, (list, tuple)) else [reward_model]
@@ -204,8 +249,12 @@ def write_model_card(
         repo_id=repo_id,
         merged=merged,
         saved_locally=saved_locally,
-        base_model_text=_model_text(base_id, base_model),
-        base_model_id=base_id or "<base model id>",
+        base_model_text=_base_text(base_id, base_model, gguf_file, gguf_repo),
+        base_load_args=f'"{base_id or "<base model id>"}"' + (f', gguf_file="{gguf_file}"'
+                                                                if gguf_file and base_id and base_id == gguf_repo
+                                                                else ""),
+        chat_prompts=chat_prompts,
+        max_new_tokens=hyperparameters.get("response_length") or 32,
         reward_model_text=", ".join(dict.fromkeys(_model_text(_hub_id(r), r) for r in rewards)),
         reference_text=reference_text,
         datasets_text=_datasets_text(dataset_names),
@@ -262,6 +311,17 @@ def _model_text(hub_id: str | None, given: str | None) -> str:
     if hub_id:
         return f"[{hub_id}](https://huggingface.co/{hub_id})"
     return "a local model" if given else "not recorded"
+
+
+def _base_text(hub_id: str | None, given: str | None, gguf_file: str | None, gguf_repo: str | None) -> str:
+    """The base model's cell: `_model_text`, and the GGUF file it was converted from (a file name, never a path)."""
+    if not gguf_file:
+        return _model_text(hub_id, given)
+    origin = (f"the GGUF file `{gguf_file}` of [{gguf_repo}](https://huggingface.co/{gguf_repo})" if gguf_repo
+              else f"the GGUF file `{gguf_file}` (a local file)")
+    if hub_id and hub_id != gguf_repo:
+        return f"[{hub_id}](https://huggingface.co/{hub_id}), trained from {origin}, de-quantized by hf_ppo"
+    return f"{origin}, de-quantized by hf_ppo"
 
 
 def _datasets_text(names: list[str]) -> str:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Metric name -> axis label, in the order panels are drawn.
+# Metric name -> axis label, in the order panels are drawn: the four panels the docs show (the model card's plot and
+# the demo's), reward, KL, response length and entropy, each per PPO iteration.
 DEFAULT_PANELS = {
     "objective/scores": "reward (score)",  # a reward model's, a function's or a weighted sum
-    "objective/kl": "KL(policy || reference)",
+    "objective/kl": "KL(policy || reference), nats/response",
     "rollout/response_length": "response length (tokens)",
-    "objective/entropy": "entropy (nats per response)",
+    # objective/entropy sums -log p over a response (TRL's convention): per response, not per token
+    "objective/entropy": "entropy (nats/response)",
 }
 
 
@@ -25,6 +27,12 @@ def metric_series(log_history: list[dict], key: str, x_key: str = "step") -> tup
             steps.append(entry[x_key])
             values.append(float(entry[key]))
     return steps, values
+
+
+def x_axis(log_history: list[dict]) -> str:
+    """"iteration" when the log history records PPO iterations (every hf_ppo run does), else "step" (a history
+    written before iterations were logged)."""
+    return "iteration" if any("iteration" in entry for entry in log_history) else "step"
 
 
 def plot_training_curves(

@@ -9,13 +9,18 @@ A critic is published only on request, to a repo of its own (`push_critic`): wha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from ..models import gguf
 from ..models.adapters import save_policy
+from ..models.pretrained import _quantization_of
+from ..runtime.warn import warn_user, without_checkpointing_deprecation
 from ..models.critics import CRITIC_INFO_FILE, CRITIC_STATE_FILE, save_critic
 from .cards import _hub_id, write_critic_card
 
@@ -84,6 +89,7 @@ def published_policy_files(folder) -> list[str]:
 
 
 # ---- Merged export ---------------------------------------------------------------------------------------------------
+@without_checkpointing_deprecation
 def save_merged_policy(adapter_dir, base_source, folder, tokenizer, init_kwargs: dict | None = None) -> Path:
     """Merge the adapter saved in `adapter_dir` into its base reloaded in full precision; save it to `folder`.
 
@@ -195,6 +201,7 @@ def push_policy_folder(
     revision: str | None = None,
     create_pr: bool = False,
     commit_message: str = "Upload PPO policy",
+    base_model_id: str | None = None,
 ) -> str:
     """Upload the policy files of `folder` (see `POLICY_ALLOW_PATTERNS`) to the Hub model repo `repo_id`.
 
@@ -202,6 +209,11 @@ def push_policy_folder(
     when given, and commits the policy files in one commit (to a new pull request with `create_pr=True`, which
     targets main). Value head, reference/reward weights, optimizer/scheduler/RNG state and `training_args.bin` are
     never uploaded. Returns the commit url (a `huggingface_hub.CommitInfo`, a str with `.oid` and `.pr_url`).
+
+    An adapter whose base is a local path (a local folder, a GGUF file's conversion) is uploaded naming
+    `base_model_id` as its base instead (default: `hub_base_model_id` as recorded in `RUN_RECORD_FILE`), so that it
+    loads by id on any machine; the local adapter_config.json keeps the base it was trained on. Without one, a
+    warning names both fixes (`hub_base_model_id`, `push_merged_model`).
 
     Raises `ValueError` before any request when `folder` holds no policy weights or when `create_pr` is combined
     with a branch; `HubPushError` when the Hub cannot be reached or refuses the push. `folder` is only read.
@@ -221,11 +233,19 @@ def push_policy_folder(
             f"create_pr=True opens a pull request against main, so it cannot be combined with "
             f"hub_revision={revision!r}: set one of them."
         )
-    _warn_on_local_base_path(folder)
-    return _upload(folder, repo_id, "the policy", POLICY_ALLOW_PATTERNS, list(POLICY_IGNORE_PATTERNS),
-                   f"The local output in {folder} is intact (a push only reads it): fix the cause, then retry with "
-                   "trainer.push_to_hub(); no retraining is needed.",
-                   token=token, private=private, branch=branch, create_pr=create_pr, commit_message=commit_message)
+    record = read_run_record(folder) or {}
+    base_model_id = base_model_id or (record.get("base_model") or {}).get("hub_id")
+    retry = (f"The local output in {folder} is intact (a push only reads it): fix the cause, then retry with "
+             "trainer.push_to_hub(); no retraining is needed.")
+    config = _adapter_config_for_hub(folder, base_model_id, record)
+    with tempfile.TemporaryDirectory(prefix="hf_ppo_push_") if config else contextlib.nullcontext(folder) as upload:
+        if config:  # a copy of the policy files whose adapter_config.json names the Hub base
+            for name in files:
+                Path(upload, name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(folder / name, Path(upload, name))
+            Path(upload, "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        return _upload(upload, repo_id, "the policy", POLICY_ALLOW_PATTERNS, list(POLICY_IGNORE_PATTERNS), retry,
+                       token=token, private=private, branch=branch, create_pr=create_pr, commit_message=commit_message)
 
 
 def _upload(folder, repo_id: str, what: str, allow_patterns: list[str], ignore_patterns: list[str] | None,
@@ -259,18 +279,27 @@ def _push_error(what: str, repo_id: str, err: Exception, endpoint: str, retry: s
                         f"{retry}")
 
 
-def _warn_on_local_base_path(folder: Path) -> None:
-    # PEFT writes the base model's `_name_or_path` into adapter_config.json; a local path there is published
-    # as is (the file is uploaded byte for byte) and makes `AutoPeftModel.from_pretrained(repo_id)` fail elsewhere.
+def _adapter_config_for_hub(folder: Path, base_model_id: str | None, record: dict) -> dict | None:
+    """The adapter_config.json to upload in place of `folder`'s when the adapter's base is a local path (a local
+    folder, a GGUF file's conversion) and `base_model_id` names its Hub id; None to upload the folder as it is. An
+    adapter left naming a local base is warned about, with both fixes."""
     config_path = folder / "adapter_config.json"
-    if not config_path.is_file():
-        return
-    base = json.loads(config_path.read_text()).get("base_model_name_or_path")
-    if base and _hub_id(base) is None:
-        logger.warning(
-            "adapter_config.json names a local base model (base_model_name_or_path is a path on this machine); it is "
-            "uploaded as is. Set it to the base model's Hub id before saving to make the adapter loadable by id."
-        )
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    base = config.get("base_model_name_or_path")
+    if not base or _hub_id(base) is not None:
+        return None
+    if base_model_id is not None:
+        return {**config, "base_model_name_or_path": base_model_id}
+    # PEFT writes the base model's `_name_or_path` into adapter_config.json; a local path there would be published as
+    # is and make `AutoPeftModel.from_pretrained(repo_id)` fail on every other machine.
+    gguf_file = (record.get("base_model") or {}).get("gguf_file")
+    origin = (f"the conversion of the GGUF file {gguf_file!r} (hf_ppo's cache)" if gguf_file
+              else "a path on this machine")
+    warn_user(f"The adapter pushed from {folder} names as its base {origin}: {base}. It loads only on this machine. "
+              "Set hub_base_model_id to the base model's Hub id (PPOConfig, or `hub_base_model_id:` in a recipe "
+              "config; for a GGUF file, the model it was made from, e.g. 'HuggingFaceTB/SmolLM2-135M-Instruct'), or "
+              "push the merged model instead (push_merged_model=True), a standalone model that needs no base.")
+    return None
 
 
 def _describe_failure(err: Exception, endpoint: str) -> str:
@@ -292,8 +321,9 @@ def _describe_failure(err: Exception, endpoint: str) -> str:
 
 
 def save_policy_folder(policy, output_dir: str, trained_adapter: str | None, tokenizer,
-                       state_dict: dict | None = None) -> None:
-    """The policy alone (full weights, or only the trained adapter) + tokenizer, loadable from any directory.
+                       state_dict: dict | None = None, record: dict | None = None) -> None:
+    """The policy alone (full weights, or only the trained adapter) + tokenizer, loadable from any directory, and
+    `record` (`run_record`) as `RUN_RECORD_FILE` when given.
 
     The adapter names its base as a Hub id or an absolute path, and PEFT's placeholder README.md is not left behind:
     `save_model()` and `push_to_hub()` write the real card.
@@ -304,8 +334,52 @@ def save_policy_folder(policy, output_dir: str, trained_adapter: str | None, tok
     save_policy(policy, output_dir, trained_adapter, state_dict)
     tokenizer.save_pretrained(output_dir)
     make_base_path_absolute(output_dir)
+    if record is not None:
+        Path(output_dir, RUN_RECORD_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     if not had_card and os.path.isfile(card):
         os.remove(card)
+
+
+# ---- What the run loaded, beside the policy --------------------------------------------------------------------------
+# Written by save_model() beside the policy, never published: how the run loaded each model (so `hf-ppo evaluate`
+# compares against the reference as trained against) and where the policy's base came from (a GGUF file, the Hub id
+# a pushed adapter names).
+RUN_RECORD_FILE = "hf_ppo_run.json"
+
+
+def run_record(args, sources: dict, policy_model, ref_model, ref_adapter: str | None, reward_model) -> dict:
+    """What `save_model()` records beside the policy (`RUN_RECORD_FILE`):
+
+    - `quantization`: {"policy", "reference", "reward"} as the run loaded them ('4bit', '8bit', 'none'; the
+      reward a list, one per reward model or function, None for a function). The reference is the policy's base
+      (its adapter disabled, or a reference adapter on it) when `ref_model` is None, so it has the policy's;
+    - `reference`: the reference model as given (id or path), or None when it lives inside the policy;
+    - `base_model`: the policy's origin: `source` (the id or path given), `gguf_file` (None unless it is a GGUF
+      checkpoint), `hub_id` (PPOConfig.hub_base_model_id: what a pushed adapter names as its base).
+    """
+    policy_q = _quantization_of(policy_model)
+    rewards = reward_model if isinstance(reward_model, (list, tuple)) else [reward_model]
+    reward_q = [_quantization_of(r) if hasattr(r, "parameters") else None for r in rewards]
+    source, init = gguf.split_gguf_path(sources["model"], args.model_init_kwargs)
+    return {
+        "format": 1,
+        "quantization": {"policy": policy_q, "reference": _quantization_of(ref_model) if ref_model is not None
+                         else policy_q, "reward": reward_q},
+        "reference": sources.get("ref_model") if ref_model is not None else (
+            f"adapter {ref_adapter!r} of the policy" if ref_adapter is not None else None),
+        "base_model": {"source": source, "gguf_file": (init or {}).get("gguf_file"),
+                       "hub_id": getattr(args, "hub_base_model_id", None)},
+    }
+
+
+def read_run_record(folder) -> dict | None:
+    """The `RUN_RECORD_FILE` of a saved policy folder; None when there is none (a policy saved by another tool, or
+    a Hub id) or it cannot be read."""
+    path = Path(folder, RUN_RECORD_FILE)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 # ---- A critic, to a repo of its own ----------------------------------------------------------------------------------

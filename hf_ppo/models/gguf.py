@@ -1,4 +1,5 @@
-"""GGUF checkpoints (`model_init_kwargs={"gguf_file": ...}`), converted once into a plain safetensors folder.
+"""GGUF checkpoints (`model_init_kwargs={"gguf_file": ...}`, or the `.gguf` file itself as the model), converted
+once into a plain safetensors folder.
 
 transformers loads a GGUF file by dequantizing it, but then refuses to quantize it again (no 4-bit QLoRA) and to
 save it (`save_model()` of a full fine-tune fails, and an adapter's `base_model_name_or_path` names a folder that
@@ -6,7 +7,8 @@ loads only with the same `gguf_file`). hf_ppo therefore converts the checkpoint 
 of its own (weights, config, generation config and tokenizer; written under a temporary name and renamed when
 complete) and loads that folder instead: every path then works as for any Hub model, and a saved adapter names a
 base that `from_pretrained` loads as it is. The folder lives in `$HF_PPO_CACHE` (default
-`$HF_HOME/hf_ppo/gguf`, i.e. `~/.cache/huggingface/hf_ppo/gguf`), keyed by the source, the file and its revision.
+`$HF_HOME/hf_ppo/gguf`, i.e. `~/.cache/huggingface/hf_ppo/gguf`), keyed by the real file (its resolved path, size
+and modification time): one file named by a relative path, an absolute one or a Hub id is converted once.
 
 A GGUF file is checked against its own header before it is read (`check_gguf_file`): a download or copy cut short
 would otherwise fail deep inside the reader (a numpy reshape, a struct error) without naming the file. A conversion
@@ -44,8 +46,25 @@ def cache_root() -> Path:
     return Path(HF_HOME) / "hf_ppo" / "gguf"
 
 
+def split_gguf_path(name_or_path: str, init_kwargs: dict | None) -> tuple[str, dict | None]:
+    """A local `.gguf` file given as the model itself, as transformers wants it: (its folder, init_kwargs with
+    `gguf_file` = its name). Anything else is returned unchanged; a file given together with a different
+    `gguf_file` is an error naming both."""
+    if not (isinstance(name_or_path, str) and name_or_path.lower().endswith(".gguf")
+            and os.path.isfile(os.path.expanduser(name_or_path))):
+        return name_or_path, init_kwargs
+    path = os.path.abspath(os.path.expanduser(name_or_path))
+    given = (init_kwargs or {}).get("gguf_file")
+    if given and os.path.abspath(os.path.join(os.path.dirname(path), given)) != path:
+        raise ValueError(f"The model is the GGUF file {name_or_path!r}, and gguf_file={given!r} names another one: "
+                         "pass the file as the model alone, or its folder as the model and the file as gguf_file.")
+    return os.path.dirname(path), {**(init_kwargs or {}), "gguf_file": os.path.basename(path)}
+
+
 def converted(name_or_path: str, init_kwargs: dict | None, role: str) -> tuple[str, dict | None]:
-    """(folder, init_kwargs without `gguf_file`) for a GGUF checkpoint; the arguments unchanged otherwise."""
+    """(folder, init_kwargs without `gguf_file`) for a GGUF checkpoint (a folder or Hub repo with `gguf_file`, or a
+    local `.gguf` file given as the model itself); the arguments unchanged otherwise."""
+    name_or_path, init_kwargs = split_gguf_path(name_or_path, init_kwargs)
     gguf_file = (init_kwargs or {}).get("gguf_file")
     if not gguf_file:
         return name_or_path, init_kwargs
@@ -59,26 +78,43 @@ def converted(name_or_path: str, init_kwargs: dict | None, role: str) -> tuple[s
 
 
 def _key(name_or_path: str, gguf_file: str, source: dict) -> str:
-    """A folder name: the file's stem and a hash of everything that picks it (a local file's size and mtime too)."""
-    parts = [os.path.abspath(name_or_path) if os.path.exists(name_or_path) else name_or_path, gguf_file,
-             repr(sorted((k, str(v)) for k, v in source.items() if k != "token"))]
-    local = Path(name_or_path) / gguf_file if os.path.isdir(name_or_path) else Path(gguf_file)
-    if local.is_file():
-        parts.append(f"{local.stat().st_size}:{local.stat().st_mtime_ns}")
+    """A folder name: the file's stem and a hash of the real file it names (its resolved path, size and mtime), so
+    one file reached by a relative path, an absolute one, a link or a Hub id whose download is that file converts
+    once. A file that cannot be found here (a Hub file not downloaded yet) is keyed by the names that pick it."""
+    real = _local_file(name_or_path, gguf_file, source)
+    if real is not None:
+        stat = os.stat(real)
+        parts = [os.path.realpath(real), str(stat.st_size), str(stat.st_mtime_ns)]
+    else:
+        parts = [name_or_path, gguf_file, repr(sorted((k, str(v)) for k, v in source.items() if k != "token"))]
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
     return f"{Path(gguf_file).stem}-{digest}"
+
+
+def _local_file(name_or_path: str, gguf_file: str, source: dict) -> str | None:
+    """The GGUF file on this machine: in the local folder, as an absolute `gguf_file`, or a Hub file (downloaded
+    into the HF cache here, as from_pretrained would); None when it cannot be found (from_pretrained then names the
+    checkpoint and the remedies)."""
+    folder = os.path.expanduser(name_or_path)
+    if os.path.isdir(folder):
+        path = os.path.join(folder, source.get("subfolder") or "", gguf_file)
+        return path if os.path.isfile(path) else None
+    if os.path.isabs(gguf_file):
+        return gguf_file if os.path.isfile(gguf_file) else None
+    from transformers.utils import cached_file
+
+    try:
+        return cached_file(name_or_path, gguf_file, **source)
+    except (OSError, ValueError):
+        return None
 
 
 def _convert(name_or_path: str, gguf_file: str, source: dict, trust_remote_code: bool, folder: Path,
              role: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import cached_file
 
     kwargs = {**source, "gguf_file": gguf_file, "trust_remote_code": trust_remote_code}
-    try:  # the local path (a Hub file is downloaded here, as from_pretrained would)
-        path = cached_file(name_or_path, gguf_file, **source)
-    except (OSError, ValueError):  # not found: from_pretrained names the checkpoint and the remedies
-        path = None
+    path = _local_file(name_or_path, gguf_file, source)
     if path is not None:
         check_gguf_file(path)
     loaded = from_pretrained(AutoModelForCausalLM, name_or_path, role, **kwargs)  # dequantized by transformers

@@ -140,6 +140,7 @@ def _is_quantized(model: nn.Module) -> bool:
 
 
 def _quantization_of(model: nn.Module) -> str:
+    """'4bit', '8bit' or 'none': how `model` (or the body of a value-head wrapper) was loaded."""
     model = getattr(model, "pretrained_model", model)
     return ("4bit" if getattr(model, "is_loaded_in_4bit", False) else "8bit" if getattr(model, "is_loaded_in_8bit", False)
             else "none")

@@ -8,6 +8,7 @@ import copy
 import os
 
 from transformers import AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.tokenization_utils_base import LARGE_INTEGER
 
 from ..runtime.warn import warn_user
 from .adapters import adapter_config
@@ -114,7 +115,9 @@ _MODALITY_NAMES = ("image", "video", "vision", "audio")
 def choose_pad_token(
     tokenizer: PreTrainedTokenizerBase, model, stop_token_ids: list[int], model_given_as: str
 ) -> PreTrainedTokenizerBase:
-    """The tokenizer the trainer uses: padding on the left, with a pad token that is not a stop token.
+    """The tokenizer the trainer uses (and saves): padding on the left, with a pad token that is not a stop token,
+    and a `model_max_length` that is the model's context (`max_position_embeddings`) when the tokenizer had only
+    transformers' "no limit" sentinel (1e30, e.g. a tokenizer converted from a GGUF file).
 
     When the tokenizer has no pad token, or its pad is EOS or another stop token (padding with EOS makes it
     undetectable after truncation, N+ paper), an existing special token is chosen instead: one with an embedding row
@@ -128,7 +131,12 @@ def choose_pad_token(
     The user's tokenizer is never modified: the trainer works on (and saves) a copy.
     """
     tokenizer = copy.deepcopy(tokenizer)
-    tokenizer.padding_side = "left"  # generation appends on the right
+    # Generation appends on the right. `save_pretrained` writes only the keys of `init_kwargs` (a tokenizer built
+    # without `padding_side` would be saved right-padded), so the saved copy is told too.
+    tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "left"
+    context = _context_length(model.config)
+    if tokenizer.model_max_length > LARGE_INTEGER and context:
+        tokenizer.model_max_length = tokenizer.init_kwargs["model_max_length"] = context
     pad = tokenizer.pad_token_id
     if pad is not None and pad not in stop_token_ids:
         return tokenizer
@@ -145,6 +153,13 @@ def choose_pad_token(
               "embedding row that ordinary text never encodes to (no token added, no resize). Pass a "
               "processing_class with pad_token set to choose another.")
     return tokenizer
+
+
+def _context_length(config) -> int | None:
+    """The model's context length (`max_position_embeddings` of its text config), or None when it names none."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    length = getattr(text_config, "max_position_embeddings", None)
+    return length if isinstance(length, int) and length > 0 else None
 
 
 def _unused_special_token(tokenizer, model, rows: int, stop_ids: set[int]) -> tuple[int, str] | None:

@@ -22,7 +22,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from ..runtime.versions import CACHE, checkpointing_disable, checkpointing_enable
-from ..runtime.warn import warn_user
+from ..runtime.warn import warn_user, without_checkpointing_deprecation
 from .actor_critic import ActorCritic, CausalLMOutputWithValue
 from .pretrained import reject_seq2seq, reject_seq2seq_checkpoint
 
@@ -133,6 +133,7 @@ class AutoModelForCausalLMWithValueHead(ActorCritic):
 
     # ---- construction -----------------------------------------------------------------------------------------
     @classmethod
+    @without_checkpointing_deprecation
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, peft_config=None, is_trainable: bool = False,
                         **kwargs) -> "AutoModelForCausalLMWithValueHead":
         """Load a causal LM (or a PEFT adapter on its base) with its value head, as TRL's class did.

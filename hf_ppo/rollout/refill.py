@@ -51,6 +51,8 @@ def rollout_with_refill(policy: nn.Module, queries, query_mask, prompts: list, *
         refilled, rounds = refilled + count, rounds + 1
         result.generate_seconds += more.generate_seconds
         result.score_seconds += more.score_seconds
+        result.policy_forward_seconds += more.policy_forward_seconds
+        result.reference_seconds += more.reference_seconds
         result.generated_tokens += more.generated_tokens
     device = result.stats["rollout/groups_dropped"].device
     result.stats.update({"rollout/groups_dropped": dropped.sum().float() / k,

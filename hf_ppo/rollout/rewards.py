@@ -410,12 +410,23 @@ def reward_name(reward) -> str:
 
 
 def unique_names(names: list[str]) -> list[str]:
-    """`names` with repeats numbered (`a`, `a_2`, `a_3`), so each reward has a metric of its own."""
+    """`names` with repeats numbered (`a`, `a_2`, `a_3`), so each reward has a metric of its own. A number is never
+    one another reward already goes by (`a`, `a`, `a_2` -> `a`, `a_3`, `a_2`): equal names would overwrite one
+    reward's scores with another's."""
+    taken = set(names)
     seen: dict[str, int] = {}
     unique = []
     for name in names:
-        seen[name] = seen.get(name, 0) + 1
-        unique.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+        if name not in seen:
+            seen[name] = 1
+            unique.append(name)
+            continue
+        number = seen[name] + 1
+        while f"{name}_{number}" in taken:
+            number += 1
+        seen[name] = number
+        taken.add(f"{name}_{number}")
+        unique.append(f"{name}_{number}")
     return unique
 
 

@@ -123,7 +123,7 @@ def compute_advantages(
     logprobs, ref_logprobs, values, response_mask, shaped_scores: torch.Tensor, *, kl_coef: float, kl_estimator: str,
     gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool, advantage_estimator: str = "gae",
     num_generations: int = 1, scale_rewards: bool = True, lam_critic: float | None = None, use_kl_loss: bool = False,
-    step_rewards: torch.Tensor | None = None,
+    step_rewards: torch.Tensor | None = None, lam_length_alpha: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Step 8: the per-token KL (B, R) and {rewards, non_score_rewards, advantages, returns} (B, R) of a rollout,
     from `advantage_estimator` (see `algorithms/estimators.py`: where its KL penalty enters, what it normalises).
@@ -135,7 +135,7 @@ def compute_advantages(
     """
     kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
     settings = EstimatorSettings(kl_coef, num_generations, gamma, lam, whiten_rewards, whiten_advantages, scale_rewards,
-                                 lam_critic)
+                                 lam_critic, lam_length_alpha)
     extra = {}
     if step_rewards is not None and ESTIMATORS[advantage_estimator].needs_critic:
         extra = {"step_rewards": step_rewards}
@@ -289,9 +289,12 @@ def without_uniform_groups(batch: RolloutBatch, scores: torch.Tensor, k: int) ->
 @dataclass
 class Rollout:
     """What `rollout` returns: the batch, its statistics (`rollout_stats`, then with a list of rewards each one's
-    mean raw score as `objective/scores/<name>`), the seconds spent sampling (steps 1-2) and scoring (steps 3-6),
-    each reward's raw scores {name: (B,)} ({} for a single reward), the rows `drop_uniform_groups` masked, and the
-    number of tokens the policy sampled (dropped rows included)."""
+    mean raw score as `objective/scores/<name>`), the seconds spent sampling (steps 1-2) and scoring (steps 3-4:
+    the rewards alone), each reward's raw scores {name: (B,)} ({} for a single reward), the rows
+    `drop_uniform_groups` masked, the number of tokens the policy sampled (dropped rows included), and the seconds of
+    the policy's no-grad pass (step 5: old log-probs and values) and of the reference's (step 6). The trainer logs
+    the four times apart (`time/generate`, `time/score`, `time/policy_forward`, `time/reference`): a reward that
+    looks slow is then the reward, not the forwards after it."""
 
     batch: RolloutBatch
     stats: dict[str, torch.Tensor]
@@ -300,6 +303,16 @@ class Rollout:
     reward_scores: dict[str, torch.Tensor] = field(default_factory=dict)
     dropped: torch.Tensor | None = None  # (B,) bool: the rows `drop_uniform_groups` masked (None: it is off)
     generated_tokens: int = 0
+    policy_forward_seconds: float = 0.0
+    reference_seconds: float = 0.0
+
+
+def _clock(device: torch.device) -> float:
+    """`time.perf_counter()` once the work queued on `device` is done (CUDA runs asynchronously: without the wait,
+    a phase's time would land in the next phase's)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 @torch.no_grad()
@@ -310,8 +323,8 @@ def rollout(
     kl_estimator: str, gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool,
     gather: Callable | None = None, overlong_buffer_length: int | None = None, overlong_penalty_factor: float = 1.0,
     advantage_estimator: str = "gae", num_generations: int = 1, scale_rewards: bool = True,
-    memory_bytes: int = LOGITS_MEMORY_BYTES, lam_critic: float | None = None, use_kl_loss: bool = False,
-    drop_uniform_groups: bool = False, environment=None, response_length: int | None = None,
+    memory_bytes: int = LOGITS_MEMORY_BYTES, lam_critic: float | None = None, lam_length_alpha: float | None = None,
+    use_kl_loss: bool = False, drop_uniform_groups: bool = False, environment=None, response_length: int | None = None,
     columns: dict[str, list] | None = None,
 ) -> Rollout:
     """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
@@ -346,16 +359,18 @@ def rollout(
         # 4. The EOS penalty, on responses that never stopped; the overlong penalty.
         scores = penalize(samples.scores, contains_stop, response_mask, missing_eos_penalty=missing_eos_penalty,
                           overlong_buffer_length=overlong_buffer_length, overlong_penalty_factor=overlong_penalty_factor)
+        scored = _clock(queries.device)
         # 5. Old log-probs and values, in one pass.
         has_critic = policy.has_critic
         logprobs, values, entropy = policy_forward(policy, queries, query_mask, responses, response_mask,
                                                    temperature=temperature, batch_size=batch_size, with_entropy=True,
                                                    with_values=has_critic, memory_bytes=memory_bytes)
+        forwarded = _clock(queries.device)
         # 6. Reference log-probs.
         ref_logprobs = reference_logprobs(policy, ref_model, queries, query_mask, responses, response_mask,
                                           temperature=temperature, batch_size=batch_size, ref_adapter=ref_adapter,
                                           memory_bytes=memory_bytes)
-    scored = time.perf_counter()
+        referenced = _clock(queries.device)
     # 7-8. Shaped scores -> rewards and advantages (the advantage estimator).
     shaped = shape_scores(scores)
     kl, rewards = compute_advantages(logprobs, ref_logprobs, values, policy_mask, shaped,
@@ -363,7 +378,7 @@ def rollout(
                                      whiten_rewards=whiten_rewards, whiten_advantages=whiten_advantages,
                                      advantage_estimator=advantage_estimator, num_generations=num_generations,
                                      scale_rewards=scale_rewards, lam_critic=lam_critic, use_kl_loss=use_kl_loss,
-                                     step_rewards=samples.step_rewards)
+                                     step_rewards=samples.step_rewards, lam_length_alpha=lam_length_alpha)
     values = values if has_critic else torch.zeros_like(logprobs)
     batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
                          contains_stop, **rewards, policy_mask=policy_mask)
@@ -380,4 +395,5 @@ def rollout(
         dropped = uniform_groups(shaped, num_generations)
         batch, stats["rollout/groups_dropped"] = without_uniform_groups(batch, shaped, num_generations)
     return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds, each, dropped,
-                   int(policy_mask.sum().item()))
+                   int(policy_mask.sum().item()), policy_forward_seconds=forwarded - scored,
+                   reference_seconds=referenced - forwarded)

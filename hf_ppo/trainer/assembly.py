@@ -31,7 +31,7 @@ from ..models.tokenizers import (
 )
 from ..models.value_head import AutoModelForCausalLMWithValueHead
 from ..rollout.rewards import load_rewards
-from ..runtime.warn import warn_user
+from ..runtime.warn import warn_user, without_checkpointing_deprecation
 
 
 def trl_inputs(model, reward_model, value_model, critic_model, args) -> tuple:
@@ -116,6 +116,7 @@ class LoadedModels:
     ref_adapter: str | None
 
 
+@without_checkpointing_deprecation
 def load_models(model, processing_class, reward_model, ref_model, reward_processing_class, peft_config,
                 args, device, critic_model=None) -> LoadedModels:
     """Load and check the policy, the reference, the reward model and the critic (`load_critic`) as `PPOLMTrainer`

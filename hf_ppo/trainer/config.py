@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -31,6 +32,7 @@ from ..runtime.warn import warn_user
 from .config_checks import _BOOL_FIELDS, _TRL_ONLY_NAMES, _range_errors, critic_repo_problems
 
 Quantization = Literal["4bit", "8bit", "none"]
+_HUB_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'namespace/name' or 'name'
 
 
 @dataclass
@@ -97,6 +99,14 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "Prompts longer than this (in tokens) are truncated from the left, with one warning. "
                   "It is also capped so that prompt + response fits the policy's context."},
     )
+    apply_chat_template_to_text: bool | None = field(
+        default=None,
+        metadata={"help": "Plain-text prompts (a 'prompt' column of strings) with a tokenizer that has a chat "
+                  "template: True wraps each as one user turn and applies the template (as a 'messages' column "
+                  "would); False feeds the text as it is (a base model, or prompts already formatted), silently; "
+                  "None (default) feeds it as it is and warns once, since a chat model given raw text often answers "
+                  "with empty turns."},
+    )
     temperature: float = field(
         default=0.7,
         metadata={"help": "Sampling temperature. Log-probs of policy and reference use logits / temperature too."},
@@ -149,6 +159,14 @@ class PPOConfig(TrainingArguments):
         default=None,
         metadata={"help": "Lambda of the GAE returns the critic learns (decoupled GAE, VAPO: Yue et al. 2025; e.g. "
                   "1.0, unbiased returns for the critic, with lam=0.95 for the actor). None: `lam`. gae only."},
+    )
+    lam_length_alpha: float | None = field(
+        default=None,
+        metadata={"help": "VAPO's length-adaptive lambda for the actor's advantages (Yue et al. 2025): each response "
+                  "gets lambda = 1 - 1 / (lam_length_alpha x l), l its number of real (policy) tokens, clamped at 0, "
+                  "in place of `lam`; the critic's returns keep `lam_critic` (or `lam`; VAPO pairs it with "
+                  "lam_critic=1.0). VAPO uses 0.05. None: off (`lam` for every response). gae only; leave `lam` at "
+                  "its default with it."},
     )
     cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio (epsilon)."})
     cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value update around V_old."})
@@ -334,6 +352,13 @@ class PPOConfig(TrainingArguments):
         default=False,
         metadata={"help": "push_to_hub uploads the adapter merged into a de-quantized base instead of the adapter."},
     )
+    hub_base_model_id: str | None = field(
+        default=None,
+        metadata={"help": "The Hub id a pushed adapter names as its base (adapter_config.json's "
+                  "base_model_name_or_path) when the policy was loaded from a local folder or a GGUF file, e.g. "
+                  "'HuggingFaceTB/SmolLM2-135M-Instruct'; the local copy keeps the base it was trained on. None: "
+                  "the base as loaded (a local path loads only on this machine: a warning says so)."},
+    )
     critic_hub_model_id: str | None = field(
         default=None,
         metadata={"help": "push_to_hub also pushes the critic (`trainer.push_critic_to_hub`) to this Hub repo, "
@@ -487,6 +512,9 @@ class PPOConfig(TrainingArguments):
         if self.dual_clip is not None and not self.dual_clip > 1:
             errors.append(f"dual_clip={self.dual_clip}: must be > 1 (the bound -c * A must lie beyond the clipped "
                           "loss), or None to turn it off.")
+        if self.hub_base_model_id is not None and not _HUB_ID.match(self.hub_base_model_id):
+            errors.append(f"hub_base_model_id={self.hub_base_model_id!r}: give a Hub model id ('namespace/name'), "
+                          "not a local path.")
         for name in ("policy_quantization", "ref_quantization", "reward_quantization"):
             if getattr(self, name) not in ("4bit", "8bit", "none"):
                 errors.append(f"{name}={getattr(self, name)!r}: choose '4bit', '8bit' or 'none'.")
@@ -509,6 +537,9 @@ class PPOConfig(TrainingArguments):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 errors.append(f"{name}={value!r}: must be True or False.")
+        if not (self.apply_chat_template_to_text is None or isinstance(self.apply_chat_template_to_text, bool)):
+            errors.append(f"apply_chat_template_to_text={self.apply_chat_template_to_text!r}: must be True, False or "
+                          "None.")
         if self.stop_token not in (None, "eos"):
             errors.append(f"stop_token={self.stop_token!r}: choose 'eos' or None (other stop tokens: stop_token_ids).")
         if self.kl_estimator not in ("k1", "k2", "k3"):
@@ -540,6 +571,12 @@ class PPOConfig(TrainingArguments):
             warn_user(f"critic_warmup_steps={warmup} covers the whole run (max_steps={self.max_steps}): only the "
                       "critic trains and the policy ends where it started. Lower critic_warmup_steps or raise "
                       "max_steps if the policy should train.")
+        alpha = self.lam_length_alpha
+        if isinstance(alpha, (int, float)) and alpha > 0 and isinstance(self.response_length, int) \
+                and alpha * self.response_length <= 1:
+            warn_user(f"lam_length_alpha={alpha} x response_length={self.response_length} <= 1: every response gets "
+                      "lambda 1 - 1 / (alpha x length) <= 0, clamped to 0 (one-step TD advantages). VAPO's 0.05 is "
+                      "for responses of hundreds of tokens: raise lam_length_alpha, or unset it.")
         if isinstance(self.entropy_coef, (int, float)) and self.entropy_coef < 0:
             warn_user(f"entropy_coef={self.entropy_coef} is negative: the loss pays the policy for lower entropy, which "
                       "speeds up collapse to a few responses. Use entropy_coef >= 0 unless that is what you want.")
@@ -602,10 +639,15 @@ class PPOConfig(TrainingArguments):
                                  ("critic_updates_per_step", self.critic_updates_per_step != 1),
                                  ("critic_hub_model_id", self.critic_hub_model_id is not None),
                                  ("lam_critic", self.lam_critic is not None),
+                                 ("lam_length_alpha", self.lam_length_alpha is not None),
                                  ("whiten_rewards", self.whiten_rewards is True)):
                 if is_set:
                     errors.append(f"{name} is set, but advantage_estimator={self.advantage_estimator!r} has no critic "
                                   f"and no GAE: unset {name}, or use advantage_estimator='gae'.")
+        if self.lam_length_alpha is not None and self.lam != type(self).__dataclass_fields__["lam"].default:
+            errors.append(f"lam={self.lam} and lam_length_alpha={self.lam_length_alpha} both set the actor's GAE "
+                          "lambda (lam_length_alpha replaces lam there): leave lam at its default, or unset "
+                          "lam_length_alpha. The critic's lambda is lam_critic (VAPO: 1.0).")
         # Settings another choice would read: set with this one, they would be silently ignored.
         if self.critic != "separate":
             for name, is_set in (("critic_quantization", self.critic_quantization != "none"),
@@ -712,7 +754,8 @@ class PPOConfig(TrainingArguments):
         return dict(temperature=self.temperature, batch_size=self.local_rollout_forward_batch_size,
                     missing_eos_penalty=self.missing_eos_penalty, overlong_buffer_length=self.overlong_buffer_length,
                     overlong_penalty_factor=self.overlong_penalty_factor, kl_estimator=self.kl_estimator,
-                    gamma=self.gamma, lam=self.lam, lam_critic=self.lam_critic, whiten_rewards=self.whiten_rewards,
+                    gamma=self.gamma, lam=self.lam, lam_critic=self.lam_critic,
+                    lam_length_alpha=self.lam_length_alpha, whiten_rewards=self.whiten_rewards,
                     whiten_advantages=self.whiten_advantages, advantage_estimator=self.advantage_estimator,
                     num_generations=self.num_generations, scale_rewards=self.scale_rewards,
                     use_kl_loss=self.use_kl_loss, drop_uniform_groups=self.drop_uniform_groups,

@@ -27,6 +27,7 @@ _RANGES = [
     ("gamma", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("lam", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("lam_critic", True, lambda v: 0 <= v <= 1, "None (lam) or in [0, 1]"),
+    ("lam_length_alpha", True, lambda v: 0 < v < math.inf, "None (off: lam) or > 0 (VAPO: 0.05)"),
     ("dataset_num_proc", True, lambda v: v >= 1, "None or an integer >= 1 (processes that tokenize the prompts)"),
     ("logits_memory_mb", False, lambda v: 0 < v < math.inf, "> 0 (MiB, e.g. 256)"),
     ("cliprange", False, lambda v: 0 < v < math.inf, "> 0 (e.g. 0.2)"),

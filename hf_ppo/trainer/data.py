@@ -42,14 +42,15 @@ def _pretokenized_rows(batch: dict, tokenizer) -> tuple[list[list[int]], list[st
 
 
 def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | None, response_length: int,
-                    context: int | None, num_proc: int | None = None):
+                    context: int | None, num_proc: int | None = None, apply_chat_template_to_text: bool | None = None):
     """Check the prompt column and tokenize it; truncate over-long prompts from the left with one warning.
 
     Accepts a "prompt" column (text), a "messages" column (chat), or pre-tokenized "input_ids" (TRL 1.12's format;
     an "attention_mask" column, when present, marks padding to drop). Returns a dataset with columns "prompt" (the
     raw text or messages; for pre-tokenized rows their decoded text) and "input_ids", and every other column of
     `dataset` as it is (the reward functions' keyword arguments; a pre-tokenized dataset's "attention_mask" is dropped
-    once its padding is).
+    once its padding is). With `apply_chat_template_to_text` and a tokenizer that has a chat template, text prompts
+    become one user turn each ("prompt" then holds those messages), exactly as a "messages" column would be read.
     """
     if dataset is None:
         return None
@@ -78,6 +79,9 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
     chat = isinstance(first, list) and not pretokenized
     if not pretokenized:
         _check_rows(dataset[key], name, key, chat)
+    # Text rows are checked as text (above, and for empty rows below); they are wrapped when tokenized.
+    wrap = bool(apply_chat_template_to_text and not chat and not pretokenized
+                and getattr(tokenizer, "chat_template", None))
     if chat and not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{name} holds chat messages but the tokenizer has no chat template: set "
                          "tokenizer.chat_template, or give plain-text prompts in a 'prompt' column.")
@@ -96,16 +100,18 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
             return {"input_ids": ids, "prompt": texts, "_empty": [not i for i in ids],
                     "_length": [len(i) for i in ids], "_out_of_vocab": [any(not 0 <= t < vocab for t in i) for i in ids]}
         prompts = batch[key]
-        if chat:
+        turns = [[{"role": "user", "content": p}] for p in prompts] if wrap else prompts
+        if chat or wrap:
             ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
-                   for p in prompts]
+                   for p in turns]
         else:
             ids = tokenizer(prompts, add_special_tokens=True)["input_ids"]
         empty = [_empty_chat(p) if chat else not p.strip() for p in prompts]
-        return {"input_ids": ids, "_empty": empty, "_length": [len(i) for i in ids]}
+        return {"input_ids": ids, "_empty": empty, "_length": [len(i) for i in ids], **({key: turns} if wrap else {})}
 
-    tokenized = dataset.map(tokenize, batched=True, remove_columns=[c for c in ("attention_mask",) if c in columns],
-                            desc=f"Tokenizing {name}", num_proc=num_proc)
+    dropped = [c for c in ("attention_mask",) if c in columns] + ([key] if wrap else [])  # `key` comes back as turns
+    tokenized = dataset.map(tokenize, batched=True, remove_columns=dropped, desc=f"Tokenizing {name}",
+                            num_proc=num_proc)
     if pretokenized:
         bad = [i for i, b in enumerate(tokenized["_out_of_vocab"]) if b]
         if bad:
@@ -273,11 +279,35 @@ def check_run_length(args, iterations_per_epoch: int) -> None:
                   "critic_warmup_steps, or raise num_train_epochs / set max_steps, if the policy should train.")
 
 
+def _text_prompts(dataset) -> bool:
+    """The dataset's prompts are plain text: a "prompt" column of strings (not chat messages, not token ids)."""
+    return (dataset is not None and "prompt" in dataset.column_names and len(dataset) > 0
+            and isinstance(dataset[0]["prompt"], str))
+
+
+def check_text_prompts(tokenizer, apply_chat_template_to_text: bool | None, **datasets) -> None:
+    """One warning, for all the datasets together, when plain-text prompts go to a policy whose tokenizer has a chat
+    template and `apply_chat_template_to_text` was left unset (None): a chat model given raw text, without its
+    template, often answers with empty or broken turns, and PPO then optimises on those."""
+    if apply_chat_template_to_text is not None or not getattr(tokenizer, "chat_template", None):
+        return
+    plain = [name for name, dataset in datasets.items() if _text_prompts(dataset)]
+    if plain:
+        warn_user(f"{' and '.join(plain)} {'hold' if len(plain) > 1 else 'holds'} plain-text prompts, but the policy's tokenizer has a chat template: the "
+                  "prompts reach the model without it, and a chat model given raw text often answers with empty or "
+                  "broken turns, which PPO then optimises. Give the prompts as chat messages (a 'messages' column of "
+                  "[{'role': 'user', 'content': ...}] turns), or set apply_chat_template_to_text=True to wrap each "
+                  "prompt as one user turn; for a base model (or prompts already formatted) set "
+                  "apply_chat_template_to_text=False to feed the text as it is without this warning.")
+
+
 def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, context: int | None):
     """Both prompt datasets checked and tokenized (`prepare_prompts`), and the rollout batch checked against the
     training set; returns (train, eval, chat) where chat is the set of "is a chat dataset" values seen."""
     kwargs = dict(context=context, max_prompt_length=args.max_prompt_length, response_length=args.response_length,
-                  num_proc=args.dataset_num_proc)
+                  num_proc=args.dataset_num_proc, apply_chat_template_to_text=args.apply_chat_template_to_text)
+    check_text_prompts(tokenizer, args.apply_chat_template_to_text, train_dataset=train_dataset,
+                       eval_dataset=eval_dataset)
     if train_dataset is None and args.max_refill_rounds:
         raise ValueError(f"max_refill_rounds={args.max_refill_rounds} refills with prompts sampled from train_dataset, "
                          "and there is none: pass train_dataset, or set max_refill_rounds=0.")

@@ -100,6 +100,7 @@ class PPOLMTrainer(StepAPI, Trainer):
                                                              assembly.max_positions(policy.config))
         self.rewards = rewards.reward_set(loaded, reward_model, tokenizer, args, chat, train_dataset)  # step 3
         self.reward_tokenizer = self.rewards.tokenizer
+        self._chat_prompts = True in chat  # the model card's example prompts as training did
         self.evaluator = Evaluator(rewards.judge_set(eval_reward_model, tokenizer, args, chat, train_dataset))
 
         super().__init__(
@@ -222,13 +223,15 @@ class PPOLMTrainer(StepAPI, Trainer):
         self._record(dict(zip(result.stats, stats)))
         generated_tokens = result.generated_tokens * args.world_size
         self._record({"objective/kl_coef": self.kl_ctl.value, "time/generate": result.generate_seconds,
-                      "time/score": result.score_seconds,
+                      "time/score": result.score_seconds, "time/policy_forward": result.policy_forward_seconds,
+                      "time/reference": result.reference_seconds,
                       "rollout/tokens_per_second": generated_tokens / max(result.generate_seconds, 1e-9)})
         # 10. The KL controller moves after each rollout, by the number of episodes it saw.
         self.kl_ctl.update(stats[0].item(), len(batch) * args.world_size)
         self.iteration += 1
         if self.is_world_process_zero():
-            maybe_log_samples(tokenizer, batch, self.iteration, self.state.global_step, self.state.max_steps, args)
+            maybe_log_samples(tokenizer, batch, self.iteration, self.state.global_step, self.state.max_steps, args,
+                              inputs["prompts"])
         self._train_phase_start = time.perf_counter()
         return batch
 
@@ -304,7 +307,11 @@ class PPOLMTrainer(StepAPI, Trainer):
             return
         wrapper = self.accelerator.unwrap_model(self.model)  # under FSDP, `state_dict` holds the gathered policy
         check_finite_weights(wrapper, output_dir, self._last_complete_checkpoint())
-        publish.save_policy_folder(wrapper.policy_model, output_dir, self.trained_adapter, self.processing_class, state_dict)
+        # How the run loaded each model, beside the policy: hf-ppo evaluate reads it.
+        record = publish.run_record(self.args, self._model_sources, wrapper.policy_model, self.ref_model,
+                                    self.ref_adapter, self.reward_model)
+        publish.save_policy_folder(wrapper.policy_model, output_dir, self.trained_adapter, self.processing_class,
+                                   state_dict, record)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the policy (see `_save`); called by the user, also write its model card (the Hub card's template) and
@@ -414,9 +421,11 @@ class PPOLMTrainer(StepAPI, Trainer):
                            commit_message: str = "Upload hf_ppo critic"):
         """Push the critic, as `model.save_critic` writes it, with a card, to the Hub repo `repo_id` (a repo of its
         own, never the policy's): a later run starts from it with `PPOLMTrainer(critic_model=repo_id)`
-        (`hf_ppo.hub.push_critic`). Returns the commit info (None on processes other than the main one)."""
+        (`hf_ppo.hub.push_critic`). `private` None: the run's `hub_private_repo`, as for the policy. Returns the
+        commit info (None on processes other than the main one)."""
         if not self.is_world_process_zero():
             return None
+        private = private if private is not None else self.args.hub_private_repo
         return publish.push_critic(self.accelerator.unwrap_model(self.model), repo_id, self.processing_class,
                                    private=private, token=token if token is not None else self.args.hub_token,
                                    commit_message=commit_message)
@@ -427,4 +436,4 @@ class PPOLMTrainer(StepAPI, Trainer):
         return cards.write_policy_card(folder, self.accelerator.unwrap_model(self.model).policy_model,
                                      self.trained_adapter, self._model_sources, self.args, self.state.log_history,
                                      repo_id=repo_id, merged=merged, dataset_names=dataset_names,
-                                     saved_locally=saved_locally)
+                                     saved_locally=saved_locally, chat_prompts=self._chat_prompts)

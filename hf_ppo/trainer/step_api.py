@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from ..algorithms.ppo_math import masked_mean
 from ..rollout.environments import EnvSample, GivenSamples, embedding_rows, token_ids
 from .assembly import max_positions
 from .data import PromptCollator
@@ -24,9 +25,11 @@ from .schedule import MinibatchSchedule
 from .watch import stopped_by_collapse
 
 # TRL 0.11 stats key -> the hf_ppo metric with that meaning. TRL's "ppo/policy/ratio" was an array; here its mean.
+# (TRL's "ppo/mean_non_score_reward" is a per-token mean, hf_ppo's objective/non_score_reward a per-response sum:
+# step() computes it apart.)
 TRL_KEYS = {
     "objective/kl": "objective/kl", "objective/kl_coef": "objective/kl_coef", "objective/entropy": "objective/entropy",
-    "ppo/mean_non_score_reward": "objective/non_score_reward", "ppo/mean_scores": "objective/scores",
+    "ppo/mean_scores": "objective/scores",
     "ppo/loss/policy": "loss/policy_avg", "ppo/loss/value": "loss/value_avg", "ppo/policy/entropy": "policy/entropy_avg",
     "ppo/policy/approxkl": "policy/approxkl_avg", "ppo/policy/clipfrac": "policy/clipfrac_avg",
     "ppo/policy/advantages_mean": "rollout/advantages_mean", "ppo/policy/ratio": "val/ratio",
@@ -147,8 +150,9 @@ class StepAPI:
         environment's or a tool's output: context, never trained on). The learning-rate schedule spans `max_steps`
         (set it, or use a constant `lr_scheduler_type`); a call past its end is refused. With save_strategy="steps" a
         call that reaches a multiple of `save_steps` (or `max_steps`) ends with a checkpoint, as `train()` saves.
-        Returns the statistics: TRL 0.11's keys (`TRL_KEYS`, plus ppo/loss/total, ppo/std_scores, ppo/learning_rate,
-        tokens/*_len_mean, time/ppo/total) and hf_ppo's metric names; they are logged too (`log`).
+        Returns the statistics: TRL 0.11's keys (`TRL_KEYS`, plus ppo/loss/total, ppo/std_scores,
+        ppo/mean_non_score_reward (per token, as TRL's), ppo/learning_rate, tokens/*_len_mean, time/ppo/total) and
+        hf_ppo's metric names; they are logged too (`log`).
         """
         start, args = time.perf_counter(), self.args
         self._check_step_settings()
@@ -171,6 +175,7 @@ class StepAPI:
         stats.update({trl: stats[ours] for trl, ours in TRL_KEYS.items() if ours in stats})
         stats.update({"ppo/loss/total": torch.stack(losses).sum().item() / (len(losses) // args.gradient_accumulation_steps),
                       "ppo/std_scores": batch.scores.std().item() if len(batch) > 1 else 0.0,
+                      "ppo/mean_non_score_reward": masked_mean(batch.non_score_rewards, batch.policy_mask).item(),
                       "ppo/learning_rate": self._get_learning_rate(),
                       "tokens/queries_len_mean": batch.query_mask.sum(1).float().mean().item(),
                       "tokens/responses_len_mean": batch.response_mask.sum(1).float().mean().item(),
