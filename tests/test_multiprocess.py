@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Runs the recipe's main() in each process, then records what that rank holds: a hash of its trainable weights
 # (LoRA + the critic's), whether it was the saving process, and the first completions it sampled.
 DRIVER = textwrap.dedent("""
+    import faulthandler; faulthandler.enable()  # a crash prints each thread's Python stack
     import hashlib, importlib.util, json, os, sys
     import torch
     spec = importlib.util.spec_from_file_location("ppo_recipe", sys.argv[1])
@@ -47,6 +48,10 @@ DRIVER = textwrap.dedent("""
         json.dump({"rank": rank, "world_size": trainer.args.world_size, "sha": trained, "lora_sha": lora,
                    "should_save": trainer.args.should_save, "steps": trainer.state.global_step,
                    "sampling_seed": torch.initial_seed()}, f)
+    trainer.accelerator.end_training()  # as `hf-ppo train` ends: the process group destroyed
+    # Then out without interpreter finalization, where gloo's worker threads can abort a process whose work is
+    # done (pytorch/pytorch#190489): the test reads what each rank wrote, and a teardown abort would fail it.
+    sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
 """)
 
 

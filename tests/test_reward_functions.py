@@ -272,6 +272,7 @@ def test_an_exception_at_the_probe_fails_construction(tiny_models, tokenizer, tm
 
 # ---- 2-process DDP ---------------------------------------------------------------------------------------------------
 DRIVER = textwrap.dedent("""
+    import faulthandler; faulthandler.enable()  # a crash prints each thread's Python stack
     import json, os, sys
     sys.path.insert(0, sys.argv[2])
     import test_reward_functions as t
@@ -281,6 +282,10 @@ DRIVER = textwrap.dedent("""
     trainer.train()
     with open(os.path.join(sys.argv[1], f"rank{trainer.args.process_index}.json"), "w") as f:
         json.dump({"calls": sum(t.CALLS), "world_size": trainer.args.world_size}, f)
+    trainer.accelerator.end_training()  # as `hf-ppo train` ends: the process group destroyed
+    # Then out without interpreter finalization, where gloo's worker threads can abort a process whose work is
+    # done (pytorch/pytorch#190489): the test reads what each rank wrote, and a teardown abort would fail it.
+    sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
 """)
 
 

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Runs the recipe's main() in each process, then writes what that rank holds: its actor-critic's full weights
 # (gathered from the shards under FSDP), whether it saved, whether its model was sharded.
 DRIVER = textwrap.dedent("""
+    import faulthandler; faulthandler.enable()  # a crash prints each thread's Python stack
     import json, os, sys
     import torch
     from accelerate.state import AcceleratorState
@@ -58,6 +59,10 @@ DRIVER = textwrap.dedent("""
     with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:
         json.dump({"should_save": trainer.args.should_save, "steps": trainer.state.global_step,
                    "shard_groups": len(sharding.fsdp_modules(model)), "fsdp": trainer.is_fsdp_enabled}, f)
+    trainer.accelerator.end_training()  # as `hf-ppo train` ends: the process group destroyed
+    # Then out without interpreter finalization, where gloo's worker threads can abort a process whose work is
+    # done (pytorch/pytorch#190489): the test reads what each rank wrote, and a teardown abort would fail it.
+    sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
 """)
 
 VARIANTS = {

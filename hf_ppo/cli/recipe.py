@@ -454,7 +454,11 @@ def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") 
 def run(argv: list[str] | None = None, command: str = "python recipes/ppo.py") -> None:
     """`main` as a command: a bad key or path exits with its message alone (the whole story, no traceback)."""
     try:
-        main(argv, command)
+        trainer = main(argv, command)
     except ConfigError as err:
         name = os.path.basename(command.split()[-1]) if command.endswith(".py") else command
         sys.exit(f"{name}: error: {err}")
+    # The script's end (accelerate's end_training: trackers closed, the process group destroyed). Under `accelerate
+    # launch` a process that exits with its gloo/NCCL group alive can abort in teardown ("terminate called without an
+    # active exception"), after everything was saved, and the launcher then reports the run as failed.
+    trainer.accelerator.end_training()
