@@ -43,7 +43,7 @@ test-fast: $(STAMP)
 
 test-random: $(STAMP)
 	$(PY) -m pip install -q pytest-random-order
-	$(PY) -m pytest -q -rs -p random_order --random-order-bucket=module $(PYTEST_ARGS) tests
+	$(PY) -m pytest -rs -p random_order --random-order-bucket=module $(PYTEST_ARGS) tests  # no -q: the header prints the seed
 
 test-floors:
 	$(MAKE) test VENV=.venv-floors CONSTRAINTS=deps/floors.txt

@@ -38,6 +38,11 @@ SUBSET = [
     "tests/test_objective_wiring.py",
     "tests/test_guard_wiring.py",
     "tests/test_data.py",
+    # environments: the four tests that catch the mutations of their section
+    "tests/test_environment.py::test_environment_tokens_get_zero_kl_zero_advantage_and_zero_gradient",
+    "tests/test_environment.py::test_first_ratio_is_exactly_one_and_the_loss_reads_the_policy_mask",
+    "tests/test_environment.py::test_per_position_rewards_join_gae_rewards_and_critic_free_scores",
+    "tests/test_ppo_math.py::test_gae_bootstraps_across_an_environment_segment_hand_example",
     # issue 41: the newest paths' pinning tests (one line per file)
     # subset:evaluation
     "tests/test_evaluation_pins.py",
