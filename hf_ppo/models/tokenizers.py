@@ -134,8 +134,8 @@ def choose_pad_token(
     # Generation appends on the right. `save_pretrained` writes only the keys of `init_kwargs` (a tokenizer built
     # without `padding_side` would be saved right-padded), so the saved copy is told too.
     tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "left"
-    context = _context_length(model.config)
-    if tokenizer.model_max_length > LARGE_INTEGER and context:
+    context = max_positions(model.config)
+    if tokenizer.model_max_length > LARGE_INTEGER and isinstance(context, int) and context > 0:
         tokenizer.model_max_length = tokenizer.init_kwargs["model_max_length"] = context
     pad = tokenizer.pad_token_id
     if pad is not None and pad not in stop_token_ids:
@@ -155,11 +155,10 @@ def choose_pad_token(
     return tokenizer
 
 
-def _context_length(config) -> int | None:
-    """The model's context length (`max_position_embeddings` of its text config), or None when it names none."""
+def max_positions(config) -> int | None:
+    """The model's context length (`max_position_embeddings` of its text config), or None when it has none."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    length = getattr(text_config, "max_position_embeddings", None)
-    return length if isinstance(length, int) and length > 0 else None
+    return getattr(text_config, "max_position_embeddings", None)
 
 
 def _unused_special_token(tokenizer, model, rows: int, stop_ids: set[int]) -> tuple[int, str] | None:

@@ -27,6 +27,7 @@ from ..models.tokenizers import (
     check_vocab,
     choose_pad_token,
     load_policy_tokenizer,
+    max_positions,
     resolve_stop_token_ids,
 )
 from ..models.value_head import AutoModelForCausalLMWithValueHead
@@ -93,12 +94,6 @@ POLICY_VOCAB_FIX = ("If you added tokens to the tokenizer (a [PAD], chat tokens)
 REFERENCE_VOCAB_FIX = ("The reference scores the policy's token ids, so it must have the policy's vocabulary: pass "
                         "the policy's starting checkpoint as ref_model (or ref_model=None), resized like the policy "
                         "if you added tokens.")
-
-
-def max_positions(config) -> int | None:
-    """The model's context length (`max_position_embeddings` of its text config), or None when it has none."""
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return getattr(text_config, "max_position_embeddings", None)
 
 
 @dataclass
