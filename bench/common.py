@@ -216,3 +216,19 @@ def iteration_callback(clock: "IterationClock", scores: list, steps_per_iteratio
                 scores.append(float(logs["objective/scores"]))
 
     return IterationCallback()
+
+
+# ---- The arithmetic task of the learning table (issue 39) ------------------------------------------------------
+def final_number(text: str) -> int | None:
+    """The last integer written in `text` (a completion's final answer), or None: "3 + 4 = 7." -> 7."""
+    import re
+
+    numbers = re.findall(r"-?\d+", text)
+    return int(numbers[-1]) if numbers else None
+
+
+def answer_score(completion: str, answer) -> float:
+    """1.0 when the completion's final number is the row's answer, else 0.0: the arithmetic task's 0/1 reward, shared
+    by hf_ppo's runs (a reward function with the `answer` column) and the peer's (a stand-in reward model that reads
+    the question from the prompt)."""
+    return 1.0 if final_number(completion) == int(answer) else 0.0

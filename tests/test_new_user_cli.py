@@ -161,6 +161,23 @@ def test_hf_ppo_evaluate_samples_the_reference_training_evaluated_against(tiny_m
     assert saved["quantization"] == {"policy": "none", "ref": "none", "reward": "none"}
     assert json.loads((folder / "hf_ppo_run.json").read_text())["quantization"] == {
         "policy": "none", "reference": "none", "reward": ["none"]}
+    assert saved["precision"] == json.loads((folder / "hf_ppo_run.json").read_text())["precision"] == "fp32"
+    # A run recorded in bf16 is evaluated under bf16, as it trained (Trainer's mixed precision; a 4-bit model's
+    # compute dtype), on a CPU too.
+    record = json.loads((folder / "hf_ppo_run.json").read_text())
+    (folder / "hf_ppo_run.json").write_text(json.dumps(dict(record, precision="bf16")))
+    seen = {}
+    real = PPOLMTrainer.evaluate
+
+    def spy(self, *a, **kw):
+        seen["bf16"] = self.args.bf16
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(PPOLMTrainer, "evaluate", spy)
+    evaluate(["--policy", str(folder), "--reward_model", tiny_models["reward"], "--dataset", str(prompts),
+              "--response_length", "4", "--batch_size", "2", "--output_dir", "bf16"])
+    assert seen["bf16"]
+    assert json.loads((tmp_path / "bf16" / "metrics.json").read_text())["precision"] == "bf16"
 
 
 def test_evaluate_quantization_follows_the_record_else_full_precision_or_the_options(tmp_path):
@@ -183,6 +200,30 @@ def test_evaluate_quantization_follows_the_record_else_full_precision_or_the_opt
         "policy": "4bit", "ref": "none", "reward": "4bit"}
     with pytest.raises(SystemExit):
         chosen(qlora, "--ref_quantization", "3bit")
+
+
+def test_evaluate_precision_follows_the_record_else_fp32_or_the_option(tmp_path, monkeypatch, capsys):
+    """The compute dtype: --precision, else the run's record, else fp32; fp16 without a GPU is said and falls back."""
+    from hf_ppo.cli.command import evaluate_parser, recorded_precision
+
+    def chosen(folder, *options):
+        args = evaluate_parser().parse_args(["--policy", str(folder), "--dataset", "d.jsonl", *options])
+        return recorded_precision(str(folder), args)
+
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    assert chosen(unknown) == ("fp32", None)
+    run = tmp_path / "bf16"
+    run.mkdir()
+    (run / "hf_ppo_run.json").write_text(json.dumps({"precision": "bf16"}))
+    assert chosen(run) == ("bf16", None) and chosen(run, "--precision", "fp32") == ("fp32", None)
+    (run / "hf_ppo_run.json").write_text(json.dumps({"precision": "fp16"}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    precision, note = chosen(run)
+    assert precision == "fp32" and "the run trained in fp16" in note and "fp16 needs a GPU" in note
+    assert "--precision fp16" in chosen(unknown, "--precision", "fp16")[1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert chosen(run) == ("fp16", None)
 
 
 # ---- 3. evaluating a saved adapter from Python ----------------------------------------------------------------------

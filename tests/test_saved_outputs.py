@@ -60,16 +60,22 @@ def gguf_like_base(tmp_path_factory) -> Path:
 def chat_run(gguf_like_base, tmp_path_factory):
     """A LoRA run on chat prompts, ended by max_steps=1, saved with save_model()."""
     out = tmp_path_factory.mktemp("chat_run") / "tiny-chat-ppo"
-    args = PPOConfig(output_dir=str(out), per_device_train_batch_size=4, num_mini_batches=1, num_ppo_epochs=1,
-                     max_steps=1, response_length=4, logging_steps=1, report_to=[], save_strategy="no",
-                     num_sample_generations=0, disable_tqdm=True, seed=0)
-    trainer = PPOLMTrainer(model=str(gguf_like_base), args=args, reward_model=count_e, train_dataset=CHAT,
-                           peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                                  task_type="CAUSAL_LM"))
-    trainer.train()
+    trainer = one_step_lora_run(gguf_like_base, out)
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.save_model()
     return out
+
+
+def one_step_lora_run(base, out) -> PPOLMTrainer:
+    """A LoRA run of one step on chat prompts, trained, not saved yet."""
+    args = PPOConfig(output_dir=str(out), per_device_train_batch_size=4, num_mini_batches=1, num_ppo_epochs=1,
+                     max_steps=1, response_length=4, logging_steps=1, report_to=[], save_strategy="no",
+                     num_sample_generations=0, disable_tqdm=True, seed=0)
+    trainer = PPOLMTrainer(model=str(base), args=args, reward_model=count_e, train_dataset=CHAT,
+                           peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                  task_type="CAUSAL_LM"))
+    trainer.train()
+    return trainer
 
 
 def card_code(text: str) -> str:
@@ -273,3 +279,52 @@ def test_the_card_names_hub_base_model_id_and_the_gguf_file_it_came_from(tmp_pat
             ) in text
     assert 'AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")' in text
     assert str(tmp_path) not in text
+
+
+# ---- Files hf_ppo did not write: a user's README.md or plot in the output folder -----------------------------------
+def card_kwargs() -> dict:
+    return dict(repo_id="org/run", base_model="org/base", reward_model="org/rm", ref_model=None, dataset_names=[],
+                peft_config=None, hyperparameters={}, log_history=HISTORY)
+
+
+def test_a_users_readme_is_never_rewritten_but_hf_ppos_own_card_is(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# My experiment\n\nNotes I keep beside the run.\n")
+    with pytest.warns(UserWarning, match="not a model card hf_ppo wrote"):
+        write_model_card(tmp_path, **card_kwargs())
+    assert readme.read_text() == "# My experiment\n\nNotes I keep beside the run.\n"
+    assert not (tmp_path / cards.PLOT_FILE).exists()  # no plot beside a card that is not there
+    # hf_ppo's own card (its `hf_ppo` tag) is rewritten by a later save, with its plot.
+    mine = tmp_path / "mine"
+    write_model_card(mine, **card_kwargs())
+    assert cards.is_hf_ppo_card(mine / "README.md") and cards.is_hf_ppo_plot(mine / cards.PLOT_FILE)
+    later = dict(card_kwargs(), log_history=HISTORY + [dict(HISTORY[-1], step=16, iteration=4,
+                                                            **{"objective/scores": 7.5})])
+    write_model_card(mine, **later)
+    assert "7.5" in (mine / "README.md").read_text()
+
+
+def test_a_users_plot_of_the_same_name_is_kept(tmp_path):
+    plot = tmp_path / cards.PLOT_FILE
+    plot.write_bytes(b"\x89PNG\r\n\x1a\n not hf_ppo's")
+    with pytest.warns(UserWarning, match="not a plot hf_ppo drew"):
+        write_model_card(tmp_path, **card_kwargs())
+    assert plot.read_bytes() == b"\x89PNG\r\n\x1a\n not hf_ppo's"
+    text = (tmp_path / "README.md").read_text()
+    assert cards.is_hf_ppo_card(tmp_path / "README.md") and cards.PLOT_FILE not in text
+
+
+def test_save_model_keeps_a_users_readme_byte_for_byte(gguf_like_base, tmp_path):
+    """PEFT's `save_pretrained` updates an existing README.md's metadata in place; a user's README in output_dir comes
+    out of `save_model()` exactly as it went in, with a warning, and the save message does not claim a card."""
+    out = tmp_path / "run"
+    out.mkdir()
+    user = b"---\nlicense: mit\n---\n# Mine\n"
+    (out / "README.md").write_bytes(user)
+    trainer = one_step_lora_run(gguf_like_base, out)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), pytest.warns(UserWarning, match="not a model card hf_ppo wrote"):
+        trainer.save_model()
+    assert (out / "README.md").read_bytes() == user
+    assert (out / "adapter_model.safetensors").is_file() and not (out / cards.PLOT_FILE).exists()
+    assert "Saved the policy (LoRA adapter, tokenizer) to" in printed.getvalue()

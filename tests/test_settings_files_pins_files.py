@@ -217,3 +217,24 @@ def test_a_saved_full_critic_loads_after_its_base_folder_is_gone(tiny_models, to
     enc = tokenizer(["the movie was great", "bad"], return_tensors="pt", padding=True)
     with torch.no_grad():
         assert torch.equal(first.model(**enc).value, second.model(**enc).value)
+
+
+def test_a_saved_lora_critic_whose_base_folder_is_gone_is_an_error_naming_it(tiny_models, tokenizer, tmp_path):
+    """A LoRA critic is an adapter on its base: with the base folder deleted it cannot load, and the error names the
+    saved critic, the missing base and the fix (not huggingface_hub's "Repo id must be in the form")."""
+    from peft import LoraConfig
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_models["policy"], base)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
+    first = PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path / "first", critic="separate"),
+                         processing_class=tokenizer, reward_model=count_e,
+                         train_dataset=Dataset.from_dict({"prompt": PROMPTS}), critic_model=str(base),
+                         peft_config=lora)
+    folder = first.model.save_critic(str(tmp_path / "critic"), first.processing_class)
+    shutil.rmtree(base)
+    with pytest.raises(ValueError, match="LoRA critic .* is an adapter on the base") as err:
+        PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path / "second", critic="separate"),
+                     processing_class=tokenizer, reward_model=count_e,
+                     train_dataset=Dataset.from_dict({"prompt": PROMPTS}), critic_model=folder, peft_config=lora)
+    assert str(base) in str(err.value) and folder in str(err.value) and "critic_model=" in str(err.value)

@@ -32,7 +32,9 @@ working directory, factories as JSON objects); each function gets the dataset's 
 a full-model policy needs it. Each model loads as the run that trained the policy loaded it (hf_ppo_run.json, which
 save_model() writes beside the policy: the reference of a LoRA run is its base in the policy's quantization), in
 full precision when nothing is recorded; --policy_quantization, --ref_quantization and --reward_quantization
-(4bit, 8bit or none, PPOConfig's names) choose. Everything runs where torch finds a device (CPU or one GPU).
+(4bit, 8bit or none, PPOConfig's names) choose. The compute dtype is the run's too (bf16, fp16 or fp32, recorded
+in the same file; fp32 when nothing is recorded); --precision chooses. Everything runs where torch finds a device
+(CPU or one GPU); fp16 needs a GPU, so on a CPU an fp16 run is evaluated in fp32, and the command says so.
 """
 
 
@@ -70,10 +72,34 @@ def evaluate_parser() -> argparse.ArgumentParser:
         add(f"--{flag}_quantization", choices=QUANTIZATIONS, default=None,
             help=f"Load {what} in 4bit, 8bit or none (full precision). Default: as the run that trained the policy "
                  "loaded it (its hf_ppo_run.json), else none.")
+    add("--precision", choices=PRECISIONS, default=None,
+        help="Compute dtype of every model: bf16, fp16 or fp32. Default: the one the run that trained the policy used "
+             "(its hf_ppo_run.json), else fp32.")
     return parser
 
 
 QUANTIZATIONS = ("4bit", "8bit", "none")
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def recorded_precision(policy: str, args: argparse.Namespace) -> tuple[str, str | None]:
+    """(precision, note): --precision when given, else the one the run that trained `policy` recorded beside it,
+    else 'fp32'. fp16 without a GPU (Trainer refuses it on a CPU) becomes fp32, with the note that says so."""
+    from ..hub.publish import read_run_record
+
+    record = (read_run_record(policy) if os.path.isdir(policy) else None) or {}
+    recorded = record.get("precision") if record.get("precision") in PRECISIONS else None
+    chosen = args.precision or recorded or "fp32"
+    if chosen == "fp16" and not _cuda_available():
+        where = "--precision fp16" if args.precision else "the run trained in fp16"
+        return "fp32", f"{where}, but fp16 needs a GPU and none is here: evaluating in fp32."
+    return chosen, None
 
 
 def recorded_quantization(policy: str, args: argparse.Namespace) -> dict[str, str]:
@@ -189,7 +215,13 @@ def evaluate(argv: list[str]) -> dict[str, float]:
 
     silence_known_warnings()
     quantization = recorded_quantization(args.policy, args)
+    precision, note = recorded_precision(args.policy, args)
+    if note:
+        print(f"hf-ppo evaluate: {note}")
     config = PPOConfig(output_dir=args.output_dir, per_device_eval_batch_size=args.batch_size,
+                       bf16=precision == "bf16", fp16=precision == "fp16",
+                       # Trainer takes bf16 without a GPU only when told to run on the CPU
+                       use_cpu=precision == "bf16" and not _cuda_available(),
                        response_length=args.response_length, temperature=args.temperature, top_p=args.top_p,
                        seed=args.seed, report_to=[], disable_tqdm=True, save_strategy="no",
                        num_eval_samples=args.num_samples, policy_quantization=quantization["policy"],
@@ -214,9 +246,9 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     metrics = trainer.evaluate()
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
-        json.dump({"policy": args.policy, "reference": reference, "quantization": quantization, **metrics}, f,
-                  indent=2)
-    loaded = "quantization: " + ", ".join(f"{name} {q}" for name, q in quantization.items())
+        json.dump({"policy": args.policy, "reference": reference, "quantization": quantization,
+                   "precision": precision, **metrics}, f, indent=2)
+    loaded = "quantization: " + ", ".join(f"{name} {q}" for name, q in quantization.items()) + f"; {precision}"
     print(f"{args.policy} against {reference} on {len(prompts)} prompts of {args.dataset} ({loaded}):\n")
     print(metrics_markdown(metrics, "eval_"))
     print(f"\nSide by side: {os.path.join(args.output_dir, REPORT_FILE)}")

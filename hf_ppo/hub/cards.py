@@ -14,7 +14,8 @@ from pathlib import Path
 from ..evaluation.report import final_evaluation
 from ..models import gguf
 from ..models.critics import CRITIC_INFO_FILE, CRITIC_STATE_FILE
-from .plots import DEFAULT_PANELS, metric_series, plot_training_curves, x_axis
+from ..runtime.warn import warn_user
+from .plots import DEFAULT_PANELS, PLOT_STAMP, metric_series, plot_training_curves, x_axis
 
 logger = logging.getLogger(__name__)
 
@@ -215,13 +216,25 @@ def write_model_card(
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    plot = plot_training_curves(
-        log_history,
-        folder / PLOT_FILE,
-        panels=DEFAULT_PANELS,
-        title=f"PPO training of {repo_id.split('/')[-1]}",
-        x_key=x_axis(log_history),
-    )
+    path = folder / "README.md"
+    if path.exists() and not is_hf_ppo_card(path):
+        warn_user(f"{path} is not a model card hf_ppo wrote, so it is kept as it is and no card (or plot) is written "
+                  f"into {folder}. To get hf_ppo's card, save to another output_dir, or move that README.md away and "
+                  "save again (the saved policy itself is complete without it).")
+        return path
+    plot_path = folder / PLOT_FILE
+    plot = None
+    if plot_path.exists() and not path.exists() and not is_hf_ppo_plot(plot_path):
+        warn_user(f"{plot_path} is not a plot hf_ppo drew, so it is kept as it is and the card shows no training "
+                  f"curves. Move it away (or save to another output_dir) to get them.")
+    else:
+        plot = plot_training_curves(
+            log_history,
+            plot_path,
+            panels=DEFAULT_PANELS,
+            title=f"PPO training of {repo_id.split('/')[-1]}",
+            x_key=x_axis(log_history),
+        )
     base_id, ref_id = _hub_id(base_model), _hub_id(ref_model)
     rewards = reward_model if isinstance(reward_model, (list, tuple)) else [reward_model]
     hub_datasets = [d for d in (_hub_id(name) for name in dataset_names) if d]
@@ -270,9 +283,31 @@ def write_model_card(
         procedure_text=method_texts(hyperparameters)[1],
         versions=[(name, _version(name)) for name in FRAMEWORKS],
     )
-    path = folder / "README.md"
     ModelCard(content).save(path)  # parsing it here fails fast on broken YAML metadata
     return path
+
+
+def is_hf_ppo_card(path) -> bool:
+    """Whether the README.md at `path` is a policy or critic card hf_ppo wrote (its metadata's `hf_ppo` tag): only
+    those are rewritten by a later save, never a user's own README."""
+    from huggingface_hub import metadata_load
+
+    try:
+        tags = (metadata_load(path) or {}).get("tags") or []
+    except Exception:  # unreadable or malformed metadata: not a card hf_ppo wrote
+        return False
+    return isinstance(tags, list) and CARD_TAGS[0] in tags
+
+
+def is_hf_ppo_plot(path) -> bool:
+    """Whether the PNG at `path` is a training plot hf_ppo drew (its `Software` text chunk, `plots.PLOT_STAMP`)."""
+    try:
+        from PIL import Image
+
+        with Image.open(path) as image:
+            return image.info.get("Software") == PLOT_STAMP
+    except Exception:  # not a PNG it can read: not hf_ppo's
+        return False
 
 
 def _card_template() -> str:

@@ -35,6 +35,10 @@ def x_axis(log_history: list[dict]) -> str:
     return "iteration" if any("iteration" in entry for entry in log_history) else "step"
 
 
+# The PNG `Software` text chunk of hf_ppo's plots: a later save redraws a plot that carries it, and keeps any other.
+PLOT_STAMP = "hf_ppo training curves"
+
+
 def plot_training_curves(
     log_history: list[dict], path: str | Path, panels: dict[str, str] | None = None, title: str = "PPO training",
     x_key: str = "step",
@@ -61,6 +65,6 @@ def plot_training_curves(
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, metadata={"Software": PLOT_STAMP})
     plt.close(fig)
     return path

@@ -22,7 +22,7 @@ from ..models.adapters import save_policy
 from ..models.pretrained import _quantization_of
 from ..runtime.warn import warn_user, without_checkpointing_deprecation
 from ..models.critics import CRITIC_INFO_FILE, CRITIC_STATE_FILE, save_critic
-from .cards import _hub_id, write_critic_card
+from .cards import _hub_id, is_hf_ppo_card, write_critic_card
 
 logger = logging.getLogger(__name__)
 
@@ -179,11 +179,13 @@ def saved_policy_message(folder, is_adapter: bool) -> str:
                 "             (the base model is read from adapter_config.json; the tokenizer is in the same folder)",
                 "  merged:    model = AutoPeftModelForCausalLM.from_pretrained(...).merge_and_unload(); "
                 "model.save_pretrained('merged')"]
-        what = "LoRA adapter, tokenizer and model card"
+        what = "LoRA adapter, tokenizer"
     else:
         load = [f"  load it:   from transformers import AutoModelForCausalLM; "
                 f"model = AutoModelForCausalLM.from_pretrained({folder!r})"]
-        what = "weights, tokenizer and model card"
+        what = "weights, tokenizer"
+    # A README.md of the user's own is kept, and no card written (cards.write_model_card says so).
+    what += " and model card" if is_hf_ppo_card(os.path.join(folder, "README.md")) else ""
     push = ["  push it:   trainer.push_to_hub() in the training script (push_to_hub: true in a recipe config), or "
             "from the folder:",
             f"             python -c \"from hf_ppo.hub import push_policy_folder; "
@@ -331,7 +333,12 @@ def save_policy_folder(policy, output_dir: str, trained_adapter: str | None, tok
     os.makedirs(output_dir, exist_ok=True)
     card = os.path.join(output_dir, "README.md")
     had_card = os.path.isfile(card)
+    # PEFT's save_pretrained updates an existing README.md's metadata in place: a README the user keeps there (which
+    # the card writer then leaves alone) must come out byte for byte as it went in.
+    kept = Path(card).read_bytes() if had_card else None
     save_policy(policy, output_dir, trained_adapter, state_dict)
+    if kept is not None and Path(card).read_bytes() != kept:
+        Path(card).write_bytes(kept)
     tokenizer.save_pretrained(output_dir)
     make_base_path_absolute(output_dir)
     if record is not None:
@@ -355,7 +362,8 @@ def run_record(args, sources: dict, policy_model, ref_model, ref_adapter: str | 
       (its adapter disabled, or a reference adapter on it) when `ref_model` is None, so it has the policy's;
     - `reference`: the reference model as given (id or path), or None when it lives inside the policy;
     - `base_model`: the policy's origin: `source` (the id or path given), `gguf_file` (None unless it is a GGUF
-      checkpoint), `hub_id` (PPOConfig.hub_base_model_id: what a pushed adapter names as its base).
+      checkpoint), `hub_id` (PPOConfig.hub_base_model_id: what a pushed adapter names as its base);
+    - `precision`: the compute dtype the run loaded its models in: 'bf16', 'fp16' or 'fp32' (`bf16` / `fp16`).
     """
     policy_q = _quantization_of(policy_model)
     rewards = reward_model if isinstance(reward_model, (list, tuple)) else [reward_model]
@@ -369,6 +377,7 @@ def run_record(args, sources: dict, policy_model, ref_model, ref_adapter: str | 
             f"adapter {ref_adapter!r} of the policy" if ref_adapter is not None else None),
         "base_model": {"source": source, "gguf_file": (init or {}).get("gguf_file"),
                        "hub_id": getattr(args, "hub_base_model_id", None)},
+        "precision": "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32",
     }
 
 

@@ -224,7 +224,18 @@ def saved_critic(critic_model, critic: str, init_kwargs: dict | None = None) -> 
     state = load_file(os.path.join(folder, CRITIC_STATE_FILE))
     if critic != "separate":  # the shared head and reward_lora are rebuilt on the policy / the reward model
         return SavedCritic(critic, state, None)
-    return SavedCritic(critic, state, folder if full else info.get("base"))
+    base = info.get("base")
+    if not full and isinstance(base, str) and _is_local_path(base) and not os.path.isdir(os.path.expanduser(base)):
+        raise ValueError(f"The saved LoRA critic in {folder} is an adapter on the base {base!r}, a local folder that "
+                         "is gone (moved or deleted since the critic was saved), so it cannot be loaded. Put the base "
+                         "back at that path, or start a new critic from a base that is there: "
+                         "critic_model=<its Hub id or path>.")
+    return SavedCritic(critic, state, folder if full else base)
+
+
+def _is_local_path(name: str) -> bool:
+    """Whether a saved critic's `base` names a local folder (absolute, or relative with ./ ../ ~), never a Hub id."""
+    return os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\", "..\\"))
 
 
 _DAMAGED_FIX = ("It was damaged (a copy or download cut short, or a file edited or removed since). Save the critic "
