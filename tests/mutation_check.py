@@ -585,6 +585,23 @@ MUTATIONS = [
              [(P, "(1.0 - 1.0 / (alpha * lengths))", "(1.0 - alpha / lengths)")]),
     Mutation("length_alpha_not_passed", "lam_length_alpha dropped on its way from PPOConfig to the rollout",
              [(C, "lam_length_alpha=self.lam_length_alpha, ", "")]),
+    # -- files hf_ppo did not write, a LoRA critic's base, the evaluated precision ------------------------------------
+    # mutations:own-files
+    Mutation("users_readme_overwritten", "a README.md the user keeps in output_dir is replaced by the card",
+             [("hub/cards.py", "    if path.exists() and not is_hf_ppo_card(path):", "    if False:")]),
+    Mutation("users_plot_overwritten", "a training_curves.png of the user's is redrawn",
+             [("hub/cards.py", "if plot_path.exists() and not path.exists() and not is_hf_ppo_plot(plot_path):",
+               "if False:")]),
+    Mutation("peft_card_edit_kept", "PEFT's in-place edit of the user's README.md is left in it",
+             [("hub/publish.py", "        Path(card).write_bytes(kept)", "        pass")]),
+    Mutation("plot_unstamped", "hf_ppo's plot is drawn without its stamp, so a later save keeps the stale one",
+             [("hub/plots.py", ', metadata={"Software": PLOT_STAMP}', "")]),
+    Mutation("lora_critic_base_unchecked", "a LoRA critic whose base folder is gone fails in huggingface_hub",
+             [("models/critics.py", "_is_local_path(base) and not os.path.isdir", "False and not os.path.isdir")]),
+    Mutation("precision_not_recorded", "the run's compute dtype is not recorded beside the policy",
+             [("hub/publish.py", '"precision": "bf16" if getattr(args, "bf16", False) else', '"precision": "fp32" if True else')]),
+    Mutation("evaluate_ignores_precision", "hf-ppo evaluate runs in fp32 whatever the run used",
+             [("cli/command.py", "bf16=precision == \"bf16\", fp16=precision == \"fp16\",", "")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

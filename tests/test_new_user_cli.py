@@ -202,6 +202,18 @@ def test_evaluate_quantization_follows_the_record_else_full_precision_or_the_opt
         chosen(qlora, "--ref_quantization", "3bit")
 
 
+@pytest.mark.parametrize("flags, precision", [({"bf16": True}, "bf16"), ({"fp16": True}, "fp16"), ({}, "fp32")])
+def test_the_run_record_names_the_compute_dtype(flags, precision, tmp_path):
+    import types
+
+    from hf_ppo.hub.publish import run_record
+
+    args = types.SimpleNamespace(model_init_kwargs=None, hub_base_model_id=None, **{"bf16": False, "fp16": False,
+                                                                                    **flags})
+    record = run_record(args, {"model": "org/base"}, torch.nn.Linear(2, 2), None, None, length_reward)
+    assert record["precision"] == precision
+
+
 def test_evaluate_precision_follows_the_record_else_fp32_or_the_option(tmp_path, monkeypatch, capsys):
     """The compute dtype: --precision, else the run's record, else fp32; fp16 without a GPU is said and falls back."""
     from hf_ppo.cli.command import evaluate_parser, recorded_precision
