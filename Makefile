@@ -18,7 +18,7 @@ STAMP := $(VENV)/.hf_ppo-installed
 CPU_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl))
 TORCH_REQ := $(if $(CPU_WHEEL),torch==$(subst +cpu,,$(word 2,$(subst -, ,$(notdir $(CPU_WHEEL))))),torch)
 
-.PHONY: install demo test test-fast test-floors test-random test-latest bench bench-gpu bench-learning docs clean
+.PHONY: install demo test test-fast test-floors test-random test-latest bench bench-gpu bench-learning bench-learning-critic docs clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ bench-gpu: $(STAMP)
 
 bench-learning: $(STAMP)
 	$(PY) bench/learning.py
+
+# The second learning table (issue 39): a long horizon and SmolLM2-135M-Instruct (its GGUF comes with `make test`)
+bench-learning-critic: $(STAMP)
+	$(PY) bench/learning.py --tasks long arithmetic
 
 # The site from docs/ and mkdocs.yml; --strict makes every warning (a broken link or anchor, a page missing from the
 # nav, a docstring that cannot render) an error. docs/hooks.py imports hf_ppo to build the PPOConfig page.

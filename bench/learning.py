@@ -110,7 +110,14 @@ FOLLOW_UPS = {
     "separate, no grad clipping": {"critic": "separate", "max_grad_norm": 0.0},
     "grpo k=4, no std (Dr. GRPO)": {"advantage_estimator": "grpo", "num_generations": 4, "scale_rewards": False},
 }
-ALL = {**CONFIGS, **FOLLOW_UPS, **CRITIC_CONFIGS}
+# Follow-ups of the second table (`--tasks long --configs ...`): which part of VAPO's recipe the long task rewards.
+CRITIC_FOLLOW_UPS = {
+    "shared head + VAPO recipe": {"critic_learning_rate": "10x", "critic_warmup_steps": "1 iteration",
+                                  "critic_updates_per_step": 2, "lam_critic": 1.0, "lam_length_alpha": 0.5},
+    "separate critic + adaptive lambda": {"critic": "separate", "lam_length_alpha": 0.5},
+    "separate critic, critic lr 10x": {"critic": "separate", "critic_learning_rate": "10x"},
+}
+ALL = {**CONFIGS, **FOLLOW_UPS, **CRITIC_CONFIGS, **CRITIC_FOLLOW_UPS}
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
 # The demo recipe's settings, shared by hf_ppo's runs, the peer's and the evaluator.
 SETTINGS = {"response_length": 12, "temperature": 0.7, "missing_eos_penalty": 1.0, "learning_rate": 2e-4,
@@ -438,32 +445,44 @@ def mean_sd(values: list[float], digits: int = 2) -> str:
     return f"{statistics.mean(values):+.{digits}f} +/- {sd:.{digits}f}"
 
 
-def versus_peer(rows: list[dict], peer: list[dict]) -> str:
-    """The held-out reward's difference from the peer's, +/- twice its standard error over seeds (Welch): a
-    configuration beats the peer by more than the seed noise when the interval excludes 0."""
-    if len(rows) < 2 or len(peer) < 2:
+def versus(rows: list[dict], other: list[dict]) -> str:
+    """The held-out reward's difference from another configuration's, +/- twice its standard error over seeds
+    (Welch): one beats the other by more than the seed noise when the interval excludes 0."""
+    if len(rows) < 2 or len(other) < 2:
         return ""
-    a, b = [r["held_out_reward"] for r in rows], [r["held_out_reward"] for r in peer]
+    a, b = [r["held_out_reward"] for r in rows], [r["held_out_reward"] for r in other]
     se = (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
     return f"{statistics.mean(a) - statistics.mean(b):+.2f} +/- {2 * se:.2f}"
 
 
+versus_peer = versus  # the first table's name for it
+GRPO = "grpo k=4"
+
+
 def table(runs: list[dict]) -> str:
-    lines = ["| task | configuration | held-out reward | vs the peer (+/- 2 SE) | win rate vs SFT | held-out KL | "
-             "CPU s (train) | seeds |", "|---|---|---|---|---|---|---|---|"]
+    """One row per task and configuration: mean +/- sd over seeds, and the difference from the peer (+/- 2 SE); the
+    second table's tasks also against grpo k=4, the critic-free baseline issue 39 decides against."""
+    second = any(r["task"] in ("long", "arithmetic") for r in runs)
+    extra = " vs grpo k=4 (+/- 2 SE) |" if second else ""
+    lines = [f"| task | configuration | held-out reward | vs the peer (+/- 2 SE) |{extra} win rate vs SFT | held-out KL | "
+             "CPU s (train) | seeds |", "|---|---|---|---|---|---|---|---|" + ("---|" if second else "")]
+    order = {**CRITIC_CONFIGS, **CRITIC_FOLLOW_UPS, **ALL} if second else ALL
     for task in TASKS:
         peer = [r for r in runs if r["task"] == task and r["config"] == PEER]
-        for config in ALL:
+        grpo = [r for r in runs if r["task"] == task and r["config"] == GRPO]
+        for config in order:
             rows = [r for r in runs if r["task"] == task and r["config"] == config]
             if rows:
                 col = lambda key, digits=2: mean_sd([r[key] for r in rows], digits)  # noqa: E731
+                against = f" {versus(rows, grpo) if config != GRPO else ''} |" if second else ""
                 lines.append(f"| {task} | {config} | {col('held_out_reward')} | "
-                             f"{versus_peer(rows, peer) if config != PEER else ''} | {col('win_rate')} | "
+                             f"{versus(rows, peer) if config != PEER else ''} |{against} {col('win_rate')} | "
                              f"{col('held_out_kl')} | {statistics.mean(r['cpu_seconds'] for r in rows):.0f} | "
                              f"{len(rows)} |")
         reference = [r["reference_reward"] for r in runs if r["task"] == task]
         if reference:
-            lines.append(f"| {task} | (the SFT reference, same evaluations) | {mean_sd(reference)} | | | | | |")
+            lines.append(f"| {task} | (the SFT reference, same evaluations) | {mean_sd(reference)} | |"
+                         + (" |" if second else "") + " | | | |")
     return "\n".join(lines)
 
 

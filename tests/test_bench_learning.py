@@ -142,6 +142,12 @@ def test_the_second_table_has_its_own_block(learning, tmp_path):
     assert text.count(learning.BEGIN) == 1 and "| demo | rloo k=4 |" not in block
     assert f"| long | {learning.VAPO} | +2.00 +/- 0.00 |" in block and "| arithmetic | grpo k=4 | +0.50" in block
     assert "arithmetic: 12 iterations x 16 responses = 192 samples, 80 held-out prompts" in block
+    # The second table also decides against grpo k=4 (issue 39's item 4): a column of its own.
+    runs = [fake_run("long", c, s, r) for c, values in ((learning.VAPO, [2.0, 3.0]), ("grpo k=4", [1.0, 1.0]))
+            for s, r in enumerate(values)]
+    md = learning.table(runs)
+    assert "| vs the peer (+/- 2 SE) | vs grpo k=4 (+/- 2 SE) |" in md
+    assert f"| long | {learning.VAPO} | +2.50 +/- 0.71 |  | +1.50 +/- 1.00 |" in md  # 2 * sqrt(0.5/2 + 0) = 1.00
 
 
 @pytest.mark.slow

@@ -313,3 +313,34 @@ def test_logging_filter_is_scoped_to_one_logger():
     assert any(not f.filter(logging.LogRecord("x", logging.WARNING, "", 0, BITSANDBYTES_KERNELS_NOTE, None, None))
                for f in logging.getLogger(BITSANDBYTES_CPU_LOGGER).filters)
     assert not logging.getLogger("bitsandbytes").filters and not logging.getLogger().filters
+
+
+def test_the_kl_note_comes_from_the_watch_with_or_without_a_bar(tmp_path):
+    """The note lived in the progress bar's callback, so a run with disable_tqdm=True (a script's log, a notebook
+    without widgets) never got it. It is the collapse watch's now: once, on the main process, not with adaptive_kl
+    (the controller holds KL), and not when kl_target is at or past the watch's own KL threshold."""
+    import warnings
+
+    from transformers import TrainerControl, TrainerState
+
+    from hf_ppo import PPOConfig
+    from hf_ppo.trainer.watch import CollapseWatch, add_watch
+
+    def notes(**settings) -> list[str]:
+        args = PPOConfig(output_dir=str(tmp_path), disable_tqdm=True, report_to=[], **settings)
+        watch = next((c for c in add_watch(None, args, lambda: None) if isinstance(c, CollapseWatch)), None)
+        if watch is None:
+            return []
+        state, control = TrainerState(), TrainerControl()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            watch.on_train_begin(args, state, control)
+            for kl in (2.0, 7.0, 9.0):
+                watch.on_log(args, state, control, logs={"objective/kl": kl, "iteration": 1})
+        return [str(w.message) for w in caught if "past kl_target" in str(w.message)]
+
+    found = notes()
+    assert len(found) == 1 and "7.00 nats" in found[0] and "past kl_target=6" in found[0] and "at 30" in found[0]
+    assert notes(adaptive_kl=True) == []
+    assert notes(kl_target=40.0) == []  # past the watch's 30 nats: the KL signature itself speaks
+    assert notes(watch_collapse=False) == []

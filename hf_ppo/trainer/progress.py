@@ -10,8 +10,6 @@ import time
 from transformers.trainer_callback import ProgressCallback
 
 from ..rollout.rewards import decode_masked
-from ..runtime.warn import warn_user
-from .watch import KL_FIXED_DEFAULT
 
 # A console table: few rows, short cells (the tracker tables keep TRACKER_ROWS rows of the whole text).
 CONSOLE_ROWS, TRACKER_ROWS = 4, 8
@@ -51,12 +49,8 @@ class StageProgressCallback(ProgressCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and self.training_bar is not None and logs:
             self.caption(state, logs)
-            self.note(logs)
         if self.print_metrics:
             super().on_log(args, state, control, logs=logs, **kwargs)
-
-    def note(self, logs: dict) -> None:
-        """A one-time remark on the logged numbers (`PPOProgressCallback`: KL past kl_target)."""
 
     def caption(self, state, logs: dict) -> None:
         """Show the latest training loss beside the bar."""
@@ -75,10 +69,6 @@ class PPOProgressCallback(StageProgressCallback):
         # k1's batch mean can be negative (an unbiased estimate of a non-negative KL): the bar says which it shows.
         self.kl_label = "kl" if args.kl_estimator in ("k2", "k3") else "kl_k1"
         self.started = None  # (time, global step) when train() began
-        # With a fixed kl_coef nothing holds KL near kl_target, and the collapse watch speaks only at 30 nats: one
-        # note when KL first passes kl_target (what adaptive_kl would steer to) says where the run is heading.
-        self.kl_note_at = None if args.adaptive_kl else args.kl_target
-        self.watch_kl = args.collapse_kl_threshold if args.collapse_kl_threshold is not None else KL_FIXED_DEFAULT
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
@@ -93,17 +83,6 @@ class PPOProgressCallback(StageProgressCallback):
             summary = run_summary(state.log_history, time.perf_counter() - start, iterations)
             if summary:
                 print(summary_text(summary, self.kl_label))
-
-    def note(self, logs: dict) -> None:
-        kl = logs.get("objective/kl")
-        if self.kl_note_at is not None and kl is not None and kl > self.kl_note_at:
-            warn_user(f"KL to the reference (objective/kl) is {kl:.2f} nats per response at PPO iteration "
-                      f"{logs.get('iteration', '?')}, past kl_target={self.kl_note_at:g} (what adaptive_kl would "
-                      f"hold it to); with a fixed kl_coef nothing pulls it back, and the collapse watch warns only at "
-                      f"{self.watch_kl:g}. Read the sample tables: if the responses drift from what the reference "
-                      f"writes, raise "
-                      f"kl_coef, set adaptive_kl=True, or lower learning_rate (docs/reference/metrics.md).")
-            self.kl_note_at = None  # once a run
 
     def caption(self, state, logs: dict) -> None:
         if "objective/scores" in logs:

@@ -71,8 +71,12 @@ class CollapseWatch(TrainerCallback):
     """
 
     def __init__(self, *, kl_threshold: float | None, stop: bool, last_checkpoint: Callable[[], str | None],
-                 kl_reason: str = ""):
+                 kl_reason: str = "", kl_note_at: float | None = None):
         self.kl_threshold, self.kl_reason = kl_threshold, kl_reason
+        # With a fixed kl_coef nothing holds KL near kl_target, and the KL signature speaks only at its threshold (30
+        # nats by default): one note, not a collapse, when KL first passes kl_target says where the run is heading.
+        self.kl_note_at = kl_note_at
+        self.noted = False
         self.stop, self.last_checkpoint = stop, last_checkpoint
         self.history: dict[str, list[float]] = {}
         self.fired: list[str] = []  # the signatures seen, in order
@@ -80,7 +84,7 @@ class CollapseWatch(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         """A new `train()` (a resume on the same trainer, say) is watched afresh, and saves again."""
-        self.history, self.fired, self.stopped = {}, [], False
+        self.history, self.fired, self.stopped, self.noted = {}, [], False, False
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         """Record the finite metrics of `logs`, warn on each new signature, stop at the first with `stop`."""
@@ -91,6 +95,7 @@ class CollapseWatch(TrainerCallback):
         for key, value in logs.items():
             if _finite(value):
                 self.history.setdefault(key, []).append(float(value))
+        self._note_kl(state, logs)
         found = [(name, text) for name, text in self._signatures(logs) if name not in self.fired]
         for name, text in found:
             self.fired.append(name)
@@ -100,6 +105,19 @@ class CollapseWatch(TrainerCallback):
             # on_log runs before Trainer saves on a save step (and on the last step): no checkpoint of the
             # collapsed state may become newer than the one the warning names.
             control.should_training_stop, control.should_save, self.stopped = True, False, True
+
+    def _note_kl(self, state, logs: dict) -> None:
+        """The one-time note when KL first passes `kl_note_at` (kl_target, with a fixed kl_coef)."""
+        kl = logs.get("objective/kl")
+        if self.noted or self.kl_note_at is None or not _finite(kl) or kl <= self.kl_note_at:
+            return
+        self.noted = True
+        if state.is_world_process_zero:
+            warn_user(f"KL to the reference (objective/kl) is {kl:.2f} nats per response at PPO iteration "
+                      f"{logs.get('iteration', '?')}, past kl_target={self.kl_note_at:g} (what adaptive_kl would hold "
+                      f"it to); with a fixed kl_coef nothing pulls it back, and the collapse watch warns only at "
+                      f"{self.kl_threshold:g}. Read the sample tables: if the responses drift from what the reference "
+                      "writes, raise kl_coef, set adaptive_kl=True, or lower learning_rate (docs/reference/metrics.md).")
 
     def on_epoch_end(self, args, state, control, **kwargs):
         """After a stop, Trainer's later events (the epoch end, an evaluation) save nothing either."""
@@ -196,8 +214,9 @@ def add_watch(callbacks: list | None, args, last_checkpoint: Callable[[], str | 
         threshold, reason = KL_TARGET_MULTIPLE * args.kl_target, f"{KL_TARGET_MULTIPLE:g} x kl_target"
     elif threshold is None:
         threshold, reason = KL_FIXED_DEFAULT, "the default with a fixed kl_coef; collapse_kl_threshold sets another"
+    note = None if args.adaptive_kl or args.kl_target >= threshold else args.kl_target
     return [*callbacks, CollapseWatch(kl_threshold=threshold, stop=args.stop_on_collapse,
-                                      last_checkpoint=last_checkpoint, kl_reason=reason)]
+                                      last_checkpoint=last_checkpoint, kl_reason=reason, kl_note_at=note)]
 
 
 def stopped_by_collapse(callbacks: list) -> bool:
