@@ -588,7 +588,7 @@ MUTATIONS = [
     # -- files hf_ppo did not write, a LoRA critic's base, the evaluated precision ------------------------------------
     # mutations:own-files
     Mutation("users_readme_overwritten", "a README.md the user keeps in output_dir is replaced by the card",
-             [("hub/cards.py", "    if path.exists() and not is_hf_ppo_card(path):", "    if False:")]),
+             [("hub/cards.py", "    if path.exists() and not is_replaceable_card(path):", "    if False:")]),
     Mutation("users_plot_overwritten", "a training_curves.png of the user's is redrawn",
              [("hub/cards.py", "if plot_path.exists() and not path.exists() and not is_hf_ppo_plot(plot_path):",
                "if False:")]),

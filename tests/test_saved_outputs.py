@@ -302,6 +302,13 @@ def test_a_users_readme_is_never_rewritten_but_hf_ppos_own_card_is(tmp_path):
                                                             **{"objective/scores": 7.5})])
     write_model_card(mine, **later)
     assert "7.5" in (mine / "README.md").read_text()
+    # PEFT's blank placeholder card (what `save_pretrained` writes beside an adapter) is nobody's writing: replaced.
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    (peft / "README.md").write_text("---\nlibrary_name: peft\n---\n\n# Model Card for Model ID\n\n<!-- Provide a quick "
+                                    "summary of what the model is/does. -->\n")
+    write_model_card(peft, **card_kwargs())
+    assert cards.is_hf_ppo_card(peft / "README.md") and (peft / cards.PLOT_FILE).is_file()
 
 
 def test_a_users_plot_of_the_same_name_is_kept(tmp_path):

@@ -217,7 +217,7 @@ def write_model_card(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "README.md"
-    if path.exists() and not is_hf_ppo_card(path):
+    if path.exists() and not is_replaceable_card(path):
         warn_user(f"{path} is not a model card hf_ppo wrote, so it is kept as it is and no card (or plot) is written "
                   f"into {folder}. To get hf_ppo's card, save to another output_dir, or move that README.md away and "
                   "save again (the saved policy itself is complete without it).")
@@ -288,8 +288,7 @@ def write_model_card(
 
 
 def is_hf_ppo_card(path) -> bool:
-    """Whether the README.md at `path` is a policy or critic card hf_ppo wrote (its metadata's `hf_ppo` tag): only
-    those are rewritten by a later save, never a user's own README."""
+    """Whether the README.md at `path` is a policy or critic card hf_ppo wrote (its metadata's `hf_ppo` tag)."""
     from huggingface_hub import metadata_load
 
     try:
@@ -297,6 +296,23 @@ def is_hf_ppo_card(path) -> bool:
     except Exception:  # unreadable or malformed metadata: not a card hf_ppo wrote
         return False
     return isinstance(tags, list) and CARD_TAGS[0] in tags
+
+
+# The blank template huggingface_hub's `ModelCard.from_template` fills in, which PEFT's `save_pretrained` writes as a
+# placeholder card: nobody's own writing, so a card may replace it.
+_PLACEHOLDER_MARKS = ("# Model Card for Model ID", "<!-- Provide a quick summary of what the model is/does. -->")
+
+
+def is_replaceable_card(path) -> bool:
+    """Whether a card may be written over the README.md at `path`: hf_ppo's own card, or the blank placeholder PEFT
+    writes beside a saved adapter; never a user's own README."""
+    if is_hf_ppo_card(path):
+        return True
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return all(mark in text for mark in _PLACEHOLDER_MARKS)
 
 
 def is_hf_ppo_plot(path) -> bool:
