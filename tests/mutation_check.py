@@ -459,7 +459,7 @@ MUTATIONS = [
               (CK, 'if state["rollout_buffer"] else None)',
                'if state["rollout_buffer"] and os.path.isfile(os.path.join(folder, ROLLOUT_BUFFER_FILE)) else None)')]),
     Mutation("saved_full_critic_from_base", "a saved full critic rebuilt from its recorded base, not its own folder",
-             [(CR, 'return SavedCritic(critic, state, folder if full else info.get("base"))',
+             [(CR, "return SavedCritic(critic, state, folder if full else base)",
                'return SavedCritic(critic, state, info.get("base"))')]),
     # -- critics of their own (issue 41) ------------------------------------------------------------------------------
     # mutations:critic-values
@@ -500,8 +500,8 @@ MUTATIONS = [
              [("models/tokenizers.py", 'tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "left"',
                'tokenizer.padding_side = "left"')]),
     Mutation("tokenizer_length_test_flipped", "model_max_length replaced when real, kept when the 1e30 sentinel",
-             [("models/tokenizers.py", "if tokenizer.model_max_length > LARGE_INTEGER and context:",
-               "if tokenizer.model_max_length < LARGE_INTEGER and context:")]),
+             [("models/tokenizers.py", "if tokenizer.model_max_length > LARGE_INTEGER and isinstance(context, int)",
+               "if tokenizer.model_max_length < LARGE_INTEGER and isinstance(context, int)")]),
     Mutation("report_foreign_file_overwritten", "a report file hf_ppo did not write is replaced",
              [("evaluation/report.py", "        if path not in foreign:\n", "        if True:\n")]),
     Mutation("report_old_mark_refused", "a report of an earlier hf_ppo (the old first line) is taken for a user's",
