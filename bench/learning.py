@@ -315,15 +315,13 @@ def train_hf_ppo(task: str, config: str, seed: int, iterations: int, responses: 
 
 
 def hf_ppo_pad_token(sft: str) -> str:
-    """The pad token hf_ppo trains `sft` with (its own when it is no stop token, else the one hf_ppo chooses): the
-    peer is given the same, so neither pads with EOS."""
+    """The pad token hf_ppo trains `sft` with (`choose_pad_token`: its own unless it is a stop token): the peer is
+    given the same, so neither pads with EOS."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hf_ppo.models.tokenizers import choose_pad_token
 
     tokenizer = AutoTokenizer.from_pretrained(sft)
-    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
-        return tokenizer.pad_token
     model = AutoModelForCausalLM.from_pretrained(sft)
     return choose_pad_token(tokenizer, model, [tokenizer.eos_token_id], "id").pad_token
 

@@ -93,10 +93,9 @@ def main(spec_file: str) -> None:
     q4 = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
     quantized = {"quantization_config": q4, "device_map": {"": "cpu"}} if spec["quantization"] == "4bit" else {}
     tok = AutoTokenizer.from_pretrained(sft)
-    if tok.pad_token_id is None or tok.pad_token_id == tok.eos_token_id:
-        # trl masks every pad id out of the forward passes: a pad that is EOS (SmolLM2's <|im_end|>) would hide the
-        # chat template's turn ends. The pad hf_ppo chose for the same tokenizer (learning.py hands it over).
-        tok.pad_token = spec["pad_token"]
+    # trl masks every pad id out of the forward passes: a pad that is EOS (SmolLM2's <|im_end|>) would hide the chat
+    # template's turn ends. The pad hf_ppo trains with (learning.py hands it over; the tokenizer's own when it is fine).
+    tok.pad_token = spec["pad_token"]
     policy = AutoModelForCausalLM.from_pretrained(sft, **quantized)
     if task == "arithmetic":
         reward = build_arithmetic_reward_model(tok)

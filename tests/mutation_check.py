@@ -590,7 +590,7 @@ MUTATIONS = [
     Mutation("users_readme_overwritten", "a README.md the user keeps in output_dir is replaced by the card",
              [("hub/cards.py", "    if path.exists() and not is_replaceable_card(path):", "    if False:")]),
     Mutation("users_plot_overwritten", "a training_curves.png of the user's is redrawn",
-             [("hub/cards.py", "if plot_path.exists() and not path.exists() and not is_hf_ppo_plot(plot_path):",
+             [("hub/cards.py", "if plot_path.exists() and not is_hf_ppo_plot(plot_path) and not is_hf_ppo_card(path):",
                "if False:")]),
     Mutation("peft_card_edit_kept", "PEFT's in-place edit of the user's README.md is left in it",
              [("hub/publish.py", "        Path(card).write_bytes(kept)", "        pass")]),

@@ -319,6 +319,16 @@ def test_a_users_plot_of_the_same_name_is_kept(tmp_path):
     assert plot.read_bytes() == b"\x89PNG\r\n\x1a\n not hf_ppo's"
     text = (tmp_path / "README.md").read_text()
     assert cards.is_hf_ppo_card(tmp_path / "README.md") and cards.PLOT_FILE not in text
+    # Beside PEFT's placeholder card (replaced) the user's plot is still the user's.
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    (peft / "README.md").write_text("# Model Card for Model ID\n\n<!-- Provide a quick summary of what the model "
+                                    "is/does. -->\n")
+    (peft / cards.PLOT_FILE).write_bytes(b"\x89PNG\r\n\x1a\n mine")
+    with pytest.warns(UserWarning, match="not a plot hf_ppo drew"):
+        write_model_card(peft, **card_kwargs())
+    assert (peft / cards.PLOT_FILE).read_bytes() == b"\x89PNG\r\n\x1a\n mine"
+    assert cards.is_hf_ppo_card(peft / "README.md")
 
 
 def test_save_model_keeps_a_users_readme_byte_for_byte(gguf_like_base, tmp_path):

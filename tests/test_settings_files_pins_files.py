@@ -238,3 +238,21 @@ def test_a_saved_lora_critic_whose_base_folder_is_gone_is_an_error_naming_it(tin
                      processing_class=tokenizer, reward_model=count_e,
                      train_dataset=Dataset.from_dict({"prompt": PROMPTS}), critic_model=folder, peft_config=lora)
     assert str(base) in str(err.value) and folder in str(err.value) and "critic_model=" in str(err.value)
+
+
+def test_a_critic_started_from_a_relative_folder_records_it_absolute(tiny_models, tokenizer, tmp_path, monkeypatch):
+    """The saved critic named its base as given: "base" relative to the directory the run started in, so a load
+    from elsewhere looked for another folder (or a Hub repo of that name). It is recorded absolute, as a saved
+    policy's base is."""
+    from peft import LoraConfig
+
+    shutil.copytree(tiny_models["policy"], tmp_path / "base")
+    monkeypatch.chdir(tmp_path)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path / "run", critic="separate"),
+                           processing_class=tokenizer, reward_model=count_e,
+                           train_dataset=Dataset.from_dict({"prompt": PROMPTS}), critic_model="base",
+                           peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                  task_type="CAUSAL_LM"))
+    trainer.model.save_critic(str(tmp_path / "critic"), trainer.processing_class)
+    info = json.loads((tmp_path / "critic" / "hf_ppo_critic.json").read_text())
+    assert info["base"] == str(tmp_path / "base")

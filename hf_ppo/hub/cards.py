@@ -224,7 +224,8 @@ def write_model_card(
         return path
     plot_path = folder / PLOT_FILE
     plot = None
-    if plot_path.exists() and not path.exists() and not is_hf_ppo_plot(plot_path):
+    # A plot is hf_ppo's when stamped, or (drawn before the stamp) when it sits beside hf_ppo's card.
+    if plot_path.exists() and not is_hf_ppo_plot(plot_path) and not is_hf_ppo_card(path):
         warn_user(f"{plot_path} is not a plot hf_ppo drew, so it is kept as it is and the card shows no training "
                   f"curves. Move it away (or save to another output_dir) to get them.")
     else:

@@ -496,8 +496,13 @@ def load_critic(kind: str, critic_model, reward_source, reward, reward_processin
 
 
 def _source_name(source) -> str | None:
-    """The id or path a critic's base came from (what `save_critic` records), None for a model object."""
-    return os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
+    """The id or path a critic's base came from (what `save_critic` records), None for a model object. A local
+    folder is recorded by its absolute path, as a saved policy's base is (`hub.publish.make_base_path_absolute`): a
+    relative one would resolve against wherever the critic is loaded from, or name a Hub repo of the same name."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    name = os.fspath(source)
+    return os.path.abspath(name) if not os.path.isabs(name) and os.path.isdir(name) else name
 
 
 class ValueModel(GradientCheckpointingNames, nn.Module):
