@@ -4,7 +4,7 @@ value head and for GRPO k=4 at equal samples, over seeds, with pass@k from the s
     OMP_NUM_THREADS=1 python bench/arithmetic.py                 # 3 seeds x 2 methods, the table for RESULTS.md
     OMP_NUM_THREADS=1 python bench/arithmetic.py --seeds 0 --k 4  # one seed, pass@4
 
-The task, the SFT policy and the recipe are `hf_ppo.cli.arithmetic` and recipes/configs/arithmetic.yaml: 400 sums
+The task, the SFT policy and the recipe are `hf_ppo.cli.arithmetic` and hf_ppo/cli/configs/arithmetic.yaml: 400 sums
 a + b (0 <= a, b <= 19), 320 to train on and 80 held out; the tiny Llama after 300 SFT steps; the reward
 `hf_ppo.rewards.exact_answer` on the `answer` column, given by `reward_funcs`. Each run is `hf-ppo train` (the recipe's
 `main`) with the YAML, then `trainer.evaluate()` on the 80 held-out questions with `num_eval_samples` = k: k responses
@@ -30,7 +30,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from hf_ppo.cli import arithmetic, recipe  # noqa: E402
+from hf_ppo.cli import arithmetic  # noqa: E402
+from hf_ppo.cli.train import main as hf_ppo_train  # noqa: E402
 
 METHODS = {
     "PPO, value head (gae, k=1)": [],
@@ -42,11 +43,11 @@ REWARD = "eval_reward/exact_answer"
 def run(method: str, seed: int, k: int, out: Path, sft: Path, train: Path, test: Path, tokenizer) -> dict:
     """One `hf-ppo train` run of `method` at `seed`, then the held-out evaluation; the numbers of the table."""
     start = time.perf_counter()
-    trainer = recipe.main(["--config", str(arithmetic.arithmetic_config()), "--model_name_or_path", str(sft),
-                           "--dataset_name", str(train), "--dataset_test_split", str(test),
-                           "--output_dir", str(out / f"{method.split()[0].strip(',').lower()}-seed{seed}"),
-                           "--seed", str(seed),
-                           "--num_eval_samples", str(k), *METHODS[method]], command="hf-ppo train")
+    trainer = hf_ppo_train(["--config", str(arithmetic.arithmetic_config()), "--model_name_or_path", str(sft),
+                            "--dataset_name", str(train), "--dataset_test_split", str(test),
+                            "--output_dir", str(out / f"{method.split()[0].strip(',').lower()}-seed{seed}"),
+                            "--seed", str(seed),
+                            "--num_eval_samples", str(k), *METHODS[method]], command="hf-ppo train")
     train_s = time.perf_counter() - start
     metrics = trainer.evaluate()
     held_out = arithmetic.rows(arithmetic.split_pairs()[1])

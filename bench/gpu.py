@@ -136,7 +136,7 @@ def tokens_per_second(policy: str, a, quantization: str = "4bit", batch: int | N
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from hf_ppo.rollout.engines import make_rollout_engine
+    from hf_ppo.rollout.engines import SamplingSettings, make_rollout_engine
     from hf_ppo.models.pretrained import compute_dtype, quantization_config
 
     batch, prompt, response = batch or a.batch, prompt or a.prompt, response or a.response
@@ -149,10 +149,9 @@ def tokens_per_second(policy: str, a, quantization: str = "4bit", batch: int | N
     device = next(model.parameters()).device
     queries = torch.tensor(prompts(256, batch, prompt)["input_ids"], device=device)
     mask = torch.ones_like(queries, dtype=torch.bool)
-    settings = dict(response_length=response, temperature=0.7, top_k=None, top_p=1.0, pad_token_id=0,
-                    stop_token_ids=None, batch_size=batch)
-    runs = {kind: (lambda e=make_rollout_engine(kind, **settings): e.generate(model, queries, mask))
-            for kind in ("kv_cache", "static")}
+    engines = {kind: make_rollout_engine(SamplingSettings(response, 0.7, batch, rollout_engine=kind), 0, None)
+               for kind in ("kv_cache", "static")}
+    runs = {kind: (lambda e=engine: e.generate(model, queries, mask)) for kind, engine in engines.items()}
     runs["generate"] = lambda: model.generate(input_ids=queries, attention_mask=mask.long(), do_sample=True,
                                               temperature=0.7, max_new_tokens=response,
                                               min_new_tokens=response, pad_token_id=0)

@@ -9,7 +9,7 @@
 
 Every configuration trains the same LoRA (r 16, all linear layers) adapter on the demo's 4-bit SFT policy (hf_ppo's
 demo cache under outputs/demo, built if missing; `--quick` uses the demo's quick cache) with the demo recipe's
-settings (recipes/configs/demo.yaml: 12-token responses, temperature 0.7, `missing_eos_penalty` 1.0, lr 2e-4
+settings (hf_ppo/cli/configs/demo.yaml: 12-token responses, temperature 0.7, `missing_eos_penalty` 1.0, lr 2e-4
 constant, kl_coef 0.2, vf_coef 0.1, 4 PPO epochs x 2 minibatches) and **64 responses per iteration**, so 30
 iterations are 1,920 samples (gae: 64 prompts x k=1; grpo / rloo: 16 prompts x k=4). Tasks: "demo" (the demo's
 trained reward model, 4-bit) and "rule" (`common.rule_score`, +1 per " great"; no reward model, so the separate
@@ -230,7 +230,7 @@ def rule_reward(prompts: list[str], completions: list[str]) -> list[float]:
 def arithmetic_reward(completions: list[str], answer: list[str], **kwargs) -> list[float]:
     """The arithmetic task's 0/1 reward, in TRL's convention: the row's `answer` column arrives by name, and a chat
     prompt's completions are message lists (`completion_text` reads the assistant's turn)."""
-    from hf_ppo.rollout.verifiable import completion_text
+    from hf_ppo.rewards import completion_text
 
     return [answer_score(completion_text(c), a) for c, a in zip(completions, answer)]
 
@@ -389,7 +389,7 @@ def one(task: str, config: str, seed: int, quick: bool, iterations: int | None =
     """One run, start to finish: train (hf_ppo in this process, the peer in its venv), save, evaluate."""
     import torch
 
-    from hf_ppo.cli.recipe import silence_known_warnings
+    from hf_ppo.cli.train import silence_known_warnings
 
     torch.set_num_threads(1)
     silence_known_warnings()

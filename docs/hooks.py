@@ -7,6 +7,12 @@ follows the class wherever it lives. A field added to `PPOConfig` appears here a
 comment that no longer matches any field fails the build.
 
 A docs page named inside a section comment (`(docs/concepts/critics.md)`) becomes a link to that page.
+
+`<!-- hf_ppo:layout -->` becomes the package's layout (`layout_markdown`): a fenced tree of hf_ppo/ read from the
+checkout's files, every sub-package with the floor its `__init__.py` docstring opens with ("Floor 3, ..."), every
+module with the first sentence of its docstring, every data folder with its files. Nothing is imported. A module
+added, moved or removed changes the page at the next build; a module without a docstring, or a sub-package whose
+docstring names no floor, fails the build.
 """
 
 from __future__ import annotations
@@ -23,14 +29,18 @@ except ImportError:  # pragma: no cover - mkdocs present in `make docs`
     PluginError = RuntimeError
 
 PPO_CONFIG_MARKER = "<!-- hf_ppo:ppo-config -->"
+LAYOUT_MARKER = "<!-- hf_ppo:layout -->"
+PACKAGE = Path(__file__).resolve().parent.parent / "hf_ppo"  # the checkout's package, as mkdocstrings reads it
 SECTION_COMMENT = re.compile(r"^\s*#\s*-{3,}\s*(?P<title>.*?)\s*-*\s*$")
 DOCS_REFERENCE = re.compile(r"\bdocs/(?P<path>[\w/-]+\.md)")  # a page named by its path in a comment
 
 
 def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
-    if PPO_CONFIG_MARKER not in markdown:
-        return markdown
-    return markdown.replace(PPO_CONFIG_MARKER, ppo_config_markdown(page.file.src_uri))
+    if PPO_CONFIG_MARKER in markdown:
+        markdown = markdown.replace(PPO_CONFIG_MARKER, ppo_config_markdown(page.file.src_uri))
+    if LAYOUT_MARKER in markdown:
+        markdown = markdown.replace(LAYOUT_MARKER, layout_markdown())
+    return markdown
 
 
 # ---- reading PPOConfig ---------------------------------------------------------------------------------------------
@@ -130,5 +140,89 @@ def ppo_config_markdown(page: str = "reference/config.md") -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":  # print the generated Markdown: python docs/hooks.py
-    print(ppo_config_markdown())
+# ---- the package's layout --------------------------------------------------------------------------------------------
+FLOOR = re.compile(r"^Floor (?P<floor>\d+)\b")
+SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bal)(?<!\bvs)[.!?](?=\s+[A-Z`(\"]|$)")
+LAYOUT_WIDTH = 118  # the widest line of the block
+LONG_SUMMARY = 200  # a first sentence longer than this is cut at its first colon ...
+SHORT_SUMMARY = 25  # ... unless what comes before the colon is shorter than this (a bare name says too little)
+
+
+def _docstring(path: Path) -> str:
+    text = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+    if not text:
+        raise PluginError(f"hooks.py: {path.relative_to(PACKAGE.parent)} has no docstring (the layout page shows it)")
+    return text
+
+
+def summary(docstring: str) -> str:
+    """The first sentence of a docstring's first paragraph, on one line, without Markdown's backticks; a sentence
+    longer than LONG_SUMMARY characters is cut at its first colon outside brackets, when what comes before it says
+    enough (SHORT_SUMMARY characters or more)."""
+    paragraph = " ".join(docstring.split("\n\n")[0].split()).replace("`", "")
+    end = SENTENCE_END.search(paragraph)
+    sentence = paragraph[:end.end()] if end else paragraph
+    if len(sentence) > LONG_SUMMARY:
+        depth = 0
+        for i, char in enumerate(sentence):
+            depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(char, 0)
+            if char == ":" and depth == 0 and sentence[i + 1:i + 2] == " ":
+                if i >= SHORT_SUMMARY:
+                    return sentence[:i]
+                break
+    return sentence.rstrip(".")
+
+
+def _floor(package: Path) -> int:
+    match = FLOOR.match(_docstring(package / "__init__.py"))
+    if not match:
+        raise PluginError(f"hooks.py: {package.relative_to(PACKAGE.parent)}/__init__.py: its docstring does not open "
+                          "with its floor ('Floor N, ...')")
+    return int(match["floor"])
+
+
+def layout_entries(package: Path = PACKAGE) -> list[tuple[int, str, str]]:
+    """[(depth, name, description)] of the layout tree, in its order: hf_ppo/'s own modules, then each sub-package
+    (lowest floor first; its modules, then its data folders), each module with its docstring's summary."""
+    def modules(folder: Path, depth: int) -> list[tuple[int, str, str]]:
+        own = sorted(p for p in folder.glob("*.py") if p.name != "__init__.py")
+        return [(depth, p.name, summary(_docstring(p))) for p in own]
+
+    def data(folder: Path, depth: int) -> list[tuple[int, str, str]]:
+        found = []
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not (p / "__init__.py").exists()
+                          and p.name != "__pycache__"):
+            names = sorted(p.name for p in sub.iterdir() if p.is_file())
+            found.append((depth, f"{sub.name}/", "data: " + ", ".join(names)))
+        return found
+
+    entries = [(0, f"{package.name}/", ""),
+               (1, "__init__.py", summary(_docstring(package / "__init__.py"))), *modules(package, 1)]
+    packages = [p for p in package.iterdir() if (p / "__init__.py").is_file()]
+    for sub in sorted(packages, key=lambda p: (_floor(p), p.name)):
+        entries.append((1, f"{sub.name}/", f"floor {_floor(sub)}"))
+        entries += modules(sub, 2) + data(sub, 2)
+    return entries
+
+
+def layout_markdown(package: Path = PACKAGE) -> str:
+    """The layout tree as a fenced block: names indented two spaces a level, descriptions in one column, wrapped."""
+    entries = layout_entries(package)
+    column = max(2 * depth + len(name) for depth, name, _ in entries) + 2
+    lines = []
+    for depth, name, description in entries:
+        head = f"{'  ' * depth}{name}".ljust(column)
+        words, line = description.split(), head
+        for word in words:
+            if len(line) + 1 + len(word) > LAYOUT_WIDTH and line.strip() and len(line) > column:
+                lines.append(line.rstrip())
+                line = " " * column
+            line += ("" if len(line) == column else " ") + word
+        lines.append(line.rstrip())
+    return "```\n" + "\n".join(lines) + "\n```"
+
+
+if __name__ == "__main__":  # print the generated Markdown: python docs/hooks.py [layout]
+    import sys
+
+    print(layout_markdown() if sys.argv[1:] == ["layout"] else ppo_config_markdown())

@@ -75,10 +75,8 @@ def success_rate(trainer: PPOLMTrainer, prompts: list[str]) -> float:
     """The share of episodes scored 1 (the tool called), sampled through the trainer's engine as in training."""
     rows = [{"input_ids": trainer.processing_class.encode(p), "prompt": p} for p in prompts]
     batch = trainer.data_collator(rows)
-    samples = environment_samples(trainer.environment, trainer.rollout_engine, trainer.model, trainer.rewards,
-                                  batch["queries"], batch["query_mask"], batch["prompts"],
-                                  tokenizer=trainer.processing_class, stop_token_ids=trainer.stop_token_ids,
-                                  batch_size=64, response_length=trainer.args.response_length)
+    samples = environment_samples(trainer.rollout_parts(trainer.environment), trainer.model, batch["queries"],
+                                  batch["query_mask"], batch["prompts"], 64, trainer.args.response_length)
     return (samples.scores == 1).float().mean().item()
 
 

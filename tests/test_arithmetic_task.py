@@ -1,4 +1,4 @@
-"""The answer check of the math recipe (`hf_ppo.rollout.verifiable`, `hf_ppo.rewards.exact_answer`) on hand-written
+"""The answer check of the math recipe (`hf_ppo.rewards.answers`, `hf_ppo.rewards.exact_answer`) on hand-written
 completions and GSM8K answers, and its offline twin: `hf-ppo train` with `reward_funcs` in a YAML raises a tiny
 policy's accuracy on held-out sums."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_ppo.rollout.verifiable import exact_answer, extract_answer, parse_number, reference_answer
+from hf_ppo.rewards import exact_answer, extract_answer, parse_number, reference_answer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,17 +108,17 @@ def test_exact_answer_refuses_misaligned_columns_and_odd_completions():
 
 def test_the_yaml_name_is_the_function():
     import hf_ppo.rewards
-    from hf_ppo.rollout import verifiable
+    from hf_ppo.rewards import answers
 
-    assert hf_ppo.rewards.exact_answer is verifiable.exact_answer
+    assert hf_ppo.rewards.exact_answer is answers.exact_answer
 
 
 def test_the_gsm8k_recipe_parses_and_names_its_reward():
     """Its keys are options of `hf-ppo train` and its reward function imports (the Hub ids are not fetched; bf16 is
     switched off from the command line because TrainingArguments refuses it without a GPU)."""
-    from hf_ppo.cli.recipe import parse_args
+    from hf_ppo.cli.train import parse_args
 
-    script_args, model_args, config = parse_args(["--config", str(REPO / "recipes/configs/gsm8k_ppo.yaml"),
+    script_args, model_args, config = parse_args(["--config", str(REPO / "hf_ppo/cli/configs/gsm8k_ppo.yaml"),
                                                   "--bf16", "false"], command="hf-ppo train")
     assert (script_args.dataset_name, script_args.dataset_config) == ("openai/gsm8k", "main")
     assert model_args.reward_funcs == ["hf_ppo.rewards.exact_answer"] and model_args.reward_model_name_or_path is None
@@ -132,7 +132,7 @@ def test_the_gsm8k_recipe_parses_and_names_its_reward():
 @pytest.mark.slow
 def test_hf_ppo_train_with_reward_funcs_raises_held_out_accuracy(tmp_path):
     """The offline twin end to end (about 30 s on one core): a tiny policy after a short SFT pass gets ~15% of 80
-    held-out sums right; `hf-ppo train --config recipes/configs/arithmetic.yaml` (reward_funcs:
+    held-out sums right; `hf-ppo train --config hf_ppo/cli/configs/arithmetic.yaml` (reward_funcs:
     [hf_ppo.rewards.exact_answer], reading the `answer` column) takes it well above that."""
     import torch
     from transformers import AutoTokenizer
@@ -161,7 +161,7 @@ def _train_and_compare(tmp_path, arithmetic, main, AutoTokenizer):
     # the bench ran, 41% on an AMD EPYC): the test asks for the rise, not for one machine's start.
     assert 0.05 <= before <= 0.5, before
 
-    main(["train", "--config", str(REPO / "recipes/configs/arithmetic.yaml"), "--model_name_or_path", str(sft),
+    main(["train", "--config", str(REPO / "hf_ppo/cli/configs/arithmetic.yaml"), "--model_name_or_path", str(sft),
           "--dataset_name", str(train), "--output_dir", str(tmp_path / "ppo")])
     after = arithmetic.accuracy(arithmetic.load_policy(tmp_path / "ppo"), tokenizer, held_out)
     assert after >= before + 0.15, (before, after)
@@ -175,7 +175,7 @@ SYSTEM = "Give the final answer as '#### <number>'."
 def test_system_prompt_makes_text_prompts_chats_and_leads_chat_prompts(tok):
     from datasets import Dataset
 
-    from hf_ppo.cli.recipe import with_system_prompt
+    from hf_ppo.cli.train import with_system_prompt
 
     text = Dataset.from_dict({"prompt": ["What is 1 + 2?"], "answer": ["3"]})
     out = with_system_prompt(text, SYSTEM, tok, "q.jsonl")
@@ -189,7 +189,7 @@ def test_system_prompt_makes_text_prompts_chats_and_leads_chat_prompts(tok):
 def test_system_prompt_refuses_what_it_cannot_do(tok):
     from datasets import Dataset
 
-    from hf_ppo.cli.recipe import with_system_prompt
+    from hf_ppo.cli.train import with_system_prompt
     from hf_ppo.cli.tiny import build_tokenizer
 
     has_system = Dataset.from_dict({"prompt": [[{"role": "user", "content": "a"}],

@@ -27,7 +27,7 @@ def prompts_file(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("command, how", [
-    ([], "hf-ppo evaluate --policy"), (["train", "--help"], "hf-ppo train --config recipes/configs/demo.yaml"),
+    ([], "hf-ppo evaluate --policy"), (["train", "--help"], "hf-ppo train --config hf_ppo/cli/configs/demo.yaml"),
     (["evaluate", "--help"], "hf-ppo evaluate --policy outputs/demo/ppo"),
     (["demo", "--help"], "hf-ppo demo --output_dir outputs/demo")])
 def test_help_leads_with_how_to_run_it(command, how, capsys):
@@ -37,6 +37,35 @@ def test_help_leads_with_how_to_run_it(command, how, capsys):
         assert stop.code in (0, None)
     out = capsys.readouterr().out
     assert how in out[:1200]
+
+
+def test_the_yaml_configs_have_one_home_that_the_wheel_ships():
+    """The YAML configs live in hf_ppo/cli/configs/ alone, package data of hf_ppo.cli: a checkout and an installed
+    wheel read them at the same path (no folder elsewhere mapped into the wheel), and the input paths of the offline
+    configs, relative to that folder, still reach the checkout's outputs/ (`make demo`'s cache)."""
+    import fnmatch
+    import tomllib
+
+    import yaml
+
+    from hf_ppo.cli import arithmetic, demo
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "package-dir" not in setuptools, "the configs are package data of hf_ppo.cli, not a mapped folder"
+    home = REPO / "hf_ppo" / "cli" / "configs"
+    configs = sorted(p.relative_to(home.parent).as_posix() for p in home.glob("*.yaml"))
+    assert {"configs/demo.yaml", "configs/arithmetic.yaml", "configs/gsm8k_ppo.yaml"} <= set(configs)
+    shipped = setuptools["package-data"]["hf_ppo.cli"]
+    assert all(any(fnmatch.fnmatch(c, pattern) for pattern in shipped) for c in configs), (configs, shipped)
+    elsewhere = [p.relative_to(REPO).as_posix() for p in (REPO / "recipes").rglob("*.yaml")
+                 if "accelerate" not in p.parts]
+    assert not elsewhere, f"YAML configs outside hf_ppo/cli/configs/: {elsewhere}"
+    assert demo.demo_config() == home / "demo.yaml" and arithmetic.arithmetic_config() == home / "arithmetic.yaml"
+    for config in (demo.demo_config(), arithmetic.arithmetic_config()):
+        settings = yaml.safe_load(config.read_text())
+        for key in ("dataset_name", "model_name_or_path", "reward_model_name_or_path"):
+            if key in settings:
+                assert (home / settings[key]).resolve().is_relative_to(REPO / "outputs"), (config.name, key)
 
 
 def test_evaluate_prints_the_table_and_writes_the_report(tiny_models, prompts_file, tmp_path, monkeypatch, capsys):
@@ -99,4 +128,4 @@ def test_the_built_wheel_installs_a_working_command(tiny_models, prompts_file, t
     # The wheel carries what the command reads: the card template and the demo config.
     listing = subprocess.run([str(python), "-m", "zipfile", "-l", str(wheel)], check=True, capture_output=True,
                              text=True).stdout
-    assert "hf_ppo/hub/templates/policy_card.md.jinja" in listing and "hf_ppo/configs/demo.yaml" in listing
+    assert "hf_ppo/hub/templates/policy_card.md.jinja" in listing and "hf_ppo/cli/configs/demo.yaml" in listing

@@ -12,7 +12,9 @@ from torch import nn
 
 from hf_ppo.models.value_head import AutoModelForCausalLMWithValueHead
 from hf_ppo.models.actor_critic import PolicyAndCritic
-from hf_ppo.rollout.steps import rollout
+from hf_ppo.algorithms.estimators import EstimatorSettings
+from hf_ppo.rollout.engines import SamplingSettings
+from hf_ppo.rollout.steps import RolloutParts, RolloutSettings, rollout
 from hf_ppo.cli.tiny import build_causal_lm
 from scripted_engine import ScriptedEngine
 
@@ -150,11 +152,10 @@ def test_rollout_values_are_the_critics_at_each_response_token(policy, tok):
     eos = tok.eos_token_id
     great, good = tok.convert_tokens_to_ids("Ġgreat"), tok.convert_tokens_to_ids("Ġgood")
     engine = ScriptedEngine([[great, good, eos, good], [good, good, great, great]])
-    result = rollout(model, batch["input_ids"], batch["attention_mask"].bool(), prompts, engine=engine, ref_model=None,
-                     ref_adapter=None, reward=lambda p, c: [1.0] * len(c), tokenizer=tok, reward_tokenizer=None,
-                     input_format="auto", stop_token_ids=[eos], temperature=1.0, batch_size=2,
-                     missing_eos_penalty=None, shape_scores=lambda s: s, kl_coef=0.05, kl_estimator="k1", gamma=1.0,
-                     lam=0.95, whiten_rewards=False, whiten_advantages=False)
+    parts = RolloutParts(engine, lambda p, c: [1.0] * len(c), tok, [eos])
+    settings = RolloutSettings(SamplingSettings(response_length=4, temperature=1.0, forward_batch_size=2),
+                               EstimatorSettings(kl_coef=0.05, gamma=1.0, lam=0.95, whiten_advantages=False))
+    result = rollout(model, batch["input_ids"], batch["attention_mask"].bool(), prompts, parts, settings)
     rb = result.batch
     assert engine.events[0][1] is policy
     for row in range(len(prompts)):

@@ -87,9 +87,9 @@ def trained(request, paths, tmp_path_factory):
     given = []
     original = ppo_trainer_module.ppo_loss
 
-    def recording_ppo_loss(logits, values, responses, old_logprobs, old_values, *args, **kwargs):
-        given.append((values.detach().clone(), old_values.detach().clone()))
-        return original(logits, values, responses, old_logprobs, old_values, *args, **kwargs)
+    def recording_ppo_loss(logits, values, old, *args, **kwargs):
+        given.append((values.detach().clone(), old.values.detach().clone()))
+        return original(logits, values, old, *args, **kwargs)
 
     peft = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM") if case["peft"] else None
     critic_model = paths[case["critic_model"]] if "critic_model" in case else None

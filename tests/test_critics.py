@@ -3,6 +3,7 @@ and 'reward_lora' (a LoRA adapter on the reward model's frozen base) train, resu
 and the published policy untouched; the critic warm-up leaves the policy bitwise untouched; bad choices fail at
 construction."""
 
+import contextlib
 import math
 import os
 
@@ -17,7 +18,7 @@ from hf_ppo.models.critics import CRITIC_INFO_FILE
 from hf_ppo.hub.publish import POLICY_IGNORE_PATTERNS
 from hf_ppo.models.actor_critic import PolicyAndCritic
 from hf_ppo.models.critics import ValueModel
-from hf_ppo.rollout.rewards import reward_model_scores
+from hf_ppo.rollout.scoring import reward_model_scores
 from guards import needs_fsdp2
 from hub_fixtures import TEST_USER
 
@@ -47,8 +48,12 @@ def make_trainer(models, tokenizer, out, peft=None, reward=None, critic_model=No
 
 
 def fixed_scores(trainer, tokenizer) -> torch.Tensor:
+    """The training reward's scores of TEXTS, through the trainer's own `RewardSet` (in its scoring context)."""
     enc = tokenizer(TEXTS, return_tensors="pt", padding=True)
-    return reward_model_scores(trainer.reward_model, enc["input_ids"], enc["attention_mask"], batch_size=4)
+    mask = enc["attention_mask"].bool()
+    scores, _ = trainer.rewards.score(queries=enc["input_ids"], query_mask=mask, responses=enc["input_ids"][:, :0],
+                                      response_mask=mask[:, :0], tokenizer=tokenizer, prompts=TEXTS, batch_size=4)
+    return scores
 
 
 def critic_state(trainer) -> dict[str, torch.Tensor]:
@@ -118,6 +123,12 @@ def test_reward_score_is_untouched_by_the_critic(run, tiny_models, tokenizer):
             with critic.disable_adapter():
                 plain = critic(enc["input_ids"], enc["attention_mask"])
         assert not torch.equal(values, plain)
+        # Scored outside the context the critic's loader handed over, the reward would follow the critic's training.
+        def scored_in(context):
+            with context():
+                return reward_model_scores(trainer.reward_model, enc["input_ids"], enc["attention_mask"], batch_size=4)
+
+        assert not torch.equal(scored_in(contextlib.nullcontext), scored_in(trainer.rewards.scoring_context))
     else:  # its own copy: no parameter shared with the reward model
         ids = {id(p) for p in trainer.reward_model.parameters()}
         assert not any(id(p) in ids for p in critic.parameters())

@@ -64,8 +64,6 @@ OLD_README_SECTIONS = {
 }
 
 README_MAX_LINES = 400
-# Paths the docs name that exist in the installed wheel, not in the repository.
-WHEEL_ONLY_PATHS = {"hf_ppo/configs/"}
 
 
 def headings(text: str) -> list[str]:
@@ -174,7 +172,7 @@ def test_every_hf_ppo_path_the_docs_name_exists():
     named = set()
     for page in [*docs_pages(), "../README.md"]:
         named |= {(page, p) for p in re.findall(r"`(hf_ppo/[\w/.-]+)`", (DOCS / page).read_text())}
-    missing = sorted(f"{page}: {path}" for page, path in named if path not in WHEEL_ONLY_PATHS and not (ROOT / path.rstrip("/")).exists())
+    missing = sorted(f"{page}: {path}" for page, path in named if not (ROOT / path.rstrip("/")).exists())
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
 
 
@@ -184,19 +182,70 @@ def test_the_ppo_config_page_is_generated_from_the_dataclass():
     assert "<!-- hf_ppo:ppo-config -->" in (DOCS / "reference" / "config.md").read_text()
     import dataclasses
 
-    sys.path.insert(0, str(DOCS))
-    try:
-        import hooks
-    finally:
-        sys.path.remove(str(DOCS))
-    from hf_ppo import PPOConfig
     from transformers import TrainingArguments
 
+    from hf_ppo import PPOConfig
+
+    hooks = _hooks()
     page = hooks.ppo_config_markdown()
     own = {f.name for f in dataclasses.fields(PPOConfig)} - {f.name for f in dataclasses.fields(TrainingArguments)}
     missing = sorted(name for name in own if f"| `{name}` |" not in page)
     assert not missing, f"PPOConfig fields missing from the generated page: {missing}"
     assert page.count("\n## ") + page.startswith("## ") >= 5, "the PPOConfig page lost its sections"
+
+
+def _hooks():
+    sys.path.insert(0, str(DOCS))
+    try:
+        import hooks
+    finally:
+        sys.path.remove(str(DOCS))
+    return hooks
+
+
+def test_the_architecture_layout_is_generated_from_the_package():
+    """docs/hooks.py replaces the layout marker with a tree of hf_ppo/ read from the files: every module and every
+    sub-package is in it (at its place in the tree), each module with its docstring's summary; the page keeps no
+    hand-written copy that could drift."""
+    page = (DOCS / "project" / "architecture.md").read_text()
+    assert "<!-- hf_ppo:layout -->" in page
+    assert "\nhf_ppo/\n" not in page, "a hand-written layout block is left in docs/project/architecture.md"
+    hooks = _hooks()
+    block = hooks.layout_markdown()
+    assert block.startswith("```\nhf_ppo/\n") and block.endswith("\n```")
+    lines = block.splitlines()[1:-1]
+    # An entry starts at two spaces a level of the tree; a description's continuation line starts further right.
+    listed, described, stack = set(), {}, []
+    for line in lines:
+        indent = len(line) - len(line.lstrip())
+        name = line.strip().split(None, 1)[0]
+        if indent % 2 or indent // 2 > len(stack) or not name.endswith(("/", ".py")):
+            continue
+        stack = stack[:indent // 2] + [name.rstrip("/")]
+        path = "/".join(stack)
+        listed.add(path)
+        described[path] = line.strip()[len(name):].strip()
+    modules = {p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("*.py")
+               if "__pycache__" not in p.parts and not (p.name == "__init__.py" and p.parent != PACKAGE)}
+    packages = {p.parent.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    missing = sorted((modules | packages) - listed)
+    assert not missing, f"modules or packages missing from the generated layout: {missing}"
+    folders = {p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("*") if p.is_dir()}
+    assert not sorted(listed - modules - folders - {"hf_ppo"}), "the layout names what is not there"
+    assert all(described[m] for m in modules), "a module listed without its docstring's summary"
+    assert all(described[p].startswith("floor ") for p in packages), "a sub-package listed without its floor"
+    assert "hf_ppo/runtime/ranges.py" in listed  # the module the hand-written block had left out
+
+
+def test_the_layout_summary_is_a_docstrings_first_sentence():
+    hooks = _hooks()
+    assert hooks.summary("`warn_user`: the one way hf_ppo warns. More here.\n\nAnd here.") == \
+        "warn_user: the one way hf_ppo warns"
+    assert hooks.summary("Rewards (e.g. `exact_answer`) checked.\nSecond line. Third.") == \
+        "Rewards (e.g. exact_answer) checked"
+    long = "Loading the models and their tokenizers: " + "a long story, " * 20 + "end."
+    assert hooks.summary(long) == "Loading the models and their tokenizers"
+    assert hooks.summary("Models: " + "a long story, " * 20 + "end.") == ("Models: " + "a long story, " * 20 + "end")
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from wiring_models import RecordingTrainer
 
 from hf_ppo import EnvSample, Environment
 from hf_ppo.rollout.engines import KVCacheSampler, RolloutEngine, StaticCacheSampler
-from hf_ppo.rollout.steps import environment_samples, sample_and_score
+from hf_ppo.rollout.steps import RolloutParts, environment_samples, sample_and_score
 
 # Real prompt lengths 1, 2, 3 and 7 tokens with the tiny tokenizer.
 PROMPTS = ["a", "the show", "the movie was", "the food was great and the service"]
@@ -116,8 +116,8 @@ def test_a_row_that_stops_early_gets_padding_and_the_others_sample_to_the_end(ki
         assert out[row, :end].tolist() == expected, row
         assert (out[row, end:] == pad).all(), row  # after the stop token: padding, never a new start
     # Step 2 on what the engine sampled: the stop token is real, everything after it is masked.
-    samples = sample_and_score(sampler, Holder(stops_at), lambda prompts, completions: [0.0] * len(completions),
-                               queries, query_mask, PROMPTS, tokenizer=tokenizer, stop_token_ids=[eos], batch_size=8)
+    parts = RolloutParts(sampler, lambda prompts, completions: [0.0] * len(completions), tokenizer, [eos])
+    samples = sample_and_score(parts, Holder(stops_at), queries, query_mask, PROMPTS, batch_size=8)
     ends = torch.tensor([STOP_AT - n + 1 if n < STOP_AT else R for n in lengths])
     assert torch.equal(samples.response_mask, torch.arange(R)[None] < ends[:, None])
     assert samples.contains_stop.tolist() == [True, True, True, False]
@@ -157,9 +157,8 @@ def test_sample_continues_each_sequence_as_the_policy_continues_it_alone(kind, s
     eos = tokenizer.eos_token_id
     queries, query_mask = encode(tokenizer, PROMPTS)
     env = Replies()
-    out = environment_samples(env, engine(kind, tokenizer), Holder(stops_at), None, queries,
-                              query_mask, PROMPTS, tokenizer=tokenizer, stop_token_ids=[eos], batch_size=8,
-                              response_length=R)
+    parts = RolloutParts(engine(kind, tokenizer), None, tokenizer, [eos], environment=env)
+    out = environment_samples(parts, Holder(stops_at), queries, query_mask, PROMPTS, batch_size=8, response_length=R)
     assert len(env.calls) == 2
     for sequences, continuations, limit in env.calls:
         assert len({len(s) for s in sequences}) == len(sequences)  # every length differs: the padding matters

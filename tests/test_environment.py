@@ -13,7 +13,8 @@ from test_reliability import assert_same_weights, logged, make_args
 
 from hf_ppo import EnvSample, Environment, PPOLMTrainer
 from hf_ppo.rollout.environments import collate, credit_to_policy_tokens
-from hf_ppo.algorithms.ppo_math import ppo_loss
+from hf_ppo.algorithms.estimators import EstimatorSettings
+from hf_ppo.algorithms.ppo_math import LossSettings, ppo_loss
 from hf_ppo.rollout.steps import compute_advantages
 
 REPLY = [7, 8, 9]  # the environment's reply: three fixed token ids
@@ -84,13 +85,14 @@ def test_per_position_rewards_join_gae_rewards_and_critic_free_scores():
     mask = torch.tensor([[True, False, True]])
     step = torch.tensor([[0.5, 0.0, 0.0]])
     zeros = torch.zeros(1, 3)
-    common = dict(kl_coef=0.1, kl_estimator="k1", gamma=1.0, lam=1.0, whiten_rewards=False, whiten_advantages=False)
-    _, gae = compute_advantages(zeros, zeros, zeros, mask, torch.tensor([2.0]), step_rewards=step, **common)
+    common = EstimatorSettings(kl_coef=0.1, kl_estimator="k1", gamma=1.0, lam=1.0, whiten_rewards=False,
+                               whiten_advantages=False)
+    _, gae = compute_advantages(zeros, zeros, zeros, mask, torch.tensor([2.0]), common, step_rewards=step)
     assert gae["rewards"].tolist() == [[0.5, 0.0, 2.0]]
     assert gae["advantages"].tolist() == [[2.5, 0.0, 2.0]]  # gamma = lam = 1, V = 0: the rewards still to come
     _, rloo = compute_advantages(zeros, zeros, None, mask.repeat(2, 1), torch.tensor([2.0, 0.0]),
-                                 step_rewards=step.repeat(2, 1), advantage_estimator="rloo", num_generations=2,
-                                 **common)
+                                 common._replace(advantage_estimator="rloo", num_generations=2),
+                                 step_rewards=step.repeat(2, 1))
     assert rloo["returns"][:, 0].tolist() == [2.5, 0.5]  # the score plus the sum of the per-position rewards
 
 
@@ -129,10 +131,9 @@ def test_environment_tokens_get_zero_kl_zero_advantage_and_zero_gradient(env_bat
     # Every loss term: d loss / d logits is exactly zero at the environment's positions, non-zero at the policy's.
     logits = torch.randn(*batch.responses.shape, trainer.model.config.vocab_size, requires_grad=True)
     values = torch.randn(batch.responses.shape, requires_grad=True)
-    loss, _ = ppo_loss(logits, values, batch.responses, batch.logprobs, batch.values, batch.advantages, batch.returns,
-                       batch.policy_mask, batch.policy_mask.sum(), temperature=1.0, cliprange=0.2,
-                       cliprange_value=0.2, vf_coef=0.1, entropy_coef=0.01, ref_logprobs=batch.ref_logprobs,
-                       kl_loss_coef=0.1)
+    loss, _ = ppo_loss(logits, values, batch, batch.policy_mask.sum(),
+                       LossSettings(temperature=1.0, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1,
+                                    entropy_coef=0.01), kl_loss_coef=0.1)
     loss.backward()
     assert torch.all(logits.grad[env] == 0) and torch.all(values.grad[env] == 0)
     assert logits.grad[batch.policy_mask].abs().sum() > 0 and values.grad[batch.policy_mask].abs().sum() > 0
@@ -147,7 +148,7 @@ def test_first_ratio_is_exactly_one_and_the_loss_reads_the_policy_mask(tiny_mode
     trainer.train()
     first = trainer.state.log_history[0]
     assert first["val/ratio"] == 1.0 and first["policy/approxkl_avg"] == 0.0 and first["objective/kl"] == 0.0
-    mask, normalizer = calls[0][7], calls[0][8]  # the whole rollout is the one micro-batch
+    mask, normalizer = calls[0][2].policy_mask, calls[0][3]  # the whole rollout is the one micro-batch
     assert torch.equal(mask, trainer._schedule.batch.policy_mask) and normalizer == mask.sum()
     assert not torch.equal(mask, trainer._schedule.batch.response_mask)
 

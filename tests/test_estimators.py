@@ -19,7 +19,7 @@ from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.trainer.data import RolloutRepeatSampler
 from hf_ppo.algorithms.estimators import ESTIMATORS, EstimatorSettings, estimate, kl_loss_coef
 from hf_ppo.models.value_head import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
-from hf_ppo.algorithms.ppo_math import logprobs_from_logits, ppo_loss, reinforce_pp_advantages
+from hf_ppo.algorithms.ppo_math import Experience, LossSettings, logprobs_from_logits, ppo_loss, reinforce_pp_advantages
 from hf_ppo.rollout.batch import RolloutBatch
 from hf_ppo.rollout.refill import merge_groups
 
@@ -81,7 +81,9 @@ def test_grpo_advantages_ignore_the_kl_which_is_a_loss_term():
     torch.testing.assert_close(scaled[:, 0], torch.tensor([-1.0, 1.0, -1.0, 1.0]) / (std + 1e-4))
     torch.testing.assert_close(out["non_score_rewards"], -KL)  # reported: what the loss term pays
     torch.testing.assert_close(out["rewards"], torch.tensor([[0.0, 1.0], [0.0, 3.0], [0.0, 0.0], [0.0, 2.0]]))
-    assert kl_loss_coef("grpo", 0.3) == 0.3 and kl_loss_coef("rloo", 0.3) == kl_loss_coef("gae", 0.3) == 0.0
+    at = EstimatorSettings(kl_coef=0.3)
+    assert kl_loss_coef(at._replace(advantage_estimator="grpo")) == 0.3
+    assert kl_loss_coef(at._replace(advantage_estimator="rloo")) == kl_loss_coef(at) == 0.0
 
 
 def test_reinforce_pp_and_gae_through_the_interface():
@@ -120,20 +122,22 @@ def test_use_kl_loss_takes_the_kl_out_of_the_reward_for_every_estimator():
     scores, kl, mask, values = torch.tensor([1.0]), torch.full((1, 2), 0.5), torch.ones(1, 2, dtype=torch.bool), \
         torch.zeros(1, 2)
     s = EstimatorSettings(kl_coef=1.0, lam=1.0, whiten_advantages=False, num_generations=1)
-    torch.testing.assert_close(estimate("gae", scores, kl, mask, values, s)["returns"], torch.tensor([[0.0, 0.5]]))
-    out = estimate("gae", scores, kl, mask, values, s, use_kl_loss=True)
+    torch.testing.assert_close(estimate(scores, kl, mask, values, s)["returns"], torch.tensor([[0.0, 0.5]]))
+    out = estimate(scores, kl, mask, values, s._replace(use_kl_loss=True))
     torch.testing.assert_close(out["returns"], torch.tensor([[1.0, 1.0]]))
     torch.testing.assert_close(out["rewards"], torch.tensor([[0.0, 1.0]]))
     torch.testing.assert_close(out["non_score_rewards"], torch.tensor([[-0.5, -0.5]]))  # still reported
-    assert kl_loss_coef("gae", 0.3) == 0.0 and kl_loss_coef("gae", 0.3, use_kl_loss=True) == 0.3
-    assert kl_loss_coef("grpo", 0.3) == 0.3
+    at = EstimatorSettings(kl_coef=0.3)
+    assert kl_loss_coef(at) == 0.0 and kl_loss_coef(at._replace(use_kl_loss=True)) == 0.3
+    assert kl_loss_coef(at._replace(advantage_estimator="grpo")) == 0.3
     # Step 8 as the rollout runs it (log-probs in, the KL measured with kl_estimator k1 = log 2 per token).
     from hf_ppo.rollout.steps import compute_advantages
 
     logp, ref = torch.full((1, 2), -1.0), torch.full((1, 2), -1.0 - math.log(2.0))
-    settings = dict(kl_coef=1.0, kl_estimator="k1", gamma=1.0, lam=1.0, whiten_rewards=False, whiten_advantages=False)
-    _, in_reward = compute_advantages(logp, ref, values, mask, scores, **settings)
-    _, in_loss = compute_advantages(logp, ref, values, mask, scores, **settings, use_kl_loss=True)
+    settings = EstimatorSettings(kl_coef=1.0, kl_estimator="k1", gamma=1.0, lam=1.0, whiten_rewards=False,
+                                 whiten_advantages=False)
+    _, in_reward = compute_advantages(logp, ref, values, mask, scores, settings)
+    _, in_loss = compute_advantages(logp, ref, values, mask, scores, settings._replace(use_kl_loss=True))
     torch.testing.assert_close(in_reward["returns"], torch.tensor([[1 - 2 * math.log(2.0), 1 - math.log(2.0)]]))
     torch.testing.assert_close(in_loss["returns"], torch.tensor([[1.0, 1.0]]))
 
@@ -144,13 +148,14 @@ def test_ppo_loss_without_critic_and_with_the_kl_loss_term():
     mask = torch.tensor([[True, True, True], [True, True, False]])
     old = logprobs_from_logits(logits, responses)
     zeros = torch.zeros(2, 3)
-    kwargs = dict(temperature=1.0, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, entropy_coef=0.0)
-    args = (responses, old, zeros, torch.ones(2, 3), zeros, mask, mask.sum())
-    plain, stats = ppo_loss(logits, None, *args, **kwargs)
+    settings = LossSettings(temperature=1.0, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, entropy_coef=0.0)
+    rollout = Experience(responses, old, zeros, torch.ones(2, 3), zeros, mask)
+    plain, stats = ppo_loss(logits, None, rollout, mask.sum(), settings)
     assert not CRITIC_METRICS & set(stats) and "loss/kl_avg" not in stats
     torch.testing.assert_close(plain, torch.tensor(-1.0))  # ratio 1, advantage 1: -A
     # Reference half as likely on every token: k3 = (1/2 - 1) - log(1/2) = log 2 - 1/2 per token.
-    with_kl, stats = ppo_loss(logits, None, *args, **kwargs, ref_logprobs=old - math.log(2.0), kl_loss_coef=0.5)
+    with_kl, stats = ppo_loss(logits, None, rollout._replace(ref_logprobs=old - math.log(2.0)), mask.sum(), settings,
+                              kl_loss_coef=0.5)
     torch.testing.assert_close(with_kl, torch.tensor(-1.0 + 0.5 * (math.log(2.0) - 0.5)))
     torch.testing.assert_close(stats["loss/kl_avg"], torch.tensor(math.log(2.0) - 0.5))
 
@@ -357,7 +362,7 @@ def test_refill_rounds_run_while_any_process_has_dropped_groups(other_process_dr
     from hf_ppo.rollout import refill as rollout_module
     from hf_ppo.rollout import steps
 
-    def fake_rollout(policy, queries, query_mask, prompts, **settings):
+    def fake_rollout(policy, queries, query_mask, prompts, parts, settings, columns=None):
         B = len(prompts)
         batch = rollout_batch(queries, query_mask, torch.ones(B, 2, dtype=torch.long),
                               torch.ones(B, 2, dtype=torch.bool), torch.arange(float(B)))
@@ -372,10 +377,12 @@ def test_refill_rounds_run_while_any_process_has_dropped_groups(other_process_dr
         return {"queries": torch.ones(4, 3, dtype=torch.long), "query_mask": torch.ones(4, 3, dtype=torch.bool),
                 "prompts": ["x"] * 4}
 
+    parts = SimpleNamespace(tokenizer=SimpleNamespace(pad_token_id=0),
+                            gather=lambda flag: torch.cat([flag, torch.tensor([float(other_process_dropped)])]))
+    settings = SimpleNamespace(max_refill_rounds=2, estimator=EstimatorSettings(kl_coef=0.0, num_generations=2))
     result = rollout_module.rollout_with_refill(
-        None, torch.ones(4, 2, dtype=torch.long), torch.ones(4, 2, dtype=torch.bool), ["p"] * 4, max_refill_rounds=2,
-        extra_prompts=extra_prompts, num_generations=2, tokenizer=SimpleNamespace(pad_token_id=0),
-        gather=lambda flag: torch.cat([flag, torch.tensor([float(other_process_dropped)])]))
+        None, torch.ones(4, 2, dtype=torch.long), torch.ones(4, 2, dtype=torch.bool), ["p"] * 4, parts, settings,
+        extra_prompts=extra_prompts)
     assert drawn == list(range(rounds)) and result.stats["rollout/refill_rounds"].item() == rounds
     assert result.stats["rollout/groups_refilled"].item() == 0 and result.stats["rollout/groups_dropped"].item() == 0
     # The cost of every round is counted: seconds and sampled tokens.

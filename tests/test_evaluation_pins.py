@@ -7,6 +7,8 @@ scripted engine (known response tokens, so the KL can be summed here from the tw
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 import re
@@ -115,10 +117,8 @@ class ChangedJudge:
 
 def greedy_engine(trainer):
     """The trainer's sampling settings with top_k=1: each model completes each prompt one way only."""
-    args = trainer.args
-    return make_rollout_engine("kv_cache", response_length=args.response_length, temperature=args.temperature,
-                               top_k=1, top_p=1.0, pad_token_id=trainer.processing_class.pad_token_id,
-                               stop_token_ids=trainer.stop_token_ids, batch_size=args.local_rollout_forward_batch_size)
+    sampling = dataclasses.replace(trainer.args.sampling_settings, top_k=1, top_p=1.0, rollout_engine="kv_cache")
+    return make_rollout_engine(sampling, trainer.processing_class.pad_token_id, trainer.stop_token_ids)
 
 
 def evaluate_with(trainer, judge: ChangedJudge, engine) -> dict[str, float]:

@@ -385,7 +385,7 @@ def test_card_template_ships_in_the_wheel(tmp_path):
     repo = Path(__file__).resolve().parent.parent
     src = tmp_path / "src"
     src.mkdir()
-    for name in ["pyproject.toml", "hf_ppo", "recipes/configs"]:  # what pyproject.toml packages
+    for name in ["pyproject.toml", "hf_ppo"]:  # what pyproject.toml packages
         copy = shutil.copytree if (repo / name).is_dir() else shutil.copy
         copy(repo / name, src / name)
     for cache in src.rglob("__pycache__"):

@@ -13,7 +13,6 @@ from datasets import Dataset
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.algorithms.estimators import ESTIMATORS, EstimatorSettings
 from hf_ppo.algorithms.ppo_math import compute_gae, length_adaptive_lam
-from hf_ppo.hub.cards import card_hyperparameters
 from scripted_engine import ScriptedEngine
 
 GAE = ESTIMATORS["gae"].compute
@@ -146,8 +145,8 @@ def test_good_settings_are_accepted_and_on_the_card(tmp_path):
     """Pins what is legal (with lam_critic, any value; lam at its default) and that the card lists the option."""
     args = PPOConfig(output_dir=str(tmp_path), report_to=[], lam_length_alpha=0.05, lam_critic=1.0,
                      response_length=512)
-    assert args.rollout_settings["lam_length_alpha"] == 0.05
-    assert card_hyperparameters(args)["lam_length_alpha"] == 0.05
+    assert args.rollout_settings.estimator.lam_length_alpha == 0.05
+    assert args.card_hyperparameters["lam_length_alpha"] == 0.05
     assert PPOConfig(output_dir=str(tmp_path), report_to=[]).lam_length_alpha is None  # off by default
 
 

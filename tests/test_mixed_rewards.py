@@ -11,7 +11,7 @@ from datasets import Dataset
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.hub.cards import model_sources, write_model_card
 from hf_ppo.algorithms.ppo_math import overlong_penalty
-from hf_ppo.rollout.rewards import RewardSet, penalize, score_responses
+from hf_ppo.rollout.scoring import RewardSet, penalize, score_responses
 
 PROMPTS = ["the movie was", "the food was", "the book was", "the show was"]
 

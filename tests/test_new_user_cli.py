@@ -206,11 +206,12 @@ def test_evaluate_quantization_follows_the_record_else_full_precision_or_the_opt
 def test_the_run_record_names_the_compute_dtype(flags, precision, tmp_path):
     import types
 
+    from hf_ppo.hub.cards import PublishSettings
     from hf_ppo.hub.publish import run_record
 
-    args = types.SimpleNamespace(model_init_kwargs=None, hub_base_model_id=None, **{"bf16": False, "fp16": False,
-                                                                                    **flags})
-    record = run_record(args, {"model": "org/base"}, torch.nn.Linear(2, 2), None, None, length_reward)
+    args = types.SimpleNamespace(**{"bf16": False, "fp16": False, **flags})
+    settings = PublishSettings(hyperparameters={}, precision=PPOConfig.precision.fget(args))
+    record = run_record(settings, {"model": "org/base"}, torch.nn.Linear(2, 2), None, None, length_reward)
     assert record["precision"] == precision
 
 
@@ -343,8 +344,7 @@ def test_pushing_an_adapter_on_a_local_base_names_both_fixes(fake_conversion, tm
 def test_the_record_gives_a_lora_reference_the_policy_base_quantization():
     """A LoRA run's reference is its base with the adapter disabled (ref_model=None): recorded in the policy's
     quantization, not ref_quantization (which only a reference loaded by id/path gets)."""
-    from types import SimpleNamespace
-
+    from hf_ppo.hub.cards import PublishSettings
     from hf_ppo.hub.publish import run_record
 
     class Loaded4bit(torch.nn.Module):
@@ -353,10 +353,10 @@ def test_the_record_gives_a_lora_reference_the_policy_base_quantization():
     class Loaded8bit(torch.nn.Module):
         is_loaded_in_8bit = True
 
-    args = SimpleNamespace(model_init_kwargs=None, hub_base_model_id=None)
+    settings = PublishSettings(hyperparameters={})
     sources = {"model": "org/base", "ref_model": "org/sft"}
-    record = run_record(args, sources, Loaded4bit(), None, None, [Loaded8bit(), length_reward])
+    record = run_record(settings, sources, Loaded4bit(), None, None, [Loaded8bit(), length_reward])
     assert record["quantization"] == {"policy": "4bit", "reference": "4bit", "reward": ["8bit", None]}
     assert record["reference"] is None
-    assert run_record(args, sources, Loaded4bit(), Loaded8bit(), None, length_reward)["quantization"][
+    assert run_record(settings, sources, Loaded4bit(), Loaded8bit(), None, length_reward)["quantization"][
         "reference"] == "8bit"

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.utils._python_dispatch
 
-from hf_ppo.algorithms.ppo_math import (AdaptiveKLController, LOSS_AGGREGATIONS, FixedKLController, RunningMoments, aggregate_loss, compute_gae, compute_rewards, entropy_from_logits, explained_variance, grpo_advantages, kl_estimate, kl_loss_per_token, logprobs_from_logits, loss_normalizer, masked_mean, masked_var, masked_whiten, policy_loss, ppo_loss, reinforce_pp_advantages, rloo_advantages, sequence_to_token_advantages, value_loss)
+from hf_ppo.algorithms.ppo_math import (AdaptiveKLController, LOSS_AGGREGATIONS, Experience, FixedKLController, LossSettings, RunningMoments, aggregate_loss, compute_gae, compute_rewards, entropy_from_logits, explained_variance, grpo_advantages, kl_estimate, kl_loss_per_token, logprobs_from_logits, loss_normalizer, masked_mean, masked_var, masked_whiten, policy_loss, ppo_loss, reinforce_pp_advantages, rloo_advantages, sequence_to_token_advantages, value_loss)
 
 F64 = torch.float64
 T, F = True, False
@@ -119,16 +119,16 @@ def test_chunked_logprobs_entropy_and_loss_equal_the_whole_computation():
     base = torch.randn(B, R, V)
     tokens = torch.randint(0, V, (B, R))
     mask = torch.rand(B, R) > 0.2
-    rollout = dict(old_logprobs=torch.randn(B, R) - 3, old_values=torch.randn(B, R), advantages=torch.randn(B, R),
-                   returns=torch.randn(B, R), mask=mask, normalizer=mask.sum().float())
+    old = Experience(tokens, torch.randn(B, R) - 3, torch.randn(B, R), torch.randn(B, R), torch.randn(B, R), mask)
     results = []
     for budget in (1, 2**30):  # 1 byte: one position per chunk; 1 GiB: one chunk
         logits = base.clone().requires_grad_(True)
         values = torch.zeros(B, R, requires_grad=True)
         lp = logprobs_from_logits(logits, tokens, 0.7, memory_bytes=budget)
         ent = entropy_from_logits(logits, 0.7, memory_bytes=budget)
-        loss, _ = ppo_loss(logits, values, tokens, **rollout, temperature=0.7, cliprange=0.2, cliprange_value=0.2,
-                           vf_coef=0.1, entropy_coef=0.05, memory_bytes=budget)
+        loss, _ = ppo_loss(logits, values, old, mask.sum().float(),
+                           LossSettings(0.7, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, entropy_coef=0.05,
+                                        memory_bytes=budget))
         (loss + lp.sum() + ent.sum()).backward()
         results.append((lp.detach(), ent.detach(), loss.detach(), logits.grad))
     for chunked, whole in zip(*results):
@@ -159,14 +159,14 @@ def test_no_whole_fp32_logits_tensor_is_made_in_the_forward_or_the_backward():
     budget = 128 * 2**10
     tokens = torch.randint(0, V, (B, R))
     mask = torch.ones(B, R, dtype=torch.bool)
-    rollout = dict(old_logprobs=torch.full((B, R), -8.0), old_values=torch.zeros(B, R),
-                   advantages=torch.randn(B, R), returns=torch.randn(B, R), mask=mask, normalizer=mask.sum().float())
+    old = Experience(tokens, torch.full((B, R), -8.0), torch.zeros(B, R), torch.randn(B, R), torch.randn(B, R), mask)
 
     def largest(memory_bytes):
         logits = torch.randn(B, R, V).bfloat16().requires_grad_(True)
         with _LargestFloat32() as mode:
-            loss, _ = ppo_loss(logits, None, tokens, **rollout, temperature=0.9, cliprange=0.2, cliprange_value=0.2,
-                               vf_coef=0.0, entropy_coef=0.01, memory_bytes=memory_bytes)
+            loss, _ = ppo_loss(logits, None, old, mask.sum().float(),
+                               LossSettings(0.9, cliprange=0.2, cliprange_value=0.2, vf_coef=0.0, entropy_coef=0.01,
+                                            memory_bytes=memory_bytes))
             loss.backward()
         assert logits.grad.dtype == torch.bfloat16
         return mode.largest

@@ -39,7 +39,8 @@ def test_help_explains_how_to_run_and_lists_ppo_fields_first():
     text = ppo.build_parser().format_help()
     head = text[:3000]
     assert head.startswith("usage: python recipes/ppo.py [--config CONFIG.yaml]")
-    for how in ["--config recipes/configs/demo.yaml", "--learning_rate 5e-6", "accelerate launch", "response_length` 53"]:
+    for how in ["--config hf_ppo/cli/configs/demo.yaml", "--learning_rate 5e-6", "accelerate launch",
+                "response_length` 53"]:
         assert how in head, how
     titles = ["PPO (hf_ppo.PPOConfig):", "prompts (ScriptArguments):", "models (ModelArguments):",
               "training (transformers.TrainingArguments"]
@@ -49,6 +50,27 @@ def test_help_explains_how_to_run_and_lists_ppo_fields_first():
     assert "--response_length" in ppo_section and "--kl_coef" in ppo_section and "N+ paper" in ppo_section
     assert "--per_device_train_batch_size" not in ppo_section  # a TrainingArguments field
     assert "--per_device_train_batch_size" in text[positions[3]:]
+
+
+TRL_DERIVED_SIZES = ["local_batch_size", "micro_batch_size", "batch_size", "local_mini_batch_size", "mini_batch_size"]
+
+
+@pytest.mark.parametrize("where", ["yaml", "cli"])
+def test_trl_derived_sizes_are_not_offered_but_still_refused_with_the_fix(tmp_path, tiny_models, where):
+    """TRL's sizes that hf_ppo derives are no option `--help` lists (nor a spelling hint suggests); given anyway, in
+    the YAML or on the command line, they end in PPOConfig's message naming the fields to set."""
+    text = ppo.build_parser("hf-ppo train").format_help()
+    listed = [name for name in TRL_DERIVED_SIZES if f"--{name} " in text or f"--{name}," in text]
+    assert not listed, f"derived sizes offered in --help: {listed}"
+    assert "Derived in hf_ppo" not in text
+    root = _project(tmp_path, tiny_models, **({"batch_size": 8} if where == "yaml" else {}))
+    argv = ["--config", str(root / "configs" / "run.yaml")] + (["--batch_size", "8"] if where == "cli" else [])
+    with pytest.raises(ValueError, match=r"- batch_size=8 cannot be set.*per_device_train_batch_size"):
+        ppo.parse_args(argv, command="hf-ppo train")
+    if where == "cli":  # a near miss is pointed at an option it may set
+        with pytest.raises(ppo.ConfigError) as info:
+            ppo.parse_args(["--config", str(root / "configs" / "run.yaml"), "--mini_batch_sizes", "8"])
+        assert "unknown key '--mini_batch_sizes'" in str(info.value) and "'--mini_batch_size'" not in str(info.value)
 
 
 @pytest.mark.parametrize("where", ["yaml", "cli"])

@@ -15,7 +15,7 @@ from datasets import Dataset
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.trainer.checkpoint import CheckpointError, problems
 from hf_ppo.trainer.guard import NonFiniteError
-from hf_ppo.rollout.rewards import check_reward_values
+from hf_ppo.rollout.scoring import check_reward_values
 
 
 def count_e(prompts, completions):
@@ -337,7 +337,7 @@ def test_nonfinite_weights_are_never_saved(tiny_models, tokenizer, lora_config, 
     ("max_prompt_length", 0), ("max_prompt_length", -3), ("kl_coef", -0.1), ("kl_coef", float("nan")),
     ("reward_clip", 0.0), ("reward_clip", -1.0), ("cliprange", 0.0), ("cliprange_value", 0.0), ("gamma", 1.5),
     ("gamma", -0.1), ("lam", 1.01), ("kl_target", 0.0), ("kl_horizon", 0), ("top_k", -1), ("vf_coef", -1.0),
-    ("entropy_coef", float("inf")), ("missing_eos_penalty", float("nan")), ("value_head_learning_rate", 0.0),
+    ("entropy_coef", float("inf")), ("missing_eos_penalty", float("nan")), ("critic_learning_rate", 0.0),
     ("local_rollout_forward_batch_size", 0), ("num_ppo_epochs", 0), ("num_mini_batches", 0), ("response_length", 0),
     ("temperature", 0.0), ("top_p", 0.0), ("max_consecutive_nonfinite", 0), ("num_sample_generations", -1),
     ("stop_token_id", -2), ("per_device_train_batch_size", 0),
@@ -553,7 +553,7 @@ BAD_VALUES = {
     "local_mini_batch_size": 8, "mini_batch_size": 8, "allow_config_change_on_resume": "yes", "print_metrics": "1",
     "max_prompt_length": 0, "kl_coef": -0.1, "reward_clip": 0.0, "cliprange": 0.0, "cliprange_value": 0.0,
     "gamma": 1.5, "lam": 1.01, "kl_target": 0.0, "kl_horizon": 0, "top_k": -1, "vf_coef": -1.0,
-    "entropy_coef": float("inf"), "missing_eos_penalty": -1.0, "value_head_learning_rate": 0.0,
+    "entropy_coef": float("inf"), "missing_eos_penalty": -1.0,
     "critic_learning_rate": -1.0, "critic_warmup_steps": -1, "num_generations": 0, "overlong_penalty_factor": -1.0,
     "local_rollout_forward_batch_size": 0, "num_ppo_epochs": 0, "num_mini_batches": 0, "response_length": 0,
     "temperature": 0.0, "top_p": 0.0, "max_consecutive_nonfinite": 0, "num_sample_generations": -1, "num_eval_samples": 0,

@@ -12,7 +12,7 @@ import trl.rewards
 import yaml
 from test_recipe import TINY_RUN
 
-from hf_ppo.cli import command, recipe
+from hf_ppo.cli import command, train
 
 # What `record_answer` saw during a run: (prompt's user text, answer, completion's role) per completion.
 SEEN: list[tuple[str, str, str]] = []
@@ -76,7 +76,7 @@ def no_model_loads(monkeypatch):
         calls.append(kwargs)
         raise Built
 
-    monkeypatch.setattr(recipe, "PPOLMTrainer", trainer)
+    monkeypatch.setattr(train, "PPOLMTrainer", trainer)
     import hf_ppo.trainer
 
     monkeypatch.setattr(hf_ppo.trainer, "PPOLMTrainer", trainer)  # what `hf-ppo evaluate` imports
@@ -102,8 +102,8 @@ FACTORY = "trl.rewards.get_soft_overlong_punishment"
 ])
 def test_bad_entry_stops_before_any_model_loads(tmp_path, tiny_models, no_model_loads, entry, expected):
     root = _project(tmp_path, tiny_models, reward_funcs=["trl.rewards.think_format_reward", entry])
-    with pytest.raises(recipe.ConfigError) as info:
-        recipe.main(["--config", str(root / "configs" / "run.yaml")])
+    with pytest.raises(train.ConfigError) as info:
+        train.main(["--config", str(root / "configs" / "run.yaml")])
     message = str(info.value)
     for part in expected:
         assert part in message, (part, message)
@@ -113,9 +113,9 @@ def test_bad_entry_stops_before_any_model_loads(tmp_path, tiny_models, no_model_
 
 def test_bad_entry_of_the_command_line_is_named_with_the_good_ones_kept(tmp_path, tiny_models, no_model_loads):
     root = _project(tmp_path, tiny_models)
-    with pytest.raises(recipe.ConfigError) as info:
-        recipe.main(["--config", str(root / "configs" / "run.yaml"), "--reward_funcs", "trl.rewards.nope",
-                     "{not json", "math.pi"])
+    with pytest.raises(train.ConfigError) as info:
+        train.main(["--config", str(root / "configs" / "run.yaml"), "--reward_funcs", "trl.rewards.nope",
+                    "{not json", "math.pi"])
     lines = str(info.value).splitlines()  # every bad entry at once, one line each
     assert len(lines) == 3 and "trl.rewards.nope" in lines[0] and "not valid JSON" in lines[1]
     assert "'math.pi' is not callable" in lines[2]
@@ -125,9 +125,9 @@ def test_bad_entry_of_the_command_line_is_named_with_the_good_ones_kept(tmp_path
 def test_a_column_missing_from_the_evaluation_split_stops_before_training(tmp_path, tiny_models, no_model_loads):
     root = _project(tmp_path, tiny_models, reward_funcs=["rewards.py:exact"])
     (root / "data" / "test.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    with pytest.raises(recipe.ConfigError, match=r"on the evaluation prompts.*'rewards.py:exact'.*'answer'"):
-        recipe.main(["--config", str(root / "configs" / "run.yaml"), "--dataset_test_split",
-                     str(root / "data" / "test.jsonl")])
+    with pytest.raises(train.ConfigError, match=r"on the evaluation prompts.*'rewards.py:exact'.*'answer'"):
+        train.main(["--config", str(root / "configs" / "run.yaml"), "--dataset_test_split",
+                    str(root / "data" / "test.jsonl")])
     assert no_model_loads == []
 
 
@@ -136,15 +136,15 @@ def test_dotted_path_and_file_beside_the_yaml(tmp_path, tiny_models, monkeypatch
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # rewards.py is found beside the config, as the recipe's other relative paths
-    _, model_args, _ = recipe.parse_args(["--config", str(root / "configs" / "run.yaml")])
+    _, model_args, _ = train.parse_args(["--config", str(root / "configs" / "run.yaml")])
     think, exact = (f.func for f in model_args.loaded_reward_funcs)
     assert think is trl.rewards.think_format_reward
     assert exact.__name__ == "exact" and Path(exact.__code__.co_filename) == root / "configs" / "rewards.py"
     assert exact(completions=["it is 4"], answer=["4"]) == [2.0]
     # As for the other paths, a file in the working directory wins over the one beside the config.
     (elsewhere / "rewards.py").write_text("def exact(completions, **kwargs):\n    return [7.0] * len(completions)\n")
-    _, model_args, _ = recipe.parse_args(["--config", str(root / "configs" / "run.yaml"),
-                                          "--reward_funcs", "rewards.py:exact"])
+    _, model_args, _ = train.parse_args(["--config", str(root / "configs" / "run.yaml"),
+                                         "--reward_funcs", "rewards.py:exact"])
     (exact,) = (f.func for f in model_args.loaded_reward_funcs)
     assert exact(completions=["x"]) == [7.0]
 
@@ -155,7 +155,7 @@ def test_factory_with_arguments(tmp_path, tiny_models, where):
     root = _project(tmp_path, tiny_models, **({"reward_funcs": [factory]} if where == "yaml" else {}))
     argv = ["--config", str(root / "configs" / "run.yaml")]
     argv += ["--reward_funcs", json.dumps(factory)] if where == "cli" else []
-    _, model_args, _ = recipe.parse_args(argv)
+    _, model_args, _ = train.parse_args(argv)
     (func,) = (f.func for f in model_args.loaded_reward_funcs)
     assert func.__name__ == "soft_overlong_punishment_reward"
     # 9 tokens: 1 past max_completion_len - soft_punish_cache = 8, punished by 1/2; 8 tokens: not at all.
@@ -166,7 +166,7 @@ def test_reward_model_functions_and_weights_combine_in_order(tmp_path, tiny_mode
     root = _project(tmp_path, tiny_models, reward_model_name_or_path=tiny_models["reward"],
                     reward_funcs=["trl.rewards.think_format_reward", "rewards.py:exact"], reward_weights=[1.0, 0.5, 2.0])
     with pytest.raises(Built):
-        recipe.main(["--config", str(root / "configs" / "run.yaml")])
+        train.main(["--config", str(root / "configs" / "run.yaml")])
     (kwargs,) = no_model_loads
     reward_model, think, exact = kwargs["reward_model"]
     assert reward_model == tiny_models["reward"] and think is trl.rewards.think_format_reward
@@ -177,8 +177,8 @@ def test_reward_model_functions_and_weights_combine_in_order(tmp_path, tiny_mode
     # TRL's reward_model_path joins the list the same way (and is not given twice).
     no_model_loads.clear()
     with pytest.raises(Built):
-        recipe.main(["--config", str(root / "configs" / "run.yaml"), "--reward_model_path", tiny_models["reward"],
-                     "--reward_model_name_or_path", tiny_models["reward"]])
+        train.main(["--config", str(root / "configs" / "run.yaml"), "--reward_model_path", tiny_models["reward"],
+                    "--reward_model_name_or_path", tiny_models["reward"]])
     (kwargs,) = no_model_loads
     assert kwargs["reward_model"][0] == tiny_models["reward"] and kwargs["args"].reward_model_path is None
 
@@ -186,16 +186,16 @@ def test_reward_model_functions_and_weights_combine_in_order(tmp_path, tiny_mode
 def test_functions_alone_are_enough_and_no_reward_names_both_ways(tmp_path, tiny_models, no_model_loads):
     root = _project(tmp_path, tiny_models, reward_funcs=["trl.rewards.think_format_reward"])
     with pytest.raises(Built):
-        recipe.main(["--config", str(root / "configs" / "run.yaml")])
+        train.main(["--config", str(root / "configs" / "run.yaml")])
     assert no_model_loads[0]["reward_model"] is trl.rewards.think_format_reward
     root = _project(tmp_path / "none", tiny_models)
     with pytest.raises(ValueError, match=r"No reward model and no reward function.*--reward_model_name_or_path.*"
                                          r"--reward_funcs"):
-        recipe.main(["--config", str(root / "configs" / "run.yaml")])
+        train.main(["--config", str(root / "configs" / "run.yaml")])
 
 
 def test_help_offers_reward_funcs():
-    text = recipe.build_parser("hf-ppo train").format_help()
+    text = train.build_parser("hf-ppo train").format_help()
     assert "--reward_funcs" in text and "custom reward functions" not in text
     assert "get_soft_overlong_punishment: {max_completion_len: 64" in text  # the factory spelling, braces intact
 
@@ -210,7 +210,7 @@ def test_train_with_trl_reward_functions_on_chat_prompts(tmp_path, tiny_models):
     root = _project(tmp_path, tiny_models, rows=rows, max_steps=2,
                     reward_funcs=["trl.rewards.think_format_reward", "trl.rewards.accuracy_reward",
                                   "test_reward_funcs_cli.record_answer"])
-    trainer = recipe.main(["--config", str(root / "configs" / "run.yaml")])
+    trainer = train.main(["--config", str(root / "configs" / "run.yaml")])
     assert trainer.state.global_step == 2
     assert (tmp_path / "out" / "adapter_config.json").exists()
     logged = {k for entry in trainer.state.log_history for k in entry}
@@ -225,7 +225,7 @@ def test_train_with_trl_reward_functions_on_chat_prompts(tmp_path, tiny_models):
 def test_an_error_inside_a_reward_function_reaches_the_user_named(tmp_path, tiny_models):
     root = _project(tmp_path, tiny_models, reward_funcs=["test_reward_funcs_cli.explode"])
     with pytest.raises(Exception) as info:  # any type, as long as it names the function
-        recipe.run(["--config", str(root / "configs" / "run.yaml")], command="hf-ppo train")
+        train.run(["--config", str(root / "configs" / "run.yaml")], command="hf-ppo train")
     assert not isinstance(info.value, SystemExit)  # not turned into a one-line exit that hides the cause
     assert "explode" in str(info.value) and "what is" in str(info.value)  # the function and the row's prompt
     chain, cause = [], info.value

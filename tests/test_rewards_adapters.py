@@ -8,7 +8,7 @@ from datasets import Dataset
 from safetensors import safe_open
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.rollout.rewards import reward_input_format, score_responses
+from hf_ppo.rollout.scoring import reward_input_format, score_responses
 from hub_fixtures import TEST_USER
 
 QUESTION, ANSWER = "the movie was", " great fun"
@@ -395,7 +395,7 @@ def test_named_adapters_train_one_and_use_the_other_as_reference(sft_adapter, ti
 def test_a_decoder_reward_scores_a_too_long_input_on_its_last_tokens(tiny_models, tokenizer):
     from transformers import AutoModelForSequenceClassification
 
-    from hf_ppo.rollout.rewards import reward_model_scores
+    from hf_ppo.rollout.scoring import reward_model_scores
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_models["reward"]).eval()
     long = tokenizer("the movie was great fun and the plot was dull", return_tensors="pt")["input_ids"][0]

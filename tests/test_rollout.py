@@ -9,7 +9,10 @@ import torch
 
 from hf_ppo.rollout.engines import generate, sample_token
 from hf_ppo.algorithms.ppo_math import LOSS_AGGREGATIONS
-from hf_ppo.rollout.steps import ROLLOUT_STATS, Samples, rollout, sample_and_score, truncate_after_stop
+from hf_ppo.algorithms.estimators import EstimatorSettings
+from hf_ppo.rollout.engines import SamplingSettings
+from hf_ppo.rollout.steps import (ROLLOUT_STATS, RolloutParts, RolloutSettings, Samples, rollout, sample_and_score,
+                                  truncate_after_stop)
 from hf_ppo.trainer.schedule import MinibatchSchedule
 from hf_ppo.rollout.batch import RolloutBatch
 from scripted_engine import ScriptedEngine
@@ -111,14 +114,13 @@ def prompt_batch(tokenizer):
     return batch["input_ids"], batch["attention_mask"].bool()
 
 
-def run_rollout(policy, tokenizer, engine, **overrides):
+def run_rollout(policy, tokenizer, engine, shape_scores=lambda s: s, whiten_advantages=True):
     queries, query_mask = prompt_batch(tokenizer)
-    kwargs = dict(engine=engine, ref_model=None, ref_adapter=None, reward=length_and_e, tokenizer=tokenizer,
-                  reward_tokenizer=None, input_format="auto", stop_token_ids=[tokenizer.eos_token_id], temperature=0.7,
-                  batch_size=3, missing_eos_penalty=1.5, shape_scores=lambda s: s, kl_coef=0.05, kl_estimator="k1",
-                  gamma=1.0, lam=0.95, whiten_rewards=False, whiten_advantages=True)
-    kwargs.update(overrides)
-    return rollout(policy, queries, query_mask, PROMPTS, **kwargs)
+    parts = RolloutParts(engine, length_and_e, tokenizer, [tokenizer.eos_token_id], shape_scores=shape_scores)
+    settings = RolloutSettings(SamplingSettings(response_length=R, temperature=0.7, forward_batch_size=3),
+                               EstimatorSettings(kl_coef=0.05, gamma=1.0, lam=0.95, whiten_rewards=False,
+                                                 whiten_advantages=whiten_advantages), missing_eos_penalty=1.5)
+    return rollout(policy, queries, query_mask, PROMPTS, parts, settings)
 
 
 @pytest.fixture(scope="module")
@@ -127,17 +129,45 @@ def scripted_rollout(lora_policy, tokenizer):
     return run_rollout(lora_policy, tokenizer, engine), engine
 
 
+def documented_fields() -> dict[str, tuple[tuple[str, ...], torch.dtype]]:
+    """{field: (shape in letters, dtype)} as RolloutBatch's source declares them: one field a line, its shape and dtype
+    in the comment beside it (`queries: torch.Tensor  # (B, Q) long: ...`)."""
+    import ast
+    import inspect
+    import io
+    import re
+    import tokenize
+
+    from hf_ppo.rollout import batch as module
+
+    source = inspect.getsource(module)
+    comments = {tok.start[0]: tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                if tok.type == tokenize.COMMENT}
+    (cls,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "RolloutBatch"]
+    dtypes = {"long": torch.long, "bool": torch.bool, "float32": torch.float32}
+    found = {}
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign):
+            match = re.match(r"#\s*\((?P<shape>[BQR](?:,\s*[BQR])*),?\)\s*(?P<dtype>\w+)\b",
+                             comments.get(node.lineno, ""))
+            assert match and match["dtype"] in dtypes, f"RolloutBatch.{node.target.id}: no `# (shape) dtype` comment"
+            found[node.target.id] = (tuple(re.findall(r"[BQR]", match["shape"])), dtypes[match["dtype"]])
+    return found
+
+
+def test_every_rollout_batch_field_is_declared_on_its_own_line_with_its_shape():
+    assert list(documented_fields()) == [f.name for f in fields(RolloutBatch)]
+
+
 def test_rollout_batch_fields_have_the_documented_shapes_and_dtypes(scripted_rollout, tokenizer):
     result, _ = scripted_rollout
     batch = result.batch
     queries, query_mask = prompt_batch(tokenizer)
     B, Q = queries.shape
-    expected = {"queries": ((B, Q), torch.long), "query_mask": ((B, Q), torch.bool),
-                "responses": ((B, R), torch.long), "response_mask": ((B, R), torch.bool),
-                "scores": ((B,), torch.float32), "contains_stop": ((B,), torch.bool), "policy_mask": ((B, R), torch.bool)}
-    for name in ("logprobs", "ref_logprobs", "values", "rewards", "non_score_rewards", "advantages", "returns"):
-        expected[name] = ((B, R), torch.float32)
-    assert set(expected) == {f.name for f in fields(RolloutBatch)}, "a RolloutBatch field this test does not know"
+    sizes = {"B": B, "Q": Q, "R": R}
+    expected = {name: (tuple(sizes[letter] for letter in shape), dtype)
+                for name, (shape, dtype) in documented_fields().items()}
+    assert set(expected) == {f.name for f in fields(RolloutBatch)}, "a RolloutBatch field without its shape comment"
     for name, (shape, dtype) in expected.items():
         value = getattr(batch, name)
         assert tuple(value.shape) == shape and value.dtype == dtype, (name, tuple(value.shape), value.dtype)
@@ -259,9 +289,8 @@ def test_sample_and_score_scores_are_the_reward_on_the_decoded_text(lora_policy,
         calls.append((prompts, completions))
         return length_and_e(prompts, completions)
 
-    samples = sample_and_score(ScriptedEngine(script(tokenizer)), lora_policy, reward, queries, query_mask, PROMPTS,
-                               tokenizer=tokenizer, reward_tokenizer=None, input_format="auto",
-                               stop_token_ids=[tokenizer.eos_token_id], batch_size=2)
+    parts = RolloutParts(ScriptedEngine(script(tokenizer)), reward, tokenizer, [tokenizer.eos_token_id])
+    samples = sample_and_score(parts, lora_policy, queries, query_mask, PROMPTS, batch_size=2)
     assert isinstance(samples, Samples)
     ((prompts, completions),) = calls
     assert prompts == PROMPTS  # the prompts' text, without the left padding

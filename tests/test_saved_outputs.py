@@ -22,7 +22,7 @@ from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.cli.tiny import CHAT_TEMPLATE, build_causal_lm, build_tokenizer
 from hf_ppo.evaluation.report import REPORT_FILE, REPORT_MARK, write_report
 from hf_ppo.hub import cards
-from hf_ppo.hub.cards import card_hyperparameters, gguf_origin, write_model_card, write_policy_card
+from hf_ppo.hub.cards import gguf_origin, write_model_card, write_policy_card
 from hf_ppo.hub.plots import DEFAULT_PANELS, x_axis
 from hf_ppo.models.tokenizers import choose_pad_token
 
@@ -150,7 +150,7 @@ def test_the_card_shows_the_run_length_that_took_effect(chat_run, tmp_path):
     num_train_epochs (default 3); an epochs run shows num_train_epochs, not max_steps=-1."""
     text = (chat_run / "README.md").read_text()
     assert "| `max_steps` | `1` |" in text and "num_train_epochs" not in text
-    by_epochs = card_hyperparameters(PPOConfig(output_dir=str(tmp_path), num_train_epochs=2, report_to=[]))
+    by_epochs = PPOConfig(output_dir=str(tmp_path), num_train_epochs=2, report_to=[]).card_hyperparameters
     assert by_epochs["num_train_epochs"] == 2 and "max_steps" not in by_epochs
 
 
@@ -242,8 +242,8 @@ def gguf_card(tmp_path, monkeypatch, model: str, **config) -> tuple[str, ModelCa
     monkeypatch.setenv("HF_PPO_CACHE", str(tmp_path / "cache"))
     args = PPOConfig(output_dir=str(tmp_path / "out"), max_steps=2, report_to=[], **config)
     sources = {"model": model, "reward_model": "org/rm", "ref_model": None}
-    write_policy_card(tmp_path / "card", None, None, sources, args, HISTORY, repo_id="org/tiny-ppo", merged=False,
-                      dataset_names=[])
+    write_policy_card(tmp_path / "card", None, sources, args.publish_settings, HISTORY, repo_id="org/tiny-ppo",
+                      merged=False, dataset_names=[])
     path = tmp_path / "card" / "README.md"
     return path.read_text(), ModelCard.load(path)
 

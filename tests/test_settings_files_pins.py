@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 import plain_ppo
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.rollout.rewards import unique_names
+from hf_ppo.rollout.scoring import unique_names
 from wiring_models import RecordingTrainer
 
 # One fixed score per prompt, two of them beyond +-CLIP, so clipping shows on both sides.

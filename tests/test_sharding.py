@@ -222,19 +222,17 @@ def test_the_fsdp_version_of_a_launcher_that_sets_none_is_accelerates_default(mo
     """`accelerate launch` with an FSDP config that names no fsdp_version sets ACCELERATE_USE_FSDP and no FSDP_VERSION;
     accelerate then builds FSDP version 1, which hf_ppo cannot sample from: hf_ppo must read the same default and
     refuse it, naming the fix. accelerate's own plugin is asked what it builds, so a change of its default shows."""
-    from types import SimpleNamespace
-
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.delenv("FSDP_VERSION", raising=False)
-    args = SimpleNamespace(fsdp=None, fsdp_config=None, deepspeed=None)
-    assert fsdp_version(args) == FullyShardedDataParallelPlugin().fsdp_version == 1
-    [problem] = sharding_problems(args)
+    args = (None, None)  # fsdp, fsdp_config: nothing set in the arguments
+    assert fsdp_version(*args) == FullyShardedDataParallelPlugin().fsdp_version == 1
+    [problem] = sharding_problems(*args, None)
     assert "FSDP version 1 is not supported" in problem and "fsdp_version: 2" in problem
     monkeypatch.setenv("FSDP_VERSION", "2")
-    assert fsdp_version(args) == FullyShardedDataParallelPlugin().fsdp_version == 2
-    assert sharding_problems(args) == []
+    assert fsdp_version(*args) == FullyShardedDataParallelPlugin().fsdp_version == 2
+    assert sharding_problems(*args, None) == []
 
 
 def test_fsdp_with_an_accelerate_older_than_the_tested_one_is_refused(monkeypatch, tmp_path):

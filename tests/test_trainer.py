@@ -277,8 +277,9 @@ def test_gradient_checkpointing_with_lora(tiny_models, tokenizer, prompts_datase
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters() if n in before)
 
 
-def test_value_head_learning_rate_gets_its_own_param_group(tiny_models, tokenizer, prompts_dataset, tmp_path):
-    trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, value_head_learning_rate=0.5)
+def test_critic_learning_rate_gives_the_value_head_its_own_param_group(tiny_models, tokenizer, prompts_dataset,
+                                                                       tmp_path):
+    trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, critic_learning_rate=0.5)
     optimizer = trainer.create_optimizer()
     head = {id(p) for p in trainer.model.v_head.parameters()}
     groups = [g for g in optimizer.param_groups if {id(p) for p in g["params"]} & head]

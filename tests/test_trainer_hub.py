@@ -92,7 +92,7 @@ def test_push_to_hub_pushes_the_critic_to_its_own_repo(tiny_models, tokenizer, p
     assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
     # A hub_model_id without a namespace resolves to the critic's repo: refused before anything is pushed.
     with pytest.raises(ValueError, match="is the policy's repo: the critic goes to a repo of its own"):
-        push_run_critic(trainer.model, tokenizer, args, critic_repo, hub_token)
+        push_run_critic(trainer.model, tokenizer, args.critic_hub_model_id, critic_repo, private=None, token=hub_token)
 
 
 def test_push_merged_model(tiny_models, tokenizer, prompts_dataset, lora_config, tmp_path, local_hub, hub_token):
@@ -158,7 +158,7 @@ def test_missing_model_id_names_it(tmp_path, prompts_dataset, request, monkeypat
 
 def test_reward_model_with_a_different_tokenizer(tiny_models, tokenizer, tmp_path):
     """The reward model reads text in its own vocabulary and chat template: decode, re-template, re-tokenize."""
-    from hf_ppo.rollout.rewards import score_responses
+    from hf_ppo.rollout.scoring import score_responses
     from hf_ppo.cli.tiny import CHAT_TEMPLATE, build_reward_model, build_tokenizer
 
     reward_tok = build_tokenizer(vocab_size=300)

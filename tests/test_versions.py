@@ -1,4 +1,4 @@
-"""The tested dependency range and what differs inside it (hf_ppo/versions.py, deps/).
+"""The tested dependency range and what differs inside it (hf_ppo/runtime/ranges.py and versions.py, deps/).
 
 The cache rename of transformers 5.24 (`past_key_values` -> `cache`) is read under the installed version's name,
 with no deprecation warning from hf_ppo's own calls; the range in pyproject.toml is the one CI tests (its floors are
@@ -20,7 +20,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from hf_ppo import AutoModelForCausalLMWithValueHead
-from hf_ppo.runtime import versions
+from hf_ppo.runtime import ranges, versions
 from hf_ppo.rollout.engines import generate
 from hf_ppo.cli.tiny import build_causal_lm
 
@@ -87,7 +87,7 @@ def test_cache_name_follows_transformers():
 # ---- the declared range ------------------------------------------------------------------------------------------
 def _pyproject_requirements() -> dict[str, Requirement]:
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    return {versions._normal(Requirement(d).name): Requirement(d) for d in deps}
+    return {ranges._normal(Requirement(d).name): Requirement(d) for d in deps}
 
 
 def test_every_checked_package_has_a_floor_and_a_ceiling_and_the_floor_is_what_ci_installs():
@@ -96,15 +96,15 @@ def test_every_checked_package_has_a_floor_and_a_ceiling_and_the_floor_is_what_c
     for line in (ROOT / "deps" / "floors.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             name, version = line.split("==")
-            floors[versions._normal(name)] = version.strip()
-    for name in versions.CHECKED:
-        req = reqs[versions._normal(name)]
+            floors[ranges._normal(name)] = version.strip()
+    for name in ranges.CHECKED:
+        req = reqs[ranges._normal(name)]
         lows = [s.version for s in req.specifier if s.operator == ">="]
         assert len(lows) == 1, f"{name}: one floor"
         if name == "torch":  # the CPU wheel CI installs is one version; no ceiling keeps users' CUDA builds free
             continue
         assert test_latest.ceiling(req) is not None, f"{name} has no ceiling"
-        assert Version(floors[versions._normal(name)]) == Version(lows[0]), f"{name}: pyproject floor != CI's floor"
+        assert Version(floors[ranges._normal(name)]) == Version(lows[0]), f"{name}: pyproject floor != CI's floor"
 
 
 def test_import_warns_once_naming_the_range_when_a_version_is_outside(monkeypatch):
@@ -112,12 +112,12 @@ def test_import_warns_once_naming_the_range_when_a_version_is_outside(monkeypatc
     monkeypatch.setattr(importlib.metadata, "version",
                         lambda name: "5.99.0" if name == "transformers" else real(name))
     with pytest.warns(UserWarning, match=r"transformers 5\.99\.0 \(tested: .*<5\.\d+.*\)") as caught:
-        versions.warn_if_out_of_range()
+        ranges.warn_if_out_of_range()
     assert len(caught) == 1
     monkeypatch.setattr(importlib.metadata, "version", real)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        versions.warn_if_out_of_range()  # the environment the tests run in is inside the range
+        ranges.warn_if_out_of_range()  # the environment the tests run in is inside the range
 
 
 def test_the_warning_points_at_the_importers_line(tmp_path, monkeypatch):

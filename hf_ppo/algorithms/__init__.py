@@ -3,6 +3,8 @@
 
 from .estimators import ESTIMATORS, Estimator, EstimatorSettings, estimate, kl_loss_coef
 from .ppo_math import (
+                       Experience,
+                       LossSettings,
                        AdaptiveKLController,
                        FixedKLController,
                        RunningMoments,
@@ -23,7 +25,8 @@ from .ppo_math import (
                        value_loss,
 )
 
-__all__ = ["ESTIMATORS", "AdaptiveKLController", "Estimator", "EstimatorSettings", "FixedKLController",
+__all__ = ["ESTIMATORS", "AdaptiveKLController", "Estimator", "EstimatorSettings", "Experience", "FixedKLController",
+           "LossSettings",
            "RunningMoments", "compute_gae", "compute_rewards", "entropy_from_logits", "estimate", "explained_variance",
            "grpo_advantages", "kl_estimate", "kl_loss_coef", "logprobs_from_logits", "masked_mean", "masked_var",
            "masked_whiten", "policy_loss", "ppo_loss", "reinforce_pp_advantages", "rloo_advantages", "value_loss"]

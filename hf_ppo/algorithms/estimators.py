@@ -44,7 +44,8 @@ from .ppo_math import (
 
 
 class EstimatorSettings(NamedTuple):
-    """The PPOConfig fields the estimators read, and the KL controller's current coefficient."""
+    """Step 8's settings: the PPOConfig fields the estimators read (`PPOConfig.estimator_settings` builds it), with
+    `kl_coef` the KL controller's current coefficient (the trainer replaces it each iteration: `_replace`)."""
 
     kl_coef: float
     num_generations: int = 1
@@ -55,6 +56,9 @@ class EstimatorSettings(NamedTuple):
     scale_rewards: bool = True
     lam_critic: float | None = None  # None: lam
     lam_length_alpha: float | None = None  # None: lam for the actor; else VAPO's per-row length-adaptive lambda
+    advantage_estimator: str = "gae"  # the ESTIMATORS entry that runs
+    kl_estimator: str = "k1"  # how the per-token KL of the penalty is estimated (`ppo_math.kl_estimate`)
+    use_kl_loss: bool = False  # the KL leaves the reward for a loss term in the update (`estimate`)
 
 
 def gae(scores, kl, mask, values, s: EstimatorSettings, step_rewards=None) -> dict[str, torch.Tensor]:
@@ -133,19 +137,18 @@ ESTIMATORS: dict[str, Estimator] = {
 }
 
 
-def kl_loss_coef(advantage_estimator: str, kl_coef: float, use_kl_loss: bool = False) -> float:
-    """The coefficient of the KL loss term in the update: `kl_coef` for an estimator whose KL is a loss term (or any
+def kl_loss_coef(s: EstimatorSettings) -> float:
+    """The coefficient of the KL loss term in the update: `s.kl_coef` for an estimator whose KL is a loss term (or any
     estimator with `use_kl_loss`), else 0."""
-    return kl_coef if use_kl_loss or ESTIMATORS[advantage_estimator].kl_in_loss else 0.0
+    return s.kl_coef if s.use_kl_loss or ESTIMATORS[s.advantage_estimator].kl_in_loss else 0.0
 
 
-def estimate(advantage_estimator: str, scores, kl, mask, values, s: EstimatorSettings,
-             use_kl_loss: bool = False, **extra) -> dict[str, torch.Tensor]:
-    """Run `advantage_estimator`. With `use_kl_loss` the KL leaves the reward for a loss term in the update (verl's
+def estimate(scores, kl, mask, values, s: EstimatorSettings, **extra) -> dict[str, torch.Tensor]:
+    """Run `s.advantage_estimator`. With `s.use_kl_loss` the KL leaves the reward for a loss term in the update (verl's
     and OpenRLHF's `use_kl_loss`): the estimator sees no KL, and `non_score_rewards` still reports -kl_coef * KL_t,
     as grpo's do. `extra`: the estimator's own keyword arguments (gae's `step_rewards`)."""
-    estimator = ESTIMATORS[advantage_estimator]
-    if not use_kl_loss or estimator.kl_in_loss:
+    estimator = ESTIMATORS[s.advantage_estimator]
+    if not s.use_kl_loss or estimator.kl_in_loss:
         return estimator.compute(scores, kl, mask, values, s, **extra)
     out = estimator.compute(scores, torch.zeros_like(kl), mask, values, s, **extra)
     return {**out, "non_score_rewards": torch.where(mask, -s.kl_coef * kl, torch.zeros_like(kl))}

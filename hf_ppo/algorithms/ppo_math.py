@@ -10,6 +10,8 @@ the critic-free estimators and loss variants cite their own papers.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -539,47 +541,81 @@ class RunningMoments:
         self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
 
 
-def ppo_loss(
-    logits: torch.Tensor, values: torch.Tensor | None, responses: torch.Tensor, old_logprobs: torch.Tensor,
-    old_values: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-    normalizer: torch.Tensor, *, temperature: float, cliprange: float, cliprange_value: float, vf_coef: float,
-    entropy_coef: float, loss_aggregation: str = "token_mean", max_length: int | None = None,
-    cliprange_low: float | None = None, cliprange_high: float | None = None, dual_clip: float | None = None,
-    ref_logprobs: torch.Tensor | None = None, kl_loss_coef: float = 0.0, memory_bytes: int = LOGITS_MEMORY_BYTES,
-    importance_sampling_level: str = "token", use_bias_correction_kl: bool = False,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+class Experience(NamedTuple):
+    """The rollout's tensors the update reads, each (B, R) (`rollout.RolloutBatch` has them under these names): the
+    sampled tokens, the old policy's log-probs and values, the advantages and returns, the policy's real tokens
+    (True = a token the policy sampled), and the reference's log-probs (for a KL loss term; None without one)."""
+
+    responses: torch.Tensor
+    logprobs: torch.Tensor
+    values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    policy_mask: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """Step 11's settings: the PPOConfig fields the loss reads (`PPOConfig.loss_settings` builds it).
+
+    temperature: the sampling temperature (log-probs of temperature-scaled logits, as sampled);
+    cliprange / cliprange_low / cliprange_high / dual_clip / importance_sampling_level: the policy loss's clipping
+    (`policy_loss`); cliprange_value and vf_coef: the value loss (`value_loss`) and its weight; entropy_coef: the
+    entropy bonus (0: off); loss_aggregation and response_length: the reduction (`aggregate_loss`; the generation
+    budget is Dr. GRPO's constant divisor); use_bias_correction_kl: the KL loss term times the importance ratio;
+    memory_bytes: the budget of the vocabulary-wide fp32 work (`over_positions`).
+    """
+
+    temperature: float
+    cliprange: float
+    cliprange_value: float
+    vf_coef: float
+    entropy_coef: float = 0.0
+    loss_aggregation: str = "token_mean"
+    response_length: int | None = None
+    cliprange_low: float | None = None
+    cliprange_high: float | None = None
+    dual_clip: float | None = None
+    importance_sampling_level: str = "token"
+    use_bias_correction_kl: bool = False
+    memory_bytes: int = LOGITS_MEMORY_BYTES
+
+
+def ppo_loss(logits: torch.Tensor, values: torch.Tensor | None, old: Experience, normalizer: torch.Tensor,
+             s: LossSettings, kl_loss_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO objective of one micro-batch: clipped policy loss + vf_coef * clipped value loss - entropy_coef * H
     + kl_loss_coef * KL.
 
-    logits (B, R, vocab) and values (B, R) from the current model at the response positions; the rest (B, R) from
-    the rollout. `values=None` (a critic-free estimator): no value loss and no value statistics. With
-    `kl_loss_coef` > 0 the KL to the reference is a loss term (`kl_loss_per_token` against `ref_logprobs` (B, R),
-    times the importance ratio with `use_bias_correction_kl`; aggregated like the policy loss).
-    `importance_sampling_level`: the policy ratio per token or per response (`policy_loss`).
+    logits (B, R, vocab) and values (B, R) from the current model at the response positions; `old` the rollout's
+    tensors (B, R) (an `Experience`, or a `RolloutBatch`). `values=None` (a critic-free estimator): no value loss and
+    no value statistics. With `kl_loss_coef` > 0 the KL to the reference is a loss term (`kl_loss_per_token` against
+    `old.ref_logprobs`, times the importance ratio with `s.use_bias_correction_kl`; aggregated like the policy loss).
     `normalizer` is the whole minibatch's (`loss_normalizer`), so accumulated micro-batches sum to the minibatch's
-    loss. `memory_bytes`: the budget of the vocabulary-wide fp32 work (`over_positions`). Returns the loss and its
-    statistics (losses as this micro-batch's own aggregates).
+    loss. Returns the loss and its statistics (losses as this micro-batch's own aggregates).
     """
-    aggregation = {"loss_aggregation": loss_aggregation, "max_length": max_length}
+    responses, old_logprobs, mask = old.responses, old.logprobs, old.policy_mask
+    temperature, memory_bytes, loss_aggregation = s.temperature, s.memory_bytes, s.loss_aggregation
+    aggregation = {"loss_aggregation": loss_aggregation, "max_length": s.response_length}
     logprobs = logprobs_from_logits(logits, responses, temperature, memory_bytes)
-    pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, old_logprobs, advantages, mask, cliprange, normalizer,
-                                                 cliprange_low=cliprange_low, cliprange_high=cliprange_high,
-                                                 dual_clip=dual_clip, importance_sampling_level=importance_sampling_level,
-                                                 **aggregation)
+    pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, old_logprobs, old.advantages, mask, s.cliprange,
+                                                 normalizer, cliprange_low=s.cliprange_low,
+                                                 cliprange_high=s.cliprange_high, dual_clip=s.dual_clip,
+                                                 importance_sampling_level=s.importance_sampling_level, **aggregation)
     loss, stats = pg_loss, {}
     if values is not None:
-        vf_loss, vf_clipfrac = value_loss(values, old_values, returns, mask, cliprange_value, normalizer,
+        vf_loss, vf_clipfrac = value_loss(values, old.values, old.returns, mask, s.cliprange_value, normalizer,
                                           **aggregation)
-        loss = loss + vf_coef * vf_loss
+        loss = loss + s.vf_coef * vf_loss
         stats = {"loss/value_avg": vf_loss, "val/clipfrac_avg": vf_clipfrac}
     if kl_loss_coef:
-        per_token_kl = kl_loss_per_token(logprobs, ref_logprobs, old_logprobs if use_bias_correction_kl else None)
+        per_token_kl = kl_loss_per_token(logprobs, old.ref_logprobs, old_logprobs if s.use_bias_correction_kl else None)
         kl_loss = aggregate_loss(per_token_kl, mask, normalizer=normalizer, **aggregation)
         loss = loss + kl_loss_coef * kl_loss
         stats["loss/kl_avg"] = kl_loss
-    if entropy_coef:  # a vocabulary-wide softmax: only paid when the bonus is on
+    if s.entropy_coef:  # a vocabulary-wide softmax: only paid when the bonus is on
         entropy = entropy_from_logits(logits, temperature, memory_bytes)
-        loss = loss - entropy_coef * aggregate_loss(entropy, mask, normalizer=normalizer, **aggregation)
+        loss = loss - s.entropy_coef * aggregate_loss(entropy, mask, normalizer=normalizer, **aggregation)
     with torch.no_grad():
         scale = normalizer / loss_normalizer(mask, loss_aggregation)
         ratio = torch.exp(logprobs - old_logprobs)

@@ -1,7 +1,7 @@
 """The offline twin of the GSM8K recipe: a verifiable-reward task that runs on a CPU in minutes.
 
     python -m hf_ppo.cli.arithmetic --output_dir outputs/arithmetic     # build (cached), train, print before -> after
-    hf-ppo train --config recipes/configs/arithmetic.yaml              # the training alone, once the above has run
+    hf-ppo train --config hf_ppo/cli/configs/arithmetic.yaml           # the training alone, once the above has run
 
 Questions are generated locally ("What is 7 + 15?", both numbers up to 19) with an `answer` column ("22"); the
 reward is `hf_ppo.rewards.exact_answer`, which reads the completion's "#### <number>" and compares it with the row's
@@ -40,13 +40,8 @@ def cached(build, out_dir: Path, rebuild: bool, label: str) -> None:
 
 
 def arithmetic_config() -> Path:
-    """recipes/configs/arithmetic.yaml: the source checkout's, else the wheel's copy (`hf_ppo.configs`)."""
-    source = Path(__file__).resolve().parent.parent.parent / "recipes" / "configs" / "arithmetic.yaml"
-    if source.is_file():
-        return source
-    from importlib import resources
-
-    return Path(str(resources.files("hf_ppo.configs").joinpath("arithmetic.yaml")))
+    """hf_ppo/cli/configs/arithmetic.yaml, the config of the task's PPO stage."""
+    return demo.CONFIGS / "arithmetic.yaml"
 
 
 def question(a: int, b: int) -> str:
@@ -86,7 +81,7 @@ def build_sft_policy(out_dir: Path, seed: int = 0, max_steps: int = SFT_STEPS, v
 @torch.no_grad()
 def accuracy(model, tokenizer, records: list[dict], max_new_tokens: int = 8) -> float:
     """Share of `records` whose greedy completion `exact_answer` scores 1 (the policy's accuracy)."""
-    from ..rollout.verifiable import exact_answer
+    from ..rewards import exact_answer
 
     model.eval()
     enc = tokenizer([r["prompt"] for r in records], return_tensors="pt", padding=True)
@@ -122,7 +117,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m hf_ppo.cli.arithm
     quiet_console()
     from transformers import AutoTokenizer
 
-    from . import recipe
+    from . import train
 
     start = time.perf_counter()
     out = Path(args.output_dir).resolve()
@@ -136,11 +131,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m hf_ppo.cli.arithm
     before = accuracy(load_policy(sft_dir), tokenizer, test_records)
     print(f"[arithmetic] SFT policy: {before:.1%} of {len(test_records)} held-out questions right (greedy)")
 
-    print("[arithmetic] 2/3 PPO: hf-ppo train --config recipes/configs/arithmetic.yaml")
+    print("[arithmetic] 2/3 PPO: hf-ppo train --config hf_ppo/cli/configs/arithmetic.yaml")
     console = ["--print_metrics", "true"] if args.verbose else ["--num_sample_generations", "0"]
-    trainer = recipe.main(["--config", str(arithmetic_config()), "--model_name_or_path", str(sft_dir),
-                           "--dataset_name", str(train_file), "--output_dir", str(out / "ppo"),
-                           "--seed", str(args.seed), *console, *overrides], command="hf-ppo train")
+    trainer = train.main(["--config", str(arithmetic_config()), "--model_name_or_path", str(sft_dir),
+                          "--dataset_name", str(train_file), "--output_dir", str(out / "ppo"),
+                          "--seed", str(args.seed), *console, *overrides], command="hf-ppo train")
     after = accuracy(load_policy(out / "ppo"), tokenizer, test_records)
     total_s = time.perf_counter() - start
     print(f"[arithmetic] 3/3 held-out accuracy (greedy, {len(test_records)} questions): {before:.1%} (SFT) -> "

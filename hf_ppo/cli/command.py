@@ -1,6 +1,6 @@
 """The `hf-ppo` console command, installed with the package: `train`, `evaluate`, `demo`, thin over the modules.
 
-    hf-ppo train --config run.yaml [--key value ...]       # PPO from a YAML config (hf_ppo.recipe; recipes/ppo.py)
+    hf-ppo train --config run.yaml [--key value ...]       # PPO from a YAML config (hf_ppo.cli.train; recipes/ppo.py)
     hf-ppo evaluate --policy PATH_OR_ID --reward_model RM --dataset prompts.jsonl   # the policy against its reference
     hf-ppo demo --output_dir outputs/demo                  # the offline demo (hf_ppo.demo; recipes/demo.py)
 
@@ -211,7 +211,7 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     from ..models import gguf
     from ..models.tokenizers import load_policy_tokenizer
     from ..trainer import PPOConfig, PPOLMTrainer
-    from .recipe import load_split, prompts_from_column, silence_known_warnings
+    from .train import load_split, prompts_from_column, silence_known_warnings
 
     silence_known_warnings()
     quantization = recorded_quantization(args.policy, args)
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     command, rest = (argv[0], argv[1:]) if argv else (None, [])
     if command == "train":
-        from .recipe import run
+        from .train import run
 
         run(rest, command="hf-ppo train")
     elif command == "evaluate":

@@ -13,7 +13,7 @@ Everything is built locally on the CPU, in four steps:
    (trl's `SFTTrainer`) on `hf_ppo.cli.tiny.synthetic_reviews` ("the movie was great but the plot was dull .");
 2. a tiny reward model learns, with trl's `RewardTrainer`, to prefer the more positive of two reviews;
    its accuracy on held-out pairs is printed;
-3. `recipes/ppo.py` runs with `recipes/configs/demo.yaml`: QLoRA policy (4-bit base + LoRA), 4-bit reward model,
+3. `recipes/ppo.py` runs with `hf_ppo/cli/configs/demo.yaml`: QLoRA policy (4-bit base + LoRA), 4-bit reward model,
    the reference being the policy with its adapter disabled; prompts are the first three words of reviews;
 4. a before/after table of sampled completions with their rewards is printed, the curves of reward, KL,
    response length and entropy per PPO iteration are written to `<output_dir>/ppo/training_curves.png`, the
@@ -43,15 +43,15 @@ from . import tiny
 CACHE_VERSION = "v1"
 
 
-def demo_config() -> Path:
-    """recipes/configs/demo.yaml: the source checkout's when this module runs from one, else the wheel's copy
-    (`hf_ppo.configs`)."""
-    source = Path(__file__).resolve().parent.parent / "recipes" / "configs" / "demo.yaml"
-    if source.is_file():
-        return source
-    from importlib import resources
+# The YAML recipes: package data of hf_ppo.cli, at this one path in a checkout and in an installed wheel alike.
+CONFIGS = Path(__file__).resolve().parent / "configs"
 
-    return Path(str(resources.files("hf_ppo.configs").joinpath("demo.yaml")))
+
+def demo_config() -> Path:
+    """hf_ppo/cli/configs/demo.yaml, the config the demo's PPO stage runs with."""
+    return CONFIGS / "demo.yaml"
+
+
 PROMPT_WORDS = 3  # "the movie was": the subject and the verb, the sentiment is left to the policy
 
 
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None, prog: str = "python recipes/demo.py") ->
 
     from ..hub.plots import plot_training_curves
     from ..trainer.progress import kl_figures
-    from . import recipe as ppo
+    from . import train as ppo
 
     start = time.perf_counter()
     out = Path(args.output_dir).resolve()
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None, prog: str = "python recipes/demo.py") ->
     reward_model = AutoModelForSequenceClassification.from_pretrained(cache / "reward").eval()
     sft = AutoModelForCausalLM.from_pretrained(cache / "sft").eval()
 
-    print("[demo] 3/4 PPO: recipes/ppo.py --config recipes/configs/demo.yaml")
+    print("[demo] 3/4 PPO: recipes/ppo.py --config hf_ppo/cli/configs/demo.yaml")
     ppo_dir = out / "ppo"
     console = ["--print_metrics", "true"] if args.verbose else ["--num_sample_generations", "0"]
     trainer = ppo.main([

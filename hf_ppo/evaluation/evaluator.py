@@ -41,14 +41,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
-from ..algorithms.ppo_math import kl_estimate, masked_sum
+from ..algorithms.ppo_math import LOGITS_MEMORY_BYTES, kl_estimate, masked_sum
 from ..models.adapters import adapter_parameters
-from ..rollout.rewards import RewardSet, decode_masked
+from ..rollout.scoring import RewardSet, decode_masked
 from ..rollout.steps import policy_forward, reference_context, reference_logprobs, sample_and_score
 from ..runtime.warn import warn_user
 from .report import CONFIDENCE, NUM_BOOTSTRAP, REPORT_ROWS, write_report
@@ -169,9 +169,26 @@ def repeated(inputs: dict, k: int) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class EvalSettings:
+    """What evaluation reads of the run's settings (`PPOConfig.eval_settings` builds it): `num_eval_samples`
+    responses per prompt and side, the run's `seed` (the reference's sampling and the bootstrap are seeded from
+    it), the sampling `temperature` of the log-probs, the rows per no-grad pass (`forward_batch_size`), the fp32 budget of
+    the work on the logits (`memory_bytes`), the KL estimator, and the folder the reports go to (`output_dir`)."""
+
+    temperature: float
+    forward_batch_size: int
+    output_dir: str
+    num_eval_samples: int = 1
+    seed: int = 42
+    kl_estimator: str = "k1"
+    memory_bytes: int = LOGITS_MEMORY_BYTES
+
+
 class Evaluator:
     """Policy-vs-reference evaluation over an eval set, one batch at a time (`step`), then `finish`: the metrics and
-    the report. `judges`: a `RewardSet` of the evaluation-only rewards, or None."""
+    the report. `judges`: a `RewardSet` of the evaluation-only rewards, or None. Each call takes the run's
+    `EvalSettings` as they are then (a setting changed between evaluations is read at the next)."""
 
     def __init__(self, judges: RewardSet | None = None):
         self.judges = judges
@@ -183,7 +200,7 @@ class Evaluator:
         self._reference.clear()
 
     @torch.no_grad()
-    def step(self, trainer, inputs: dict) -> torch.Tensor:
+    def step(self, trainer, inputs: dict, settings: EvalSettings) -> torch.Tensor:
         """Sample `num_eval_samples` responses per prompt from each side and score them, for one batch of eval
         prompts; return the eval loss (-mean training score of the policy's responses, as before this evaluation
         existed)."""
@@ -192,7 +209,7 @@ class Evaluator:
             warn_user("evaluate() samples responses to each eval prompt from the policy and the reference and scores "
                       "them with the training rewards: the environment's episodes (turns, tools, its scores) are not "
                       "part of this evaluation. Evaluate multi-turn behaviour with your environment itself.")
-        k = getattr(trainer.args, "num_eval_samples", 1)
+        k = settings.num_eval_samples
         # The eval loader is sequential: a batch's position and prompts name it (a repeated prompt gets a sample of
         # its own from the reference, as from the policy).
         key = (len(self._batches), k, inputs["queries"].cpu().numpy().tobytes(),
@@ -203,20 +220,19 @@ class Evaluator:
         if key not in self._reference:
             # Seeded on its own (the run's seed, the batch, the process), so the reference's responses are the same
             # whichever policy is evaluated and whatever it sampled before: a report's reference rows reproduce.
-            seed = trainer.args.seed + 1_000_003 * len(self._batches) + 7_919 * trainer.args.process_index
+            seed = settings.seed + 1_000_003 * len(self._batches) + 7_919 * trainer.accelerator.process_index
             with _seeded(seed):
-                self._reference[key] = self._side(trainer, policy, inputs, reference=True)[0]
-        side, combined, samples = self._side(trainer, policy, inputs, reference=False)
-        args = trainer.args
+                self._reference[key] = self._side(trainer, policy, inputs, settings.forward_batch_size, reference=True)[0]
+        side, combined, samples = self._side(trainer, policy, inputs, settings.forward_batch_size, reference=False)
         logprobs = policy_forward(policy, inputs["queries"], inputs["query_mask"], samples.responses,
-                                  samples.response_mask, temperature=args.temperature,
-                                  batch_size=args.local_rollout_forward_batch_size, with_values=False,
-                                  memory_bytes=args.logits_memory_bytes)[0]
+                                  samples.response_mask, temperature=settings.temperature,
+                                  batch_size=settings.forward_batch_size, with_values=False,
+                                  memory_bytes=settings.memory_bytes)[0]
         ref_logprobs = reference_logprobs(policy, trainer.ref_model, inputs["queries"], inputs["query_mask"],
-                                          samples.responses, samples.response_mask, temperature=args.temperature,
-                                          batch_size=args.local_rollout_forward_batch_size,
-                                          ref_adapter=trainer.ref_adapter, memory_bytes=args.logits_memory_bytes)
-        kl = masked_sum(kl_estimate(logprobs, ref_logprobs, args.kl_estimator), samples.response_mask, dim=1)
+                                          samples.responses, samples.response_mask, temperature=settings.temperature,
+                                          batch_size=settings.forward_batch_size, ref_adapter=trainer.ref_adapter,
+                                          memory_bytes=settings.memory_bytes)
+        kl = masked_sum(kl_estimate(logprobs, ref_logprobs, settings.kl_estimator), samples.response_mask, dim=1)
         prompts = decode_masked(trainer.processing_class, inputs["queries"], inputs["query_mask"])
         # Gathered here, inside Trainer's loop, as it gathers its losses: the padding of a last uneven batch drops out
         # (its rows are prompts: each tensor is (prompts, k)).
@@ -225,22 +241,22 @@ class Evaluator:
         # NaN/inf scores are left out (as from the win rates); none finite: NaN, never a number that reads as real.
         return -combined[torch.isfinite(combined)].mean()
 
-    def _side(self, trainer, policy, inputs: dict, reference: bool):
+    def _side(self, trainer, policy, inputs: dict, batch_size: int, reference: bool):
         """(Side, the combined training score (B,), the `Samples`) of the policy's or the reference's responses."""
-        args, tokenizer = trainer.args, trainer.processing_class
+        tokenizer = trainer.processing_class
         model, context = policy, contextlib.nullcontext()
         if reference and trainer.ref_model is not None:
             model = _Generator(trainer.ref_model)
         elif reference:
             context = reference_context(policy, trainer.ref_adapter)
-        batch_size = args.local_rollout_forward_batch_size
         who = "reference" if reference else "policy"
         columns = inputs.get("columns")
         with context, _naming(f"while sampling the {who}'s responses and scoring them with the training reward(s) "
                               f"{trainer.rewards.names}", tokenizer, inputs):
-            samples = sample_and_score(trainer.rollout_engine, model, trainer.rewards, inputs["queries"],
-                                       inputs["query_mask"], inputs["prompts"], tokenizer=tokenizer,
-                                       stop_token_ids=trainer.stop_token_ids, batch_size=batch_size, columns=columns)
+            # No gather: evaluation never moves the rewards' running statistics.
+            parts = replace(trainer.rollout_parts(), gather=None)
+            samples = sample_and_score(parts, model, inputs["queries"], inputs["query_mask"], inputs["prompts"],
+                                       batch_size, columns)
         # Every reward's raw score and the rows it applies to (a function's None: applies False, score 0.0).
         each = samples.each_reward or {trainer.rewards.names[0]: (samples.scores, None)}
         scores = {f"reward/{k}": v for k, (v, _) in each.items()}
@@ -259,21 +275,21 @@ class Evaluator:
                     samples.response_mask.sum(1).float(), samples.contains_stop, applies)
         return side, samples.scores, samples
 
-    def finish(self, trainer, prefix: str = "eval") -> dict[str, float]:
+    def finish(self, trainer, settings: EvalSettings, prefix: str = "eval") -> dict[str, float]:
         """The metrics of the batches seen since the last `finish` (gathered over processes), each named
         `{prefix}_...`; the report written to `output_dir` on the main process. {} when no batch was seen."""
         batches, self._batches = self._batches, []
         if not batches:
             return {}
         merged = {k: torch.cat([b[3][k].float().cpu() for b in batches]) for k in batches[0][3]}
-        metrics = evaluation_metrics(merged, seed=trainer.args.seed)
+        metrics = evaluation_metrics(merged, seed=settings.seed)
         if trainer.is_world_process_zero():
             _warn_nonfinite(metrics, merged, [(prompts, ref, pol) for prompts, ref, pol, _ in batches], prefix)
-        if trainer.is_world_process_zero() and trainer.args.should_save:
+        if trainer.is_world_process_zero():
             num_samples = merged["kl"].shape[1]
             rows = [row for prompts, ref, pol, _ in batches
                     for row in _rows(prompts, ref, pol, num_samples)][:REPORT_ROWS]
-            write_report(trainer.args.output_dir, metrics, rows, step=trainer.state.global_step,
+            write_report(settings.output_dir, metrics, rows, step=trainer.state.global_step,
                          num_prompts=len(merged["kl"]), num_samples=num_samples)
         return {f"{prefix}_{k}": v for k, v in metrics.items()}
 

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 
@@ -77,16 +78,17 @@ def method_texts(hyperparameters: dict) -> tuple[str, str]:
             "clipped policy updates on the batch")
 
 
-def card_hyperparameters(args) -> dict:
-    """The PPOConfig values the card lists (`CARD_HYPERPARAMETERS`), plus the per-device rollout batch and world size.
+@dataclass(frozen=True)
+class PublishSettings:
+    """What the card and the run record say of the run's settings (`PPOConfig.publish_settings` builds it): the
+    card's table of `hyperparameters` (`CARD_HYPERPARAMETERS`, the per-device rollout batch and the world size), the
+    policy's `model_init_kwargs` (a GGUF file among them), `hub_base_model_id` (the base a pushed adapter names) and
+    the compute `precision` ('bf16', 'fp16' or 'fp32')."""
 
-    Only the run length that took effect: `max_steps` when set (Trainer then ignores `num_train_epochs`), else
-    `num_train_epochs` (`max_steps` is then -1, unused)."""
-    unused = "num_train_epochs" if args.max_steps > 0 else "max_steps"
-    values = {name: getattr(args, name) for name in CARD_HYPERPARAMETERS if name != unused}
-    values["rollout_batch_size (per device)"] = args.rollout_batch_size
-    values["world_size"] = args.world_size
-    return values
+    hyperparameters: dict
+    model_init_kwargs: dict | None = None
+    hub_base_model_id: str | None = None
+    precision: str = "fp32"
 
 
 def model_sources(model, reward_model, ref_model, policy_model, trained_adapter: str | None,
@@ -131,23 +133,22 @@ def source_name(obj) -> str | None:
     return getattr(config, "_name_or_path", None) or type(obj).__name__
 
 
-def write_policy_card(folder, policy, trained_adapter: str | None, sources: dict, args, log_history: list[dict], *,
-                      repo_id: str, merged: bool, dataset_names: list[str], saved_locally: bool = False,
-                      chat_prompts: bool = False) -> bool:
+def write_policy_card(folder, peft_config: dict | None, sources: dict, settings: PublishSettings,
+                      log_history: list[dict], *, repo_id: str, merged: bool, dataset_names: list[str],
+                      saved_locally: bool = False, chat_prompts: bool = False) -> bool:
     """Render the trained policy's card (and plot) into `folder`; return whether the policy is an adapter.
 
-    `policy`: the policy model (a PeftModel when LoRA-trained); `sources`: {"model", "reward_model", "ref_model"}
-    names as given to the trainer; `chat_prompts`: the run's prompts were chat messages (the card's example then
-    prompts through the chat template). The base is named by `args.hub_base_model_id` when set, and by the GGUF file
-    it was converted from when it was one.
+    `peft_config`: the trained adapter's LoRA config as a dict (None: full weights); `sources`: {"model",
+    "reward_model", "ref_model"} names as given to the trainer; `chat_prompts`: the run's prompts were chat messages
+    (the card's example then prompts through the chat template). The base is named by `settings.hub_base_model_id`
+    when set, and by the GGUF file it was converted from when it was one.
     """
-    peft_config = policy.peft_config[trained_adapter].to_dict() if trained_adapter else None
-    init_kwargs = args.model_init_kwargs if isinstance(args.model_init_kwargs, dict) else None
+    init_kwargs = settings.model_init_kwargs if isinstance(settings.model_init_kwargs, dict) else None
     gguf_file = gguf_origin(sources["model"], init_kwargs)
-    write_model_card(folder, repo_id=repo_id, base_model=args.hub_base_model_id or sources["model"],
+    write_model_card(folder, repo_id=repo_id, base_model=settings.hub_base_model_id or sources["model"],
                      reward_model=sources["reward_model"],
                      ref_model=sources["ref_model"], dataset_names=dataset_names, peft_config=peft_config,
-                     hyperparameters=card_hyperparameters(args), log_history=log_history,
+                     hyperparameters=settings.hyperparameters, log_history=log_history,
                      merged=merged or (saved_locally and peft_config is None), saved_locally=saved_locally,
                      chat_prompts=chat_prompts, gguf_file=gguf_file,
                      gguf_repo=_hub_id(sources["model"]) if gguf_file else None)

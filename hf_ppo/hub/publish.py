@@ -22,7 +22,7 @@ from ..models.adapters import save_policy
 from ..models.pretrained import _quantization_of
 from ..runtime.warn import warn_user, without_checkpointing_deprecation
 from ..models.critics import CRITIC_INFO_FILE, CRITIC_STATE_FILE, save_critic
-from .cards import _hub_id, is_hf_ppo_card, write_critic_card
+from .cards import PublishSettings, _hub_id, is_hf_ppo_card, write_critic_card
 
 logger = logging.getLogger(__name__)
 
@@ -354,7 +354,8 @@ def save_policy_folder(policy, output_dir: str, trained_adapter: str | None, tok
 RUN_RECORD_FILE = "hf_ppo_run.json"
 
 
-def run_record(args, sources: dict, policy_model, ref_model, ref_adapter: str | None, reward_model) -> dict:
+def run_record(settings: PublishSettings, sources: dict, policy_model, ref_model, ref_adapter: str | None,
+               reward_model) -> dict:
     """What `save_model()` records beside the policy (`RUN_RECORD_FILE`):
 
     - `quantization`: {"policy", "reference", "reward"} as the run loaded them ('4bit', '8bit', 'none'; the
@@ -368,7 +369,7 @@ def run_record(args, sources: dict, policy_model, ref_model, ref_adapter: str | 
     policy_q = _quantization_of(policy_model)
     rewards = reward_model if isinstance(reward_model, (list, tuple)) else [reward_model]
     reward_q = [_quantization_of(r) if hasattr(r, "parameters") else None for r in rewards]
-    source, init = gguf.split_gguf_path(sources["model"], args.model_init_kwargs)
+    source, init = gguf.split_gguf_path(sources["model"], settings.model_init_kwargs)
     return {
         "format": 1,
         "quantization": {"policy": policy_q, "reference": _quantization_of(ref_model) if ref_model is not None
@@ -376,8 +377,8 @@ def run_record(args, sources: dict, policy_model, ref_model, ref_adapter: str | 
         "reference": sources.get("ref_model") if ref_model is not None else (
             f"adapter {ref_adapter!r} of the policy" if ref_adapter is not None else None),
         "base_model": {"source": source, "gguf_file": (init or {}).get("gguf_file"),
-                       "hub_id": getattr(args, "hub_base_model_id", None)},
-        "precision": "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32",
+                       "hub_id": settings.hub_base_model_id},
+        "precision": settings.precision,
     }
 
 
@@ -438,13 +439,14 @@ def push_critic(model, repo_id: str, tokenizer=None, *, private: bool | None = N
                        commit_message=commit_message, delete_patterns=CRITIC_PATTERNS)
 
 
-def push_run_critic(model, tokenizer, args, policy_repo_id: str, token: str | None):
-    """`trainer.push_to_hub()`'s critic push: to `args.critic_hub_model_id` when set (else nothing), never to the
-    policy's repo `policy_repo_id` (resolved, so a hub_model_id without a namespace is compared as pushed)."""
-    repo_id = args.critic_hub_model_id
+def push_run_critic(model, tokenizer, repo_id: str | None, policy_repo_id: str, *, private: bool | None,
+                    token: str | None):
+    """`trainer.push_to_hub()`'s critic push: to `repo_id` (the run's `critic_hub_model_id`) when set (else nothing),
+    never to the policy's repo `policy_repo_id` (resolved, so a hub_model_id without a namespace is compared as
+    pushed)."""
     if repo_id is None:
         return None
     if repo_id == policy_repo_id:
         raise ValueError(f"critic_hub_model_id={repo_id!r} is the policy's repo: the critic goes to a repo of its own, "
                          f"e.g. critic_hub_model_id='{repo_id}-critic'.")
-    return push_critic(model, repo_id, tokenizer, private=args.hub_private_repo, token=token)
+    return push_critic(model, repo_id, tokenizer, private=private, token=token)

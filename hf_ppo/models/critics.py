@@ -26,11 +26,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import fnmatch
-import functools
 import json
 import os
 import shutil
 from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -412,25 +412,42 @@ def critic_reward(kind: str, reward_model, reward, reward_processing_class, crit
     return reward_model[i], reward[i], reward_processing_class[i]
 
 
-def load_critic(kind: str, critic_model, reward_source, reward, reward_processing_class, tokenizer, policy,
-                peft_config, args, dtype: torch.dtype, device) -> ValueModel | None:
-    """The critic `PPOConfig.critic` asks for: None for 'shared' (the value head on the policy), else a `ValueModel`.
+@dataclass(frozen=True)
+class CriticLoading:
+    """What `load_critic` reads of the run's settings (`PPOConfig.critic_loading` builds it): the fields of the same
+    names, documented there, and the compute dtype and device the critic loads in."""
+
+    critic: str = "shared"  # 'shared', 'separate' or 'reward_lora'
+    critic_model_init_kwargs: dict | None = None  # from_pretrained keywords for a critic_model given by id/path
+    critic_quantization: str = "none"  # '4bit', '8bit' or 'none' ('separate' from an id/path, with LoRA)
+    reward_model_init_kwargs: dict | None = None  # used instead when the critic starts from the reward model's id/path
+    gradient_checkpointing: bool = False  # a quantized critic base is prepared for k-bit training with it
+    dtype: torch.dtype = torch.float32  # the compute dtype of the run's bf16 / fp16
+    device: torch.device | str = "cpu"
+
+
+def load_critic(critic_model, reward_source, reward, reward_processing_class, tokenizer, policy, peft_config,
+                loading: CriticLoading) -> tuple[ValueModel | None, Callable[[], ContextManager]]:
+    """(the critic `loading.critic` asks for: None for 'shared' (the value head on the policy), else a `ValueModel`;
+    the context the reward model scores in, as it was loaded: `RewardSet`'s `scoring_context`).
 
     'separate': its own copy of a causal backbone + value head. Started from `critic_model` (id / path / model
     object) when given, else from the reward model (the N+ paper's initialisation; its score head becomes the value
     head): loaded again by id/path, or deep-copied when given as an unquantized object. A reward function has no
     model to start from: then `critic_model` is required. LoRA (the policy's LoRA settings, its own adapter) when
     the trainer got a peft_config, else full fine-tuning; `critic_quantization` ('4bit'/'8bit' need LoRA) and
-    `critic_model_init_kwargs` (default: the reward model's) apply to an id/path.
+    `critic_model_init_kwargs` (default: the reward model's) apply to an id/path. The reward scores as it is.
     'reward_lora': a LoRA adapter + value head on the reward model's already-loaded frozen base (no second base in
-    memory); the head starts as the reward's score head, and the reward scores with the adapter disabled.
+    memory); the head starts as the reward's score head, and the reward must score with the adapter disabled: the
+    context returned disables it.
     The critic reads the policy's token ids, so a critic source with another vocabulary is an error here.
     """
+    kind, dtype, device = loading.critic, loading.dtype, loading.device
     if kind == "shared":
         if critic_model is not None:
             raise ValueError("critic_model is given but PPOConfig.critic='shared' (the value head on the policy): set "
                              "critic='separate' to train a critic started from critic_model, or drop critic_model.")
-        return None
+        return None, contextlib.nullcontext
     from peft import get_peft_model, prepare_model_for_kbit_training
 
     if kind == "reward_lora":
@@ -448,12 +465,12 @@ def load_critic(kind: str, critic_model, reward_source, reward, reward_processin
         check_vocab(reward, tokenizer, "reward model (the critic's base)", fix)
         # No prepare_model_for_kbit_training: it would recast the reward model's norms and change its scores.
         backbone = get_peft_model(backbone, critic_lora_config(peft_config), adapter_name="critic")
-        mark_scoring_context(reward, backbone.disable_adapter)
-        return ValueModel(backbone, head, quantization_method=getattr(reward, "quantization_method", None),
-                          width=width, kind="reward_lora", source=_source_name(reward_source))
+        critic = ValueModel(backbone, head, quantization_method=getattr(reward, "quantization_method", None),
+                            width=width, kind="reward_lora", source=_source_name(reward_source))
+        return critic, backbone.disable_adapter
 
     # critic == "separate"
-    init_kwargs = args.critic_model_init_kwargs
+    init_kwargs, quantization = loading.critic_model_init_kwargs, loading.critic_quantization
     source, given_tokenizer = critic_model, None
     if critic_model is None:
         if not isinstance(reward, nn.Module):
@@ -463,18 +480,18 @@ def load_critic(kind: str, critic_model, reward_source, reward, reward_processin
                 "use critic='shared'.")
         source, given_tokenizer = (reward_source if isinstance(reward_source, str) else reward), reward_processing_class
         if isinstance(source, str) and init_kwargs is None:
-            init_kwargs = args.reward_model_init_kwargs
-    if args.critic_quantization != "none" and peft_config is None:
-        raise ValueError(f"critic_quantization={args.critic_quantization!r} needs LoRA (a quantized base trains only "
+            init_kwargs = loading.reward_model_init_kwargs
+    if quantization != "none" and peft_config is None:
+        raise ValueError(f"critic_quantization={quantization!r} needs LoRA (a quantized base trains only "
                          "adapters): pass peft_config=LoraConfig(...), or set critic_quantization='none'.")
     if isinstance(source, str):
         model = from_pretrained(AutoModelForSequenceClassification, source, "critic model",
-                                **_init_kwargs(init_kwargs, args.critic_quantization, dtype, device))
+                                **_init_kwargs(init_kwargs, quantization, dtype, device))
         if not _is_quantized(model):  # a quantized one is loaded onto `device`; Trainer may not move the critic
             model = model.to(device)
     else:
         where = "critic_model" if critic_model is not None else "the reward model"
-        if args.critic_quantization != "none" or _is_quantized(source):
+        if quantization != "none" or _is_quantized(source):
             raise ValueError(f"{where} is a model object: a critic can be quantized only when loaded by id/path (a "
                              "quantized object cannot be copied). Pass critic_model=<its Hub id or path> with "
                              "critic_quantization, or an unquantized object with critic_quantization='none'.")
@@ -487,12 +504,13 @@ def load_critic(kind: str, critic_model, reward_source, reward, reward_processin
     if peft_config is not None:
         if _is_quantized(model):
             backbone = prepare_model_for_kbit_training(backbone,
-                                                       use_gradient_checkpointing=args.gradient_checkpointing)
+                                                       use_gradient_checkpointing=loading.gradient_checkpointing)
         backbone = get_peft_model(backbone, critic_lora_config(peft_config), adapter_name="critic")
     else:
         backbone.requires_grad_(True)  # full fine-tuning (a copy of the frozen reward model starts frozen)
-    return ValueModel(backbone, head, quantization_method=getattr(model, "quantization_method", None), width=width,
-                      source=_source_name(source))
+    critic = ValueModel(backbone, head, quantization_method=getattr(model, "quantization_method", None), width=width,
+                        source=_source_name(source))
+    return critic, contextlib.nullcontext
 
 
 def _source_name(source) -> str | None:
@@ -580,25 +598,3 @@ class ValueModel(GradientCheckpointingNames, nn.Module):
     def activation_checkpointing_disable(self):
         base = self.backbone.get_base_model() if hasattr(self.backbone, "get_base_model") else self.backbone
         checkpointing_disable(base)
-
-
-# Where `critic='reward_lora'` leaves the context in which its reward model scores without the critic's adapter.
-_SCORING_CONTEXT = "_hf_ppo_scoring_context"
-
-
-def mark_scoring_context(reward_model: nn.Module, context) -> None:
-    """Record `context` (a no-argument callable giving a context manager) as the way `reward_model` scores as it was
-    loaded (set by the critic that put an adapter on its base)."""
-    object.__setattr__(reward_model, _SCORING_CONTEXT, context)
-
-
-def scores_as_loaded(score_fn):
-    """Decorator for `score_fn(reward_model, ...)`: the reward model runs as it was loaded, with the adapter a
-    `reward_lora` critic put on its frozen base disabled, so the critic never changes the reward."""
-    @functools.wraps(score_fn)
-    def wrapped(reward_model, *args, **kwargs):
-        context = getattr(reward_model, _SCORING_CONTEXT, None)
-        with context() if context is not None else contextlib.nullcontext():
-            return score_fn(reward_model, *args, **kwargs)
-
-    return wrapped

@@ -1,16 +1,16 @@
 """Floor 3, the rollout: one iteration's experience. The `RolloutBatch` record, the engines that sample responses
-(`RolloutEngine`), rewards (loading, scoring, mixing, shaping), environments (multi-turn, tools), the numbered steps
-1-9 (`steps.rollout`) and dynamic sampling's refill."""
+(`RolloutEngine`), scoring (reward models and functions, mixing, shaping), environments (multi-turn, tools), the
+numbered steps 1-9 (`steps.rollout`) and dynamic sampling's refill."""
 
 from .batch import RolloutBatch
 from .engines import KVCacheSampler, RolloutEngine, StaticCacheSampler, generate, make_rollout_engine
 from .environments import Environment, EnvSample, GivenSamples
 from .refill import rollout_with_refill
 from .reward_calls import RewardFunctionError, check_reward_function
-from .rewards import RewardSet, load_reward_model, load_rewards, score_responses
+from .scoring import RewardSet, RewardSettings, score_responses
 from .steps import Rollout, policy_forward, reference_logprobs, rollout, sample_and_score, without_uniform_groups
 
 __all__ = ["EnvSample", "Environment", "GivenSamples", "KVCacheSampler", "RewardFunctionError", "RewardSet",
-           "Rollout", "RolloutBatch", "RolloutEngine", "StaticCacheSampler", "check_reward_function", "generate",
-           "load_reward_model", "load_rewards", "make_rollout_engine", "policy_forward", "reference_logprobs",
-           "rollout", "rollout_with_refill", "sample_and_score", "score_responses", "without_uniform_groups"]
+           "RewardSettings", "Rollout", "RolloutBatch", "RolloutEngine", "StaticCacheSampler", "check_reward_function",
+           "generate", "make_rollout_engine", "policy_forward", "reference_logprobs", "rollout", "rollout_with_refill",
+           "sample_and_score", "score_responses", "without_uniform_groups"]

@@ -10,6 +10,7 @@ fixed-shape decode step, for a GPU.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -49,9 +50,26 @@ class KVCacheSampler(RolloutEngine):
         return generate(model, queries, query_mask, **self.settings)
 
 
-def make_rollout_engine(kind: str, **settings) -> RolloutEngine:
-    """The engine `PPOConfig.rollout_engine` names ('kv_cache' or 'static'), with the sampling settings."""
-    return StaticCacheSampler(**settings) if kind == "static" else KVCacheSampler(**settings)
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Step 1's settings (`PPOConfig.sampling_settings` builds it): which engine samples (`rollout_engine`), how many
+    tokens per response (`response_length`), how each token is drawn (`temperature`, `top_k`, `top_p`), and how many
+    rows one pass holds (`forward_batch_size`: PPOConfig's `local_rollout_forward_batch_size`, which every no-grad
+    pass of the rollout uses too)."""
+
+    response_length: int
+    temperature: float
+    forward_batch_size: int
+    top_k: int | None = None
+    top_p: float = 1.0
+    rollout_engine: str = "kv_cache"
+
+
+def make_rollout_engine(s: SamplingSettings, pad_token_id: int, stop_token_ids) -> RolloutEngine:
+    """The engine `s.rollout_engine` names ('kv_cache' or 'static'), sampling as `s` says."""
+    engine = StaticCacheSampler if s.rollout_engine == "static" else KVCacheSampler
+    return engine(response_length=s.response_length, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                  pad_token_id=pad_token_id, stop_token_ids=stop_token_ids, batch_size=s.forward_batch_size)
 
 
 class StaticCacheSampler(KVCacheSampler):

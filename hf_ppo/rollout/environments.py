@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .rewards import scores_given
+from .scoring import scores_given
 
 
 class Prompt(NamedTuple):

@@ -11,19 +11,19 @@ import torch
 from torch import nn
 
 from .batch import RolloutBatch
-from .steps import Rollout, rollout
+from .steps import Rollout, RolloutParts, RolloutSettings, rollout
 
 
 @torch.no_grad()
-def rollout_with_refill(policy: nn.Module, queries, query_mask, prompts: list, *, max_refill_rounds: int = 0,
-                        extra_prompts: Callable[[int], dict] | None = None, columns: dict[str, list] | None = None,
-                        **settings) -> Rollout:
+def rollout_with_refill(policy: nn.Module, queries, query_mask, prompts: list, parts: RolloutParts,
+                        settings: RolloutSettings, columns: dict[str, list] | None = None,
+                        extra_prompts: Callable[[int], dict] | None = None) -> Rollout:
     """`rollout`, then DAPO's refill (Yu et al. 2025, dynamic sampling; verl's `filter_groups.max_num_gen_batches`).
 
-    While groups of the batch are dropped (`drop_uniform_groups`) and fewer than `max_refill_rounds` extra rounds
+    While groups of the batch are dropped (`settings.drop_uniform_groups`) and fewer than `settings.max_refill_rounds` extra rounds
     were sampled, round r rolls out `extra_prompts(r)` (one more rollout batch of prompt groups, as the data collator
     makes them: {"queries", "query_mask", "prompts", "columns"}, each round's reward functions given its own
-    prompts' `columns`) with the same `settings`, and its groups with signal take the
+    prompts' `columns`) with the same `parts` and `settings`, and its groups with signal take the
     places of dropped ones (`merge_groups`); groups still uniform after the last round stay masked. Under several
     processes every round gathers across them, so they all sample until none has a dropped group left.
 
@@ -34,19 +34,19 @@ def rollout_with_refill(policy: nn.Module, queries, query_mask, prompts: list, *
     rollout that sampled each group; the group estimators (rloo, grpo) read each group alone. Running reward
     statistics (`normalize_rewards`, `normalize_each_reward`) see every round.
     """
-    result = rollout(policy, queries, query_mask, prompts, columns=columns, **settings)
+    result = rollout(policy, queries, query_mask, prompts, parts, settings, columns)
+    max_refill_rounds = settings.max_refill_rounds
     if not max_refill_rounds:
         return result
     if extra_prompts is None or result.dropped is None:
         raise ValueError("max_refill_rounds > 0 refills the groups drop_uniform_groups drops: pass "
                          "drop_uniform_groups=True and extra_prompts (a source of prompt groups).")
-    k, gather, pad_token_id = (settings.get("num_generations", 1), settings.get("gather"),
-                               settings["tokenizer"].pad_token_id)
+    k, gather, pad_token_id = settings.estimator.num_generations, parts.gather, parts.tokenizer.pad_token_id
     batch, dropped, refilled, rounds = result.batch, result.dropped, 0, 0
     while rounds < max_refill_rounds and _anywhere(dropped.any(), gather):
         extra = extra_prompts(rounds)
         more = rollout(policy, extra["queries"].to(queries.device), extra["query_mask"].to(query_mask.device),
-                       extra["prompts"], columns=extra.get("columns"), **settings)
+                       extra["prompts"], parts, settings, extra.get("columns"))
         batch, dropped, count = merge_groups(batch, dropped, more.batch, more.dropped, k, pad_token_id)
         refilled, rounds = refilled + count, rounds + 1
         result.generate_seconds += more.generate_seconds

@@ -44,9 +44,9 @@ from ..algorithms.ppo_math import (
 from ..models.adapters import adapter_active
 from ..runtime.sharding import gathered
 from .batch import RolloutBatch
-from .engines import RolloutEngine, chunks, sequence_inputs, stop_tensor
+from .engines import RolloutEngine, SamplingSettings, chunks, sequence_inputs, stop_tensor
 from .environments import Prompt, check_sequences, collate, embedding_rows
-from .rewards import RewardSet, penalize
+from .scoring import RewardSet, penalize
 
 
 def truncate_after_stop(
@@ -119,29 +119,23 @@ def reference_logprobs(policy: nn.Module, ref_model: nn.Module | None, queries, 
 
 
 @torch.no_grad()
-def compute_advantages(
-    logprobs, ref_logprobs, values, response_mask, shaped_scores: torch.Tensor, *, kl_coef: float, kl_estimator: str,
-    gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool, advantage_estimator: str = "gae",
-    num_generations: int = 1, scale_rewards: bool = True, lam_critic: float | None = None, use_kl_loss: bool = False,
-    step_rewards: torch.Tensor | None = None, lam_length_alpha: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def compute_advantages(logprobs, ref_logprobs, values, response_mask, shaped_scores: torch.Tensor, s: EstimatorSettings,
+                       step_rewards: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Step 8: the per-token KL (B, R) and {rewards, non_score_rewards, advantages, returns} (B, R) of a rollout,
-    from `advantage_estimator` (see `algorithms/estimators.py`: where its KL penalty enters, what it normalises).
+    from `s.advantage_estimator` (see `algorithms/estimators.py`: where its KL penalty enters, what it normalises).
 
-    values (B, R) from the critic, or None for a critic-free estimator; the B rows hold `num_generations`
+    values (B, R) from the critic, or None for a critic-free estimator; the B rows hold `s.num_generations`
     consecutive responses per prompt. `response_mask` is the policy's tokens (`RolloutBatch.policy_mask`).
     `step_rewards` (B, R): an environment's per-position rewards, on policy tokens; with gae they join the per-token
     rewards where they were given, a critic-free estimator (sequence-level) gets their sum added to the score.
     """
-    kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
-    settings = EstimatorSettings(kl_coef, num_generations, gamma, lam, whiten_rewards, whiten_advantages, scale_rewards,
-                                 lam_critic, lam_length_alpha)
+    kl = kl_estimate(logprobs, ref_logprobs, s.kl_estimator)
     extra = {}
-    if step_rewards is not None and ESTIMATORS[advantage_estimator].needs_critic:
+    if step_rewards is not None and ESTIMATORS[s.advantage_estimator].needs_critic:
         extra = {"step_rewards": step_rewards}
     elif step_rewards is not None:
         shaped_scores = shaped_scores + masked_sum(step_rewards, response_mask, dim=1)
-    return kl, estimate(advantage_estimator, shaped_scores, kl, response_mask, values, settings, use_kl_loss, **extra)
+    return kl, estimate(shaped_scores, kl, response_mask, values, s, **extra)
 
 
 ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
@@ -190,6 +184,61 @@ def reward_stats(each_reward: dict, gather: Callable | None = None) -> dict[str,
     return stats
 
 
+@dataclass(frozen=True)
+class RolloutSettings:
+    """Steps 1-9's settings (`PPOConfig.rollout_settings` builds it): how responses are sampled (`sampling`, also
+    the temperature and the rows per pass of every no-grad forward), step 4's penalties (`missing_eos_penalty`, the
+    overlong penalty), step 8's estimator (`estimator`, with the KL controller's current `kl_coef`), DAPO's dynamic
+    sampling (`drop_uniform_groups`, `max_refill_rounds`) and the fp32 budget of the work on the logits
+    (`memory_bytes`)."""
+
+    sampling: SamplingSettings
+    estimator: EstimatorSettings
+    missing_eos_penalty: float | None = None
+    overlong_buffer_length: int | None = None
+    overlong_penalty_factor: float = 1.0
+    drop_uniform_groups: bool = False
+    max_refill_rounds: int = 0
+    memory_bytes: int = LOGITS_MEMORY_BYTES
+
+    def with_kl_coef(self, kl_coef: float) -> RolloutSettings:
+        """These settings with the KL controller's current coefficient."""
+        return replace(self, estimator=self.estimator._replace(kl_coef=kl_coef))
+
+    def with_response_length(self, response_length: int) -> RolloutSettings:
+        """These settings with responses `response_length` wide (`step()`: its longest given response)."""
+        return replace(self, sampling=replace(self.sampling, response_length=response_length))
+
+
+def _unchanged(scores: torch.Tensor) -> torch.Tensor:
+    return scores
+
+
+@dataclass(frozen=True)
+class RolloutParts:
+    """What steps 1-7 sample, score and compare with beside the policy: the engine, the reward(s) (a `RewardSet`; one
+    reward model or callable is wrapped as `RewardSet.single(reward, None, "auto")`), the policy's tokenizer and
+    stop ids, the reference (a frozen `ref_model`, or with None the policy with its `ref_adapter` active or its
+    adapter disabled), an `environment` whose episodes replace steps 1-3 (None: the engine samples), accelerate's
+    `gather` across processes (None: one process) and step 7's `shape_scores` (the penalised scores (B,) -> the
+    scores the rewards use). The trainer hands them over at each rollout, so an engine assigned after construction
+    is the one used."""
+
+    engine: RolloutEngine
+    reward: RewardSet
+    tokenizer: object
+    stop_token_ids: object
+    ref_model: nn.Module | None = None
+    ref_adapter: str | None = None
+    environment: object = None
+    gather: Callable | None = None
+    shape_scores: Callable[[torch.Tensor], torch.Tensor] = _unchanged
+
+    def __post_init__(self):
+        if self.reward is not None and not isinstance(self.reward, RewardSet):
+            object.__setattr__(self, "reward", RewardSet.single(self.reward, None, "auto"))
+
+
 class Samples(NamedTuple):
     """Steps 1-3 for a batch of prompts: responses (B, R), response_mask (B, R), contains_stop (B,), scores (B,)
     before any penalty, the seconds spent sampling (steps 1-2), and with a list of rewards each one's raw score
@@ -209,42 +258,36 @@ class Samples(NamedTuple):
 
 
 @torch.no_grad()
-def sample_and_score(engine: RolloutEngine, policy: nn.Module, reward, queries, query_mask, prompts: list, *,
-                     tokenizer, reward_tokenizer=None, input_format: str = "auto", stop_token_ids, batch_size: int,
-                     gather: Callable | None = None, columns: dict[str, list] | None = None) -> Samples:
-    """Steps 1-3, the path training and evaluation share: generate with `engine` from the policy model
-    (`policy.policy_model`, never a DDP wrapper), truncate after the stop token, score with `reward`.
-
-    `reward`: a `RewardSet` (it holds its tokenizers and format; `gather` updates its per-reward statistics), or one
-    reward model / callable read with `reward_tokenizer` and `input_format`. `columns`: the prompt dataset's other
-    columns, one value per row, for the reward functions (`reward_calls.call_reward`).
+def sample_and_score(parts: RolloutParts, policy: nn.Module, queries, query_mask, prompts: list, batch_size: int,
+                     columns: dict[str, list] | None = None) -> Samples:
+    """Steps 1-3, the path training and evaluation share: generate with `parts.engine` from the policy model
+    (`policy.policy_model`, never a DDP wrapper), truncate after a stop token, score with `parts.reward` (a
+    `RewardSet`: `parts.gather` updates its per-reward statistics). `columns`: the prompt dataset's other columns,
+    one value per row, for the reward functions (`reward_calls.call_reward`); `batch_size` rows per scoring pass.
     """
-    if isinstance(reward, RewardSet):
-        if reward_tokenizer is not None:
-            raise ValueError("A RewardSet holds its own reward tokenizers: pass reward_tokenizer=None.")
-    else:
-        reward = RewardSet.single(reward, reward_tokenizer, input_format)
+    reward, tokenizer = parts.reward, parts.tokenizer
     with gathered(policy):  # under FSDP: every shard gathered once, for all of steps 1-3
         start = time.perf_counter()
-        responses = engine.generate(policy.policy_model, queries, query_mask)  # 1.
-        responses, response_mask, contains_stop = truncate_after_stop(responses, stop_token_ids,
+        responses = parts.engine.generate(policy.policy_model, queries, query_mask)  # 1.
+        responses, response_mask, contains_stop = truncate_after_stop(responses, parts.stop_token_ids,
                                                                       tokenizer.pad_token_id)  # 2.
         generated = time.perf_counter()
         every = reward.score_each(queries=queries, query_mask=query_mask, responses=responses,  # 3.
                                   response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
                                   batch_size=batch_size, columns=columns)
-        scores = reward.combine(every, prompts, gather)
+        scores = reward.combine(every, prompts, parts.gather)
     each = {name: raw for name, (raw, _) in every.items()} if reward.is_list else {}
     return Samples(responses, response_mask, contains_stop, scores, generated - start, each, each_reward=every)
 
 
 @torch.no_grad()
-def environment_samples(environment, engine: RolloutEngine, policy: nn.Module, reward, queries, query_mask,
-                        prompts: list, *, tokenizer, stop_token_ids, batch_size: int, response_length: int,
-                        gather: Callable | None = None, columns: dict[str, list] | None = None) -> Samples:
-    """Steps 1-3 through an `Environment` (`rollout/environments.py`): its episodes, sampled with `engine` from the policy,
-    padded to `response_length`; samples without a score of their own are scored with `reward` (a `RewardSet`) on
-    the whole episode. `contains_stop`: the policy sampled a stop token somewhere in the episode."""
+def environment_samples(parts: RolloutParts, policy: nn.Module, queries, query_mask, prompts: list, batch_size: int,
+                        response_length: int, columns: dict[str, list] | None = None) -> Samples:
+    """Steps 1-3 through `parts.environment` (`rollout/environments.py`): its episodes, sampled with `parts.engine`
+    from the policy, padded to `response_length`; samples without a score of their own are scored with
+    `parts.reward` on the whole episode. `contains_stop`: the policy sampled a stop token somewhere in the episode."""
+    environment, engine, tokenizer, stop_token_ids = parts.environment, parts.engine, parts.tokenizer, \
+        parts.stop_token_ids
     start, pad = time.perf_counter(), tokenizer.pad_token_id
     # Who gave the samples, for the errors of the boundary checks (`check_sequences`, `collate`).
     source = getattr(environment, "source", None) or f"{type(environment).__name__}.rollout"
@@ -266,11 +309,11 @@ def environment_samples(environment, engine: RolloutEngine, policy: nn.Module, r
     generated = time.perf_counter()
     scores, each, every = out.scores, {}, None
     if not out.given.all():  # 3. the trainer's rewards score the episodes that came back without a score
-        every = reward.score_each(queries=queries, query_mask=query_mask, responses=out.responses,
-                                  response_mask=out.response_mask, tokenizer=tokenizer, prompts=prompts,
-                                  batch_size=batch_size, columns=columns)
-        scored = reward.combine(every, prompts, gather)
-        each = {name: raw for name, (raw, _) in every.items()} if reward.is_list else {}
+        every = parts.reward.score_each(queries=queries, query_mask=query_mask, responses=out.responses,
+                                        response_mask=out.response_mask, tokenizer=tokenizer, prompts=prompts,
+                                        batch_size=batch_size, columns=columns)
+        scored = parts.reward.combine(every, prompts, parts.gather)
+        each = {name: raw for name, (raw, _) in every.items()} if parts.reward.is_list else {}
         scores = torch.where(out.given, scores, scored.to(scores.dtype))
     return Samples(out.responses, out.response_mask, contains_stop, scores, generated - start, each,
                    out.policy_mask, out.step_rewards, every)
@@ -316,84 +359,70 @@ def _clock(device: torch.device) -> float:
 
 
 @torch.no_grad()
-def rollout(
-    policy: nn.Module, queries, query_mask, prompts: list, *, engine: RolloutEngine, ref_model, ref_adapter, reward,
-    tokenizer, reward_tokenizer=None, input_format: str = "auto", stop_token_ids, temperature: float, batch_size: int,
-    missing_eos_penalty: float | None, shape_scores: Callable[[torch.Tensor], torch.Tensor], kl_coef: float,
-    kl_estimator: str, gamma: float, lam: float, whiten_rewards: bool, whiten_advantages: bool,
-    gather: Callable | None = None, overlong_buffer_length: int | None = None, overlong_penalty_factor: float = 1.0,
-    advantage_estimator: str = "gae", num_generations: int = 1, scale_rewards: bool = True,
-    memory_bytes: int = LOGITS_MEMORY_BYTES, lam_critic: float | None = None, lam_length_alpha: float | None = None,
-    use_kl_loss: bool = False, drop_uniform_groups: bool = False, environment=None, response_length: int | None = None,
-    columns: dict[str, list] | None = None,
-) -> Rollout:
+def rollout(policy: nn.Module, queries, query_mask, prompts: list, parts: RolloutParts, settings: RolloutSettings,
+            columns: dict[str, list] | None = None) -> Rollout:
     """Steps 1-9 of one PPO iteration (see the module docstring) for left-padded prompts (B, Q).
 
     `policy` is the actor-critic (`AutoModelForCausalLMWithValueHead`, or `PolicyAndCritic` with or without a
-    critic), unwrapped; `reward` a `RewardSet` or one reward (see `sample_and_score`; `gather` updates a RewardSet's
-    per-reward statistics); `shape_scores` maps the penalised scores (B,) to the ones the rewards use (step 7). The B
-    prompts come as `num_generations` consecutive copies of each (`data.RolloutRepeatSampler`); the group
-    estimators compare the responses of each group. Without a critic, `values` are zeros and unused. With
-    `drop_uniform_groups`, the groups whose shaped scores are all equal leave the update (`without_uniform_groups`)
-    after the statistics, which describe everything sampled (`rollout_with_refill` refills their places). With an
-    `environment` (`rollout/environments.py`) steps 1-3 are its episodes (`environment_samples`, `response_length` wide).
-    `columns`: the prompt dataset's other columns, one value per prompt row, for the reward functions.
+    critic), unwrapped; `parts` what it samples, scores and compares with (`RolloutParts`); `settings` how
+    (`RolloutSettings`). The B prompts come as `num_generations` consecutive copies of each
+    (`data.RolloutRepeatSampler`); the group estimators compare the responses of each group. Without a critic,
+    `values` are zeros and unused. With `drop_uniform_groups`, the groups whose shaped scores are all equal leave the
+    update (`without_uniform_groups`) after the statistics, which describe everything sampled (`rollout_with_refill`
+    refills their places). With `parts.environment` (`rollout/environments.py`) steps 1-3 are its episodes
+    (`environment_samples`, `response_length` wide). `columns`: the prompt dataset's other columns, one value per
+    prompt row, for the reward functions.
     """
-    if len(queries) % num_generations:
-        raise ValueError(f"{len(queries)} prompts are not whole groups of num_generations={num_generations}.")
+    estimator, sampling = settings.estimator, settings.sampling
+    k, batch_size, temperature = estimator.num_generations, sampling.forward_batch_size, sampling.temperature
+    if len(queries) % k:
+        raise ValueError(f"{len(queries)} prompts are not whole groups of num_generations={k}.")
     with gathered(policy):  # under FSDP: every shard gathered once, for all of steps 1-6 (runtime/sharding.py)
         start = time.perf_counter()
         # 1-3. Generate, truncate after the stop token, score (and combine a list of rewards); or an environment's
         # episodes.
-        if environment is None:
-            samples = sample_and_score(engine, policy, reward, queries, query_mask, prompts, tokenizer=tokenizer,
-                                       reward_tokenizer=reward_tokenizer, input_format=input_format,
-                                       stop_token_ids=stop_token_ids, batch_size=batch_size, gather=gather,
-                                       columns=columns)
+        if parts.environment is None:
+            samples = sample_and_score(parts, policy, queries, query_mask, prompts, batch_size, columns)
         else:
-            samples = environment_samples(environment, engine, policy, reward, queries, query_mask, prompts,
-                                          tokenizer=tokenizer, stop_token_ids=stop_token_ids, batch_size=batch_size,
-                                          response_length=response_length, gather=gather, columns=columns)
+            samples = environment_samples(parts, policy, queries, query_mask, prompts, batch_size,
+                                          sampling.response_length, columns)
         responses, response_mask, contains_stop = samples[:3]
         policy_mask = samples.policy_mask if samples.policy_mask is not None else response_mask.clone()
         # 4. The EOS penalty, on responses that never stopped; the overlong penalty.
-        scores = penalize(samples.scores, contains_stop, response_mask, missing_eos_penalty=missing_eos_penalty,
-                          overlong_buffer_length=overlong_buffer_length, overlong_penalty_factor=overlong_penalty_factor)
+        scores = penalize(samples.scores, contains_stop, response_mask, missing_eos_penalty=settings.missing_eos_penalty,
+                          overlong_buffer_length=settings.overlong_buffer_length,
+                          overlong_penalty_factor=settings.overlong_penalty_factor)
         scored = _clock(queries.device)
         # 5. Old log-probs and values, in one pass.
         has_critic = policy.has_critic
         logprobs, values, entropy = policy_forward(policy, queries, query_mask, responses, response_mask,
                                                    temperature=temperature, batch_size=batch_size, with_entropy=True,
-                                                   with_values=has_critic, memory_bytes=memory_bytes)
+                                                   with_values=has_critic, memory_bytes=settings.memory_bytes)
         forwarded = _clock(queries.device)
         # 6. Reference log-probs.
-        ref_logprobs = reference_logprobs(policy, ref_model, queries, query_mask, responses, response_mask,
-                                          temperature=temperature, batch_size=batch_size, ref_adapter=ref_adapter,
-                                          memory_bytes=memory_bytes)
+        ref_logprobs = reference_logprobs(policy, parts.ref_model, queries, query_mask, responses, response_mask,
+                                          temperature=temperature, batch_size=batch_size,
+                                          ref_adapter=parts.ref_adapter, memory_bytes=settings.memory_bytes)
         referenced = _clock(queries.device)
     # 7-8. Shaped scores -> rewards and advantages (the advantage estimator).
-    shaped = shape_scores(scores)
-    kl, rewards = compute_advantages(logprobs, ref_logprobs, values, policy_mask, shaped,
-                                     kl_coef=kl_coef, kl_estimator=kl_estimator, gamma=gamma, lam=lam,
-                                     whiten_rewards=whiten_rewards, whiten_advantages=whiten_advantages,
-                                     advantage_estimator=advantage_estimator, num_generations=num_generations,
-                                     scale_rewards=scale_rewards, lam_critic=lam_critic, use_kl_loss=use_kl_loss,
-                                     step_rewards=samples.step_rewards, lam_length_alpha=lam_length_alpha)
+    shaped = parts.shape_scores(scores)
+    kl, rewards = compute_advantages(logprobs, ref_logprobs, values, policy_mask, shaped, estimator,
+                                     step_rewards=samples.step_rewards)
     values = values if has_critic else torch.zeros_like(logprobs)
     batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
                          contains_stop, **rewards, policy_mask=policy_mask)
     # 9. Statistics.
-    stats = rollout_stats(batch, kl, entropy, stop_token_ids, has_critic)
+    stats = rollout_stats(batch, kl, entropy, parts.stop_token_ids, has_critic)
     each = samples.reward_scores or {}
-    per_reward = reward_stats(samples.each_reward or {}, gather)
+    per_reward = reward_stats(samples.each_reward or {}, parts.gather)
     # A reward's None rows are no score of 0: its mean is over the rows it applies to.
     stats.update({f"objective/scores/{name}": per_reward.get(f"rewards/{name}/mean", raw.mean())
                   for name, raw in each.items()})
     stats.update(per_reward)
     dropped = None
-    if drop_uniform_groups:
-        dropped = uniform_groups(shaped, num_generations)
-        batch, stats["rollout/groups_dropped"] = without_uniform_groups(batch, shaped, num_generations)
+    if settings.drop_uniform_groups:
+        dropped = uniform_groups(shaped, k)
+        batch, stats["rollout/groups_dropped"] = without_uniform_groups(batch, shaped, k)
     return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds, each, dropped,
                    int(policy_mask.sum().item()), policy_forward_seconds=forwarded - scored,
                    reference_seconds=referenced - forwarded)

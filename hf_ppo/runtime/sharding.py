@@ -44,10 +44,10 @@ def _env_true(name: str) -> bool:
     return os.environ.get(name, "false").lower() in ("true", "1", "yes")
 
 
-def _zero_stage(args) -> int | None:
-    """The DeepSpeed ZeRO stage this run asks for: `args.deepspeed` (a dict or a JSON file), or the environment
-    `accelerate launch` sets from a DeepSpeed config; None without DeepSpeed."""
-    config = args.deepspeed
+def _zero_stage(deepspeed) -> int | None:
+    """The DeepSpeed ZeRO stage this run asks for: TrainingArguments' `deepspeed` (a dict or a JSON file), or the
+    environment `accelerate launch` sets from a DeepSpeed config; None without DeepSpeed."""
+    config = deepspeed
     if isinstance(config, str) and os.path.isfile(config):
         with open(config, encoding="utf-8") as f:
             config = json.load(f)
@@ -66,11 +66,11 @@ def sharded_by_accelerate() -> bool:
     return _env_true("ACCELERATE_USE_FSDP")
 
 
-def fsdp_version(args) -> int | None:
-    """The FSDP version this run asks for (`fsdp` in the arguments, or `accelerate launch` with an FSDP config);
-    None without FSDP."""
-    if args.fsdp:  # Trainer builds the plugin from the arguments: transformers' default version is 2
-        config = args.fsdp_config if isinstance(args.fsdp_config, dict) else {}
+def fsdp_version(fsdp, fsdp_config) -> int | None:
+    """The FSDP version this run asks for (TrainingArguments' `fsdp` and `fsdp_config`, or `accelerate launch` with
+    an FSDP config); None without FSDP."""
+    if fsdp:  # Trainer builds the plugin from the arguments: transformers' default version is 2
+        config = fsdp_config if isinstance(fsdp_config, dict) else {}
         return int(config.get("version") or config.get("fsdp_version") or 2)
     if _env_true("ACCELERATE_USE_FSDP"):  # accelerate builds it from the environment: its default is 1
         return int(os.environ.get("FSDP_VERSION", "1"))
@@ -98,15 +98,16 @@ def environment_restored_on_error(construct):
     return constructing
 
 
-def sharding_problems(args) -> list[str]:
-    """Why this run cannot be sharded as configured (empty: it can). Read from the arguments and the environment
-    `accelerate launch` sets, so the error comes before any model loads."""
+def sharding_problems(fsdp, fsdp_config, deepspeed) -> list[str]:
+    """Why this run cannot be sharded as configured (empty: it can). Read from TrainingArguments' `fsdp`,
+    `fsdp_config` and `deepspeed` and the environment `accelerate launch` sets, so the error comes before any model
+    loads."""
     problems = []
-    if _zero_stage(args) == 3:
+    if _zero_stage(deepspeed) == 3:
         problems.append("DeepSpeed ZeRO-3 is not supported: sampling would need every layer gathered per decode step "
                         f"through DeepSpeed's hooks, which hf_ppo does not drive. {FSDP_FIX} (ZeRO-2, which keeps "
                         "whole weights on every GPU, works: recipes/accelerate/deepspeed_zero2.yaml.)")
-    version = fsdp_version(args)
+    version = fsdp_version(fsdp, fsdp_config)
     if version is None:
         return problems
     if not fsdp_supported():
@@ -117,7 +118,7 @@ def sharding_problems(args) -> list[str]:
                         f"'accelerate>={FSDP_ACCELERATE}'.")
         return problems
     if version != 2:
-        fix = ('pass fsdp_config={"version": 2} to PPOConfig (or drop the version: 2 is the default)' if args.fsdp
+        fix = ('pass fsdp_config={"version": 2} to PPOConfig (or drop the version: 2 is the default)' if fsdp
                else "set fsdp_version: 2 in the accelerate config (recipes/accelerate/fsdp.yaml)")
         problems.append(f"FSDP version {version} is not supported: hf_ppo gathers the sharded weights for sampling "
                         f"with FSDP2's unshard/reshard. To shard with FSDP2, {fix}.")

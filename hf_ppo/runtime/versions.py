@@ -16,8 +16,6 @@ from dataclasses import fields
 from transformers import TrainingArguments
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .ranges import CHECKED, _normal, out_of_range, warn_if_out_of_range  # noqa: F401 - their old home
-
 
 class GradientCheckpointingNames:
     """`gradient_checkpointing_enable` / `_disable`: the names of `activation_checkpointing_enable` / `_disable`

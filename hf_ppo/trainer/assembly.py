@@ -2,7 +2,7 @@
 other as `PPOLMTrainer` is given them, plus TRL 1.12's names for them (`sft_model_path`, `reward_model_path`,
 `value_model`).
 
-Each piece is loaded by the module that owns it (`models.policy`, `rollout.rewards`, `models.critics`); this module
+Each piece is loaded by the module that owns it (`models.policy`, `models.reward_model`, `models.critics`); this module
 only decides the order and the checks across models: every model that reads the policy's token ids is checked against
 the tokenizer here (not by an IndexError mid-rollout), the stop tokens are resolved before a pad token that is none of
 them is chosen, and dropout is turned off everywhere."""
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -22,6 +23,7 @@ from ..models.adapters import prepare_adapters
 from ..models.critics import critic_reward, load_critic, saved_critic
 from ..models.policy import load_policy, load_reference, without_critic
 from ..models.pretrained import compute_dtype, disable_dropout, keep_4bit_differentiable
+from ..models.reward_model import load_rewards
 from ..models.tokenizers import (
     check_stop_token_ids,
     check_vocab,
@@ -31,7 +33,6 @@ from ..models.tokenizers import (
     resolve_stop_token_ids,
 )
 from ..models.value_head import AutoModelForCausalLMWithValueHead
-from ..rollout.rewards import load_rewards
 from ..runtime.warn import warn_user, without_checkpointing_deprecation
 
 
@@ -109,6 +110,7 @@ class LoadedModels:
     stop_token_ids: list[int]
     trained_adapter: str | None
     ref_adapter: str | None
+    reward_scoring_context: Callable[[], ContextManager]  # the reward models score in it, as loaded (`load_critic`)
 
 
 @without_checkpointing_deprecation
@@ -159,12 +161,12 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
         # A reference of another model than the policy's (its vocabulary far larger) is said unless the policy's
         # check already named this tokenizer.
         check_vocab(ref, tokenizer, "reference model", REFERENCE_VOCAB_FIX, warn_unused=not policy_warned)
-    reward, reward_processing_class = load_rewards(reward_model, reward_processing_class, args, dtype, device)
+    reward, reward_processing_class = load_rewards(reward_model, reward_processing_class, args.reward_loading)
     saved = saved_critic(critic_model, args.critic, args.critic_model_init_kwargs)  # rebuilt, then its state loaded
     critic_model = saved.build_from if saved is not None else critic_model
-    critic = load_critic(args.critic, critic_model, *critic_reward(args.critic, reward_model, reward,
-                                                                   reward_processing_class, critic_model),
-                         tokenizer, body, peft_config, args, dtype, device)
+    critic, reward_scoring_context = load_critic(critic_model, *critic_reward(args.critic, reward_model, reward,
+                                                                              reward_processing_class, critic_model),
+                                                 tokenizer, body, peft_config, args.critic_loading)
     if critic is not None:  # the critic has a body of its own: the shared value head is not used
         if isinstance(model, AutoModelForCausalLMWithValueHead):
             warn_user(f"critic={args.critic!r}: the value head of the model passed is not used (the critic has "
@@ -178,4 +180,4 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
         if args.disable_dropout:
             disable_dropout(m)
     return LoadedModels(policy, tokenizer, ref, reward, reward_processing_class, stop_token_ids, trained_adapter,
-                        ref_adapter)
+                        ref_adapter, reward_scoring_context)

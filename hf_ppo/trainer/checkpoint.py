@@ -29,7 +29,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..models.value_head import VALUE_HEAD_FILE
 from ..runtime.files import file_problem
-from ..runtime.sharding import fsdp_version
 from ..runtime.warn import warn_user
 from .schedule import MinibatchSchedule
 
@@ -138,14 +137,14 @@ def save_trainer_state(folder: str, *, args, iteration: int, kl_controller, rewa
                        metrics: dict[str, list[torch.Tensor]], critic_state: dict[str, torch.Tensor],
                        rollout_buffer: dict[str, torch.Tensor] | None, rewards=None) -> None:
     """Assemble the PPO trainer's state (iteration, KL controller, reward statistics, each reward's statistics of a
-    `rewards.RewardSet` `rewards`, non-finite guard, metrics not yet logged, the settings) and write it with the
+    `scoring.RewardSet` `rewards`, non-finite guard, metrics not yet logged, the settings) and write it with the
     critic and an unfinished iteration's rollout (`save_ppo_state`)."""
     state = {"iteration": iteration, "kl_controller": kl_controller.state_dict(),
              "reward_moments": reward_moments.state_dict() if reward_moments else None,
              "each_reward_moments": rewards.state_dict() if rewards is not None else None,
              "nonfinite": guard.state_dict(), "peft": peft,
              "optimizer_saved": not args.save_only_model, "settings": settings(args),
-             "sharded": fsdp_version(args) is not None,
+             "sharded": args.fsdp_version is not None,
              "pending_metrics": {k: [v.item() for v in vs] for k, vs in metrics.items()}}
     save_ppo_state(folder, state=state, value_head=critic_state, rollout_buffer=rollout_buffer)
 

@@ -27,9 +27,19 @@ from typing import Literal
 import torch
 from transformers import TrainingArguments
 
+from ..algorithms.estimators import EstimatorSettings
+from ..algorithms.ppo_math import LossSettings
+from ..evaluation.evaluator import EvalSettings
+from ..hub.cards import CARD_HYPERPARAMETERS, PublishSettings
+from ..models.critics import CriticLoading
+from ..models.pretrained import compute_dtype
+from ..models.reward_model import RewardLoading
+from ..rollout.engines import SamplingSettings
+from ..rollout.scoring import RewardSettings
+from ..rollout.steps import RolloutSettings
 from ..runtime.sharding import environment_restored_on_error, fsdp_version, sharding_problems
 from ..runtime.warn import warn_user
-from .config_checks import _BOOL_FIELDS, _TRL_ONLY_NAMES, _range_errors, critic_repo_problems
+from .config_checks import _TRL_ONLY_NAMES, _range_errors, critic_repo_problems, mixed_reward_errors, no_op_errors
 
 Quantization = Literal["4bit", "8bit", "none"]
 _HUB_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'namespace/name' or 'name'
@@ -39,7 +49,7 @@ _HUB_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  #
 class PPOConfig(TrainingArguments):
     r"""Configuration for [`PPOLMTrainer`]. Every field below is PPO-specific; the rest are TrainingArguments'."""
 
-    # ---- Models: how the policy, the reference and the reward model are loaded -----------------------------------
+    # ---- Models: how the policy, the reference and the reward model are loaded; which adapter is trained -----------
     model_init_kwargs: dict | str | None = field(
         default=None,
         metadata={"help": "Keyword arguments for the policy's `from_pretrained` when `model` is an id or a path "
@@ -66,16 +76,6 @@ class PPOConfig(TrainingArguments):
     disable_dropout: bool = field(
         default=True, metadata={"help": "Set every dropout probability to 0 in all models (RL needs it: N+ paper)."}
     )
-
-    # ---- Reward inputs and adapters: what the reward model reads; which adapter is trained / the reference -------
-    reward_input_format: Literal["auto", "chat", "pair", "concat"] = field(
-        default="auto",
-        metadata={"help": "How a reward model reads (prompt, response). 'chat': the reward tokenizer's chat template "
-                  "over the conversation (chat prompts only); 'pair': a (question, answer) text pair, as encoder "
-                  "reward models (DeBERTa, BERT, RoBERTa) were trained; 'concat': prompt + response as one sequence "
-                  "(token ids as they are when the tokenizers match). 'auto': chat for chat prompts when the reward "
-                  "tokenizer has a template, else pair for an encoder whose tokenizer encodes pairs, else concat."},
-    )
     model_adapter_name: str | None = field(
         default=None,
         metadata={"help": "For a PeftModel policy holding several adapters: the one to train (TRL's name). None: its "
@@ -88,12 +88,7 @@ class PPOConfig(TrainingArguments):
                   "of the trained adapter as it starts."},
     )
 
-    # ---- Rollout: sampling -------------------------------------------------------------------------------------
-    response_length: int = field(
-        default=53,
-        metadata={"help": "New tokens sampled per response (at most; a stop token ends it earlier). 53 is the N+ "
-                  "paper's TL;DR summary budget: set it to what your task's answers need."},
-    )
+    # ---- Prompts: how the dataset's prompts are tokenized ----------------------------------------------------------
     max_prompt_length: int | None = field(
         default=512,
         metadata={"help": "Prompts longer than this (in tokens) are truncated from the left, with one warning. "
@@ -106,6 +101,13 @@ class PPOConfig(TrainingArguments):
                   "would); False feeds the text as it is (a base model, or prompts already formatted), silently; "
                   "None (default) feeds it as it is and warns once, since a chat model given raw text often answers "
                   "with empty turns."},
+    )
+
+    # ---- Steps 1-2, sampling: the engine, the response budget, the stop tokens -------------------------------------
+    response_length: int = field(
+        default=53,
+        metadata={"help": "New tokens sampled per response (at most; a stop token ends it earlier). 53 is the N+ "
+                  "paper's TL;DR summary budget: set it to what your task's answers need."},
     )
     temperature: float = field(
         default=0.7,
@@ -134,11 +136,6 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "Token ids that end a response (any of them), replacing the `stop_token` default. Used by "
                   "the sampler, the truncation after the stop token, the EOS trick and `rollout/eos_rate`."},
     )
-    missing_eos_penalty: float | None = field(
-        default=None,
-        metadata={"help": "Subtracted from the score of a response that never produced the stop token (the 'EOS "
-                  "trick'; N+ uses 1.0). None: no penalty."},
-    )
     local_rollout_forward_batch_size: int = field(
         default=64,
         metadata={"help": "Micro-batch size of the no-grad rollout forwards (policy, reference, reward) and generation."},
@@ -150,9 +147,67 @@ class PPOConfig(TrainingArguments):
                   "vocab) fp32 tensor is made. The numbers do not depend on it."},
     )
 
-    # ---- PPO ---------------------------------------------------------------------------------------------------
-    num_ppo_epochs: int = field(default=4, metadata={"help": "Passes over each rollout batch."})
-    num_mini_batches: int = field(default=1, metadata={"help": "Minibatches (optimizer steps) per PPO epoch."})
+    # ---- Steps 3-4, scoring: what the reward model reads, mixed rewards, the penalties (docs/concepts/rewards.md) --
+    reward_input_format: Literal["auto", "chat", "pair", "concat"] = field(
+        default="auto",
+        metadata={"help": "How a reward model reads (prompt, response). 'chat': the reward tokenizer's chat template "
+                  "over the conversation (chat prompts only); 'pair': a (question, answer) text pair, as encoder "
+                  "reward models (DeBERTa, BERT, RoBERTa) were trained; 'concat': prompt + response as one sequence "
+                  "(token ids as they are when the tokenizers match). 'auto': chat for chat prompts when the reward "
+                  "tokenizer has a template, else pair for an encoder whose tokenizer encodes pairs, else concat."},
+    )
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={"help": "One weight per reward when the trainer's `reward_model` is a list (TRL GRPOConfig's name), "
+                  "in the same order: the score is sum_i w_i * r_i. None: every weight 1.0."},
+    )
+    normalize_each_reward: bool = field(
+        default=False,
+        metadata={"help": "Normalise each reward by its own running mean/std (over all processes) before weighting, "
+                  "so rewards on different scales weigh as `reward_weights` say. Saved in checkpoints."},
+    )
+    missing_eos_penalty: float | None = field(
+        default=None,
+        metadata={"help": "Subtracted from the score of a response that never produced the stop token (the 'EOS "
+                  "trick'; N+ uses 1.0). None: no penalty."},
+    )
+    overlong_buffer_length: int | None = field(
+        default=None,
+        metadata={"help": "DAPO's soft overlong punishment: over the last `overlong_buffer_length` tokens of "
+                  "`response_length` a penalty growing linearly to `overlong_penalty_factor` is subtracted from the "
+                  "score (step 4, like `missing_eos_penalty`). None: off."},
+    )
+    overlong_penalty_factor: float = field(
+        default=1.0, metadata={"help": "The overlong penalty of a response of the full `response_length`."}
+    )
+
+    # ---- Step 7, reward shaping ------------------------------------------------------------------------------------
+    normalize_rewards: bool = field(
+        default=False, metadata={"help": "Normalise scores with running mean/std (PPO-max; Zheng et al. 2023)."}
+    )
+    reward_clip: float | None = field(
+        default=None, metadata={"help": "Clip (normalised) scores to [-reward_clip, reward_clip]. None: off."}
+    )
+
+    # ---- Step 8, advantages: the estimator, samples per prompt, GAE, dynamic sampling ------------------------------
+    advantage_estimator: Literal["gae", "rloo", "grpo", "reinforce_pp"] = field(
+        default="gae",
+        metadata={"help": "'gae': PPO with a critic (GAE, `gamma`, `lam`). Critic-free, with no value head or value "
+                  "loss: 'rloo' (leave-one-out baseline over the `num_generations` responses to a prompt), 'grpo' "
+                  "(group mean, divided by the group std when `scale_rewards`), 'reinforce_pp' (REINFORCE++: "
+                  "KL-penalised returns, a group-mean baseline when num_generations > 1, whitened over the batch). "
+                  "kl_coef enters the reward per token (gae, reinforce_pp), per response (rloo), or as a k3 KL loss "
+                  "term (grpo); see hf_ppo/estimators.py."},
+    )
+    num_generations: int = field(
+        default=1,
+        metadata={"help": "Responses sampled per prompt (k). Batch sizes count responses: a rollout batch holds "
+                  "rollout_batch_size / k prompts, each sampled k times. rloo and grpo need k >= 2."},
+    )
+    scale_rewards: bool = field(
+        default=True,
+        metadata={"help": "grpo: divide by the group's reward std (False: Dr. GRPO, mean-centred only)."},
+    )
     gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE."})
     lam: float = field(default=0.95, metadata={"help": "Lambda of GAE (the actor's advantages)."})
     lam_critic: float | None = field(
@@ -168,21 +223,90 @@ class PPOConfig(TrainingArguments):
                   "lam_critic=1.0). VAPO uses 0.05. None: off (`lam` for every response). gae only; leave `lam` at "
                   "its default with it."},
     )
-    cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio (epsilon)."})
-    cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value update around V_old."})
-    vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss."})
-    value_head_learning_rate: float | None = field(
-        default=None, metadata={"help": "The earlier name of `critic_learning_rate` (sets it)."},
-    )
-    entropy_coef: float = field(default=0.0, metadata={"help": "Weight of an entropy bonus (0: off)."})
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE (gae only)."})
     whiten_advantages: bool = field(
         default=True,
         metadata={"help": "Whiten advantages over the rollout batch (gae and rloo; grpo and reinforce_pp normalise "
                   "by their own definition)."},
     )
-    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE (gae only)."})
+    drop_uniform_groups: bool = field(
+        default=False,
+        metadata={"help": "DAPO's dynamic sampling: the responses of a prompt whose `num_generations` scores are "
+                  "all equal (no signal for a group baseline) leave the update: they are excluded from every loss "
+                  "term and its mean. `max_refill_rounds` > 0 refills their places with groups from extra prompts. "
+                  "`rollout/groups_dropped` logs how many groups stay dropped. Needs num_generations >= 2."},
+    )
+    max_refill_rounds: int = field(
+        default=0,
+        metadata={"help": "DAPO's refill (verl's max_num_gen_batches - 1): with drop_uniform_groups, up to this many "
+                  "extra rounds per iteration, each sampling and scoring one more rollout batch of prompts drawn "
+                  "from train_dataset, whose groups with signal take the places of dropped ones. Each round costs "
+                  "one rollout's generation and scoring. 0: drop without refilling."},
+    )
 
-    # ---- Critic: what predicts the values GAE needs (docs/concepts/critics.md) ---------------------------------------
+    # ---- Steps 8 and 10, the KL penalty and its controller ---------------------------------------------------------
+    kl_coef: float = field(default=0.05, metadata={"help": "beta: per-token reward is score - beta * KL."})
+    kl_estimator: Literal["k1", "k2", "k3"] = field(
+        default="k1",
+        metadata={"help": "Per-token KL estimator: k1 = logp - logp_ref; k2 = (logp - logp_ref)^2 / 2; "
+                  "k3 = (r - 1) - log r with r = p_ref / p (unbiased, non-negative)."},
+    )
+    use_kl_loss: bool = field(
+        default=False,
+        metadata={"help": "The KL to the reference as a loss term in the update, kl_coef x k3 per token aggregated "
+                  "like the policy loss, instead of -kl_coef x KL in the reward (verl's and OpenRLHF's name; grpo "
+                  "always does this). `kl_estimator` still picks the logged KL and the KL controller's input."},
+    )
+    use_bias_correction_kl: bool = field(
+        default=False,
+        metadata={"help": "Multiply the KL loss term's k3 by the per-token importance ratio pi / pi_old (TRL GRPO's "
+                  "name; DeepSeek-V3.2 sec. 3.1): its gradient becomes the unbiased gradient of KL(pi || pi_ref). "
+                  "Needs a KL loss term (use_kl_loss=True or advantage_estimator='grpo')."},
+    )
+    adaptive_kl: bool = field(
+        default=False, metadata={"help": "Adapt kl_coef towards `kl_target` (Ziegler et al. 2019)."}
+    )
+    kl_target: float = field(default=6.0, metadata={"help": "Target KL of the adaptive controller."})
+    kl_horizon: int = field(default=10000, metadata={"help": "Horizon (in episodes) of the adaptive controller."})
+
+    # ---- Step 11, the update: epochs, minibatches, the clipped losses ----------------------------------------------
+    num_ppo_epochs: int = field(default=4, metadata={"help": "Passes over each rollout batch."})
+    num_mini_batches: int = field(default=1, metadata={"help": "Minibatches (optimizer steps) per PPO epoch."})
+    cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio (epsilon)."})
+    cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value update around V_old."})
+    vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss."})
+    entropy_coef: float = field(default=0.0, metadata={"help": "Weight of an entropy bonus (0: off)."})
+
+    # ---- Step 11, loss variants (defaults: the clipped PPO loss as above, a token mean) ----------------------------
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = field(
+        default="token_mean",
+        metadata={"help": "How per-token losses (policy, value, entropy) become one number: 'token_mean' (sum over "
+                  "the minibatch's real tokens / their count); 'seq_mean_token_mean' (mean over responses of each "
+                  "response's token mean; GRPO); 'seq_mean_token_sum_norm' (each response's token sum / "
+                  "response_length, averaged over responses; no length bias, Dr. GRPO)."},
+    )
+    cliprange_low: float | None = field(
+        default=None, metadata={"help": "Lower clip range of the ratio: clip to 1 - cliprange_low (None: cliprange)."}
+    )
+    cliprange_high: float | None = field(
+        default=None,
+        metadata={"help": "Upper clip range of the ratio: clip to 1 + cliprange_high (None: cliprange). Larger than "
+                  "cliprange_low is DAPO's 'clip-higher' (e.g. 0.2 / 0.28), against entropy collapse."},
+    )
+    importance_sampling_level: Literal["token", "sequence"] = field(
+        default="token",
+        metadata={"help": "The policy ratio of the clipped loss (TRL GRPO's name). 'token': PPO's per-token ratio. "
+                  "'sequence': GSPO (Zheng et al. 2025): one ratio per response, exp(mean over its tokens of "
+                  "logp - logp_old), on every token; GSPO clips it far tighter (e.g. cliprange_low=3e-4, "
+                  "cliprange_high=4e-4)."},
+    )
+    dual_clip: float | None = field(
+        default=None,
+        metadata={"help": "Dual clip c > 1 (Ye et al. 2020; e.g. 3): for negative advantages the policy loss of a "
+                  "token is at most -c * A. None: off."},
+    )
+
+    # ---- The critic: what predicts the values GAE needs, and how it trains (docs/concepts/critics.md) --------------
     critic: Literal["shared", "separate", "reward_lora"] = field(
         default="shared",
         metadata={"help": "'shared': a value head on the policy's body (one model, no extra memory). 'separate': a "
@@ -219,124 +343,7 @@ class PPOConfig(TrainingArguments):
                   "step, so at LoRA-sized learning rates a larger one lets the critic reach the scale of the returns."},
     )
 
-    # ---- Advantage estimator and samples per prompt ------------------------------------------------------------------
-    advantage_estimator: Literal["gae", "rloo", "grpo", "reinforce_pp"] = field(
-        default="gae",
-        metadata={"help": "'gae': PPO with a critic (GAE, `gamma`, `lam`). Critic-free, with no value head or value "
-                  "loss: 'rloo' (leave-one-out baseline over the `num_generations` responses to a prompt), 'grpo' "
-                  "(group mean, divided by the group std when `scale_rewards`), 'reinforce_pp' (REINFORCE++: "
-                  "KL-penalised returns, a group-mean baseline when num_generations > 1, whitened over the batch). "
-                  "kl_coef enters the reward per token (gae, reinforce_pp), per response (rloo), or as a k3 KL loss "
-                  "term (grpo); see hf_ppo/estimators.py."},
-    )
-    scale_rewards: bool = field(
-        default=True,
-        metadata={"help": "grpo: divide by the group's reward std (False: Dr. GRPO, mean-centred only)."},
-    )
-    num_generations: int = field(
-        default=1,
-        metadata={"help": "Responses sampled per prompt (k). Batch sizes count responses: a rollout batch holds "
-                  "rollout_batch_size / k prompts, each sampled k times. rloo and grpo need k >= 2."},
-    )
-    drop_uniform_groups: bool = field(
-        default=False,
-        metadata={"help": "DAPO's dynamic sampling: the responses of a prompt whose `num_generations` scores are "
-                  "all equal (no signal for a group baseline) leave the update: they are excluded from every loss "
-                  "term and its mean. `max_refill_rounds` > 0 refills their places with groups from extra prompts. "
-                  "`rollout/groups_dropped` logs how many groups stay dropped. Needs num_generations >= 2."},
-    )
-    max_refill_rounds: int = field(
-        default=0,
-        metadata={"help": "DAPO's refill (verl's max_num_gen_batches - 1): with drop_uniform_groups, up to this many "
-                  "extra rounds per iteration, each sampling and scoring one more rollout batch of prompts drawn "
-                  "from train_dataset, whose groups with signal take the places of dropped ones. Each round costs "
-                  "one rollout's generation and scoring. 0: drop without refilling."},
-    )
-
-    # ---- Loss variants (defaults: the clipped PPO loss as above, a token mean) --------------------------------------
-    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = field(
-        default="token_mean",
-        metadata={"help": "How per-token losses (policy, value, entropy) become one number: 'token_mean' (sum over "
-                  "the minibatch's real tokens / their count); 'seq_mean_token_mean' (mean over responses of each "
-                  "response's token mean; GRPO); 'seq_mean_token_sum_norm' (each response's token sum / "
-                  "response_length, averaged over responses; no length bias, Dr. GRPO)."},
-    )
-    cliprange_low: float | None = field(
-        default=None, metadata={"help": "Lower clip range of the ratio: clip to 1 - cliprange_low (None: cliprange)."}
-    )
-    cliprange_high: float | None = field(
-        default=None,
-        metadata={"help": "Upper clip range of the ratio: clip to 1 + cliprange_high (None: cliprange). Larger than "
-                  "cliprange_low is DAPO's 'clip-higher' (e.g. 0.2 / 0.28), against entropy collapse."},
-    )
-    importance_sampling_level: Literal["token", "sequence"] = field(
-        default="token",
-        metadata={"help": "The policy ratio of the clipped loss (TRL GRPO's name). 'token': PPO's per-token ratio. "
-                  "'sequence': GSPO (Zheng et al. 2025): one ratio per response, exp(mean over its tokens of "
-                  "logp - logp_old), on every token; GSPO clips it far tighter (e.g. cliprange_low=3e-4, "
-                  "cliprange_high=4e-4)."},
-    )
-    dual_clip: float | None = field(
-        default=None,
-        metadata={"help": "Dual clip c > 1 (Ye et al. 2020; e.g. 3): for negative advantages the policy loss of a "
-                  "token is at most -c * A. None: off."},
-    )
-
-    # ---- KL penalty ----------------------------------------------------------------------------------------------
-    kl_coef: float = field(default=0.05, metadata={"help": "beta: per-token reward is score - beta * KL."})
-    kl_estimator: Literal["k1", "k2", "k3"] = field(
-        default="k1",
-        metadata={"help": "Per-token KL estimator: k1 = logp - logp_ref; k2 = (logp - logp_ref)^2 / 2; "
-                  "k3 = (r - 1) - log r with r = p_ref / p (unbiased, non-negative)."},
-    )
-    use_kl_loss: bool = field(
-        default=False,
-        metadata={"help": "The KL to the reference as a loss term in the update, kl_coef x k3 per token aggregated "
-                  "like the policy loss, instead of -kl_coef x KL in the reward (verl's and OpenRLHF's name; grpo "
-                  "always does this). `kl_estimator` still picks the logged KL and the KL controller's input."},
-    )
-    use_bias_correction_kl: bool = field(
-        default=False,
-        metadata={"help": "Multiply the KL loss term's k3 by the per-token importance ratio pi / pi_old (TRL GRPO's "
-                  "name; DeepSeek-V3.2 sec. 3.1): its gradient becomes the unbiased gradient of KL(pi || pi_ref). "
-                  "Needs a KL loss term (use_kl_loss=True or advantage_estimator='grpo')."},
-    )
-    adaptive_kl: bool = field(
-        default=False, metadata={"help": "Adapt kl_coef towards `kl_target` (Ziegler et al. 2019)."}
-    )
-    kl_target: float = field(default=6.0, metadata={"help": "Target KL of the adaptive controller."})
-    kl_horizon: int = field(default=10000, metadata={"help": "Horizon (in episodes) of the adaptive controller."})
-
-    # ---- Reward shaping ----------------------------------------------------------------------------------------
-    normalize_rewards: bool = field(
-        default=False, metadata={"help": "Normalise scores with running mean/std (PPO-max; Zheng et al. 2023)."}
-    )
-    reward_clip: float | None = field(
-        default=None, metadata={"help": "Clip (normalised) scores to [-reward_clip, reward_clip]. None: off."}
-    )
-
-    # ---- Mixed rewards: several reward models / functions and a length penalty (docs/concepts/rewards.md) ----------
-    reward_weights: list[float] | None = field(
-        default=None,
-        metadata={"help": "One weight per reward when the trainer's `reward_model` is a list (TRL GRPOConfig's name), "
-                  "in the same order: the score is sum_i w_i * r_i. None: every weight 1.0."},
-    )
-    normalize_each_reward: bool = field(
-        default=False,
-        metadata={"help": "Normalise each reward by its own running mean/std (over all processes) before weighting, "
-                  "so rewards on different scales weigh as `reward_weights` say. Saved in checkpoints."},
-    )
-    overlong_buffer_length: int | None = field(
-        default=None,
-        metadata={"help": "DAPO's soft overlong punishment: over the last `overlong_buffer_length` tokens of "
-                  "`response_length` a penalty growing linearly to `overlong_penalty_factor` is subtracted from the "
-                  "score (step 4, like `missing_eos_penalty`). None: off."},
-    )
-    overlong_penalty_factor: float = field(
-        default=1.0, metadata={"help": "The overlong penalty of a response of the full `response_length`."}
-    )
-
-    # ---- Reporting and publishing -----------------------------------------------------------------------------------
+    # ---- Reporting and publishing ----------------------------------------------------------------------------------
     num_sample_generations: int = field(
         default=10,
         metadata={"help": "Log a table of sample completions this many times over training (0: never)."},
@@ -487,7 +494,7 @@ class PPOConfig(TrainingArguments):
             self.run_name = self.exp_name
         if self.dataloader_pin_memory is None:
             self.dataloader_pin_memory = torch.accelerator.is_available() and not self.use_cpu
-        sharded = sharding_problems(self)  # before TrainingArguments reads a DeepSpeed config (it imports deepspeed)
+        sharded = sharding_problems(self.fsdp, self.fsdp_config, self.deepspeed)  # before TrainingArguments reads a DeepSpeed config (it imports deepspeed)
         if sharded:
             raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(sharded))
         super().__post_init__()
@@ -524,104 +531,14 @@ class PPOConfig(TrainingArguments):
             errors.append(f"model_adapter_name and ref_adapter_name are both {self.ref_adapter_name!r}: the reference "
                           "adapter must be another adapter than the trained one.")
         errors += self._critic_and_estimator_errors()
-        errors += self._mixed_reward_errors()
-        errors += self._no_op_errors()
+        errors += mixed_reward_errors(self)
+        errors += no_op_errors(self)
         if errors:
             raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(errors))
 
-    def _no_op_errors(self) -> list[str]:
-        """Settings each legal alone that together make a part of the objective a no-op: the run would train
-        nothing, or not what was asked, without a word (docs/guides/errors.md)."""
-        errors = []
-        for name in _BOOL_FIELDS:  # "false" is a true value: a flag given as text would silently be on
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                errors.append(f"{name}={value!r}: must be True or False.")
-        if not (self.apply_chat_template_to_text is None or isinstance(self.apply_chat_template_to_text, bool)):
-            errors.append(f"apply_chat_template_to_text={self.apply_chat_template_to_text!r}: must be True, False or "
-                          "None.")
-        if self.stop_token not in (None, "eos"):
-            errors.append(f"stop_token={self.stop_token!r}: choose 'eos' or None (other stop tokens: stop_token_ids).")
-        if self.kl_estimator not in ("k1", "k2", "k3"):
-            errors.append(f"kl_estimator={self.kl_estimator!r}: choose 'k1', 'k2' or 'k3'.")
-        if self.drop_uniform_groups is True and isinstance(self.num_generations, int) and self.num_generations < 2:
-            errors.append("drop_uniform_groups=True compares the responses to one prompt: set num_generations >= 2.")
-        refill = self.max_refill_rounds
-        if type(refill) is int and refill > 0 and self.drop_uniform_groups is not True:
-            errors.append(f"max_refill_rounds={refill} refills the places of the groups drop_uniform_groups drops, and "
-                          "it is off: set drop_uniform_groups=True, or max_refill_rounds=0.")
-        if self.importance_sampling_level not in ("token", "sequence"):
-            errors.append(f"importance_sampling_level={self.importance_sampling_level!r}: choose 'token' or "
-                          "'sequence' (GSPO).")
-        if self.use_bias_correction_kl is True and not (self.use_kl_loss is True
-                                                        or self.advantage_estimator == "grpo"):
-            errors.append("use_bias_correction_kl=True corrects the KL loss term, and this run has none (its KL is in "
-                          "the reward): set use_kl_loss=True, or unset use_bias_correction_kl.")
-        if self.use_kl_loss is True and self.kl_coef == 0 and not self.adaptive_kl:
-            errors.append("use_kl_loss=True with kl_coef=0: the KL loss term is multiplied by kl_coef, so it never "
-                          "acts. Set kl_coef > 0, or use_kl_loss=False.")
-        low = self.cliprange if self.cliprange_low is None else self.cliprange_low
-        if isinstance(low, (int, float)) and low >= 1:
-            name = "cliprange" if self.cliprange_low is None else "cliprange_low"
-            errors.append(f"{name}={low}: the lower clip bound 1 - {low} <= 0 can never bind (a ratio is > 0), so "
-                          "negative-advantage updates are never clipped. Use a value below 1 (e.g. 0.2).")
-        warmup = self.critic_warmup_steps
-        if isinstance(warmup, int) and warmup > 0 and self.max_steps > 0 and warmup >= self.max_steps:
-            # A critic-only run can be meant (train the critic, then resume with a longer max_steps): said, not refused.
-            warn_user(f"critic_warmup_steps={warmup} covers the whole run (max_steps={self.max_steps}): only the "
-                      "critic trains and the policy ends where it started. Lower critic_warmup_steps or raise "
-                      "max_steps if the policy should train.")
-        alpha = self.lam_length_alpha
-        if isinstance(alpha, (int, float)) and alpha > 0 and isinstance(self.response_length, int) \
-                and alpha * self.response_length <= 1:
-            warn_user(f"lam_length_alpha={alpha} x response_length={self.response_length} <= 1: every response gets "
-                      "lambda 1 - 1 / (alpha x length) <= 0, clamped to 0 (one-step TD advantages). VAPO's 0.05 is "
-                      "for responses of hundreds of tokens: raise lam_length_alpha, or unset it.")
-        if isinstance(self.entropy_coef, (int, float)) and self.entropy_coef < 0:
-            warn_user(f"entropy_coef={self.entropy_coef} is negative: the loss pays the policy for lower entropy, which "
-                      "speeds up collapse to a few responses. Use entropy_coef >= 0 unless that is what you want.")
-        if self.stop_on_collapse is True and self.watch_collapse is False:
-            errors.append("stop_on_collapse=True with watch_collapse=False: nothing watches, so nothing would stop "
-                          "training. Set watch_collapse=True, or stop_on_collapse=False.")
-        if self.adaptive_kl and self.kl_coef == 0:
-            errors.append("adaptive_kl=True with kl_coef=0: the adaptive controller scales the coefficient, so it "
-                          "stays 0 and the KL penalty never acts. Start from kl_coef > 0, or set adaptive_kl=False.")
-        weights = self.reward_weights
-        if isinstance(weights, (list, tuple)) and weights and all(
-                isinstance(w, (int, float)) and w == 0 for w in weights):
-            errors.append(f"reward_weights={list(weights)}: every weight is 0, so every score is 0 and PPO learns "
-                          "from the KL penalty alone. Give at least one reward a non-zero weight.")
-        if self.vf_coef == 0 and self.advantage_estimator == "gae" and not self.critic_warmup_steps \
-                and self.critic_updates_per_step == 1:
-            warn_user("vf_coef=0 with advantage_estimator='gae': the critic is never trained, so GAE uses the "
-                      "values of an untrained critic. Set vf_coef > 0 (e.g. 0.1), or use a critic-free estimator "
-                      "(advantage_estimator='rloo' / 'grpo' / 'reinforce_pp').")
-        return errors
-
-    def _mixed_reward_errors(self) -> list[str]:
-        """Check the mixed-reward fields (their count against the rewards is checked by the trainer)."""
-        errors = []
-        weights = self.reward_weights
-        if weights is not None and (isinstance(weights, (str, bytes)) or not isinstance(weights, (list, tuple))
-                                    or not weights or not all(isinstance(w, (int, float)) and not isinstance(w, bool)
-                                                              and math.isfinite(w) for w in weights)):
-            errors.append(f"reward_weights={weights!r}: must be None or a non-empty list of finite numbers, one per "
-                          "reward.")
-        buffer = self.overlong_buffer_length
-        if buffer is not None and (isinstance(buffer, bool) or not isinstance(buffer, int)
-                                   or not 1 <= buffer <= self.response_length):
-            errors.append(f"overlong_buffer_length={buffer!r}: must be None (off) or an integer in [1, "
-                          f"response_length={self.response_length}].")
-        return errors
-
     def _critic_and_estimator_errors(self) -> list[str]:
-        """Check the critic and estimator choices; map `value_head_learning_rate` onto `critic_learning_rate`."""
+        """Check the critic and estimator choices."""
         errors = []
-        if self.value_head_learning_rate is not None:
-            if self.critic_learning_rate not in (None, self.value_head_learning_rate):
-                errors.append("value_head_learning_rate and critic_learning_rate are both set: set critic_learning_rate "
-                              "only (value_head_learning_rate is its earlier name).")
-            self.critic_learning_rate = self.value_head_learning_rate
         if self.critic not in ("shared", "separate", "reward_lora"):
             errors.append(f"critic={self.critic!r}: choose 'shared', 'separate' or 'reward_lora'.")
         if self.critic_quantization not in ("4bit", "8bit", "none"):
@@ -655,7 +572,7 @@ class PPOConfig(TrainingArguments):
                 if is_set:
                     errors.append(f"{name} is set, but it applies to critic='separate' only (critic={self.critic!r} "
                                   f"loads no critic model): unset {name}, or set critic='separate'.")
-        errors += critic_repo_problems(self.critic_hub_model_id, self.hub_model_id, fsdp_version(self))
+        errors += critic_repo_problems(self.critic_hub_model_id, self.hub_model_id, self.fsdp_version)
         if self.scale_rewards is False and self.advantage_estimator != "grpo":
             errors.append(f"scale_rewards=False applies to advantage_estimator='grpo' only (Dr. GRPO), not "
                           f"{self.advantage_estimator!r}: unset it, or set advantage_estimator='grpo'.")
@@ -748,19 +665,78 @@ class PPOConfig(TrainingArguments):
         num_generations is 1; else rollout_batch_size / num_generations prompts, each sampled num_generations times)."""
         return self.minibatch_size * self.num_mini_batches
 
+    # The records lower floors read: each setting named where it is declared and where it is used.
     @property
-    def rollout_settings(self) -> dict:
-        """The fields `rollout.rollout` reads (steps 1-9), by its argument names."""
-        return dict(temperature=self.temperature, batch_size=self.local_rollout_forward_batch_size,
-                    missing_eos_penalty=self.missing_eos_penalty, overlong_buffer_length=self.overlong_buffer_length,
-                    overlong_penalty_factor=self.overlong_penalty_factor, kl_estimator=self.kl_estimator,
-                    gamma=self.gamma, lam=self.lam, lam_critic=self.lam_critic,
-                    lam_length_alpha=self.lam_length_alpha, whiten_rewards=self.whiten_rewards,
-                    whiten_advantages=self.whiten_advantages, advantage_estimator=self.advantage_estimator,
-                    num_generations=self.num_generations, scale_rewards=self.scale_rewards,
-                    use_kl_loss=self.use_kl_loss, drop_uniform_groups=self.drop_uniform_groups,
-                    max_refill_rounds=self.max_refill_rounds,
-                    memory_bytes=self.logits_memory_bytes)
+    def sampling_settings(self) -> SamplingSettings:
+        """Step 1's settings (`rollout.SamplingSettings`): the engine and how it draws tokens."""
+        return SamplingSettings(response_length=self.response_length, temperature=self.temperature,
+                                forward_batch_size=self.local_rollout_forward_batch_size, top_k=self.top_k, top_p=self.top_p,
+                                rollout_engine=self.rollout_engine)
+
+    @property
+    def estimator_settings(self) -> EstimatorSettings:
+        """Step 8's settings (`algorithms.EstimatorSettings`), with `kl_coef` the starting coefficient."""
+        return EstimatorSettings(kl_coef=self.kl_coef, num_generations=self.num_generations, gamma=self.gamma,
+                                 lam=self.lam, whiten_rewards=self.whiten_rewards,
+                                 whiten_advantages=self.whiten_advantages, scale_rewards=self.scale_rewards,
+                                 lam_critic=self.lam_critic, lam_length_alpha=self.lam_length_alpha,
+                                 advantage_estimator=self.advantage_estimator, kl_estimator=self.kl_estimator,
+                                 use_kl_loss=self.use_kl_loss)
+
+    @property
+    def rollout_settings(self) -> RolloutSettings:
+        """Steps 1-9's settings (`rollout.RolloutSettings`)."""
+        return RolloutSettings(sampling=self.sampling_settings, estimator=self.estimator_settings,
+                               missing_eos_penalty=self.missing_eos_penalty,
+                               overlong_buffer_length=self.overlong_buffer_length,
+                               overlong_penalty_factor=self.overlong_penalty_factor,
+                               drop_uniform_groups=self.drop_uniform_groups, max_refill_rounds=self.max_refill_rounds,
+                               memory_bytes=self.logits_memory_bytes)
+
+    @property
+    def loss_settings(self) -> LossSettings:
+        """Step 11's settings (`algorithms.LossSettings`)."""
+        return LossSettings(temperature=self.temperature, cliprange=self.cliprange,
+                            cliprange_value=self.cliprange_value, vf_coef=self.vf_coef, entropy_coef=self.entropy_coef,
+                            loss_aggregation=self.loss_aggregation, response_length=self.response_length,
+                            cliprange_low=self.cliprange_low, cliprange_high=self.cliprange_high,
+                            dual_clip=self.dual_clip, importance_sampling_level=self.importance_sampling_level,
+                            use_bias_correction_kl=self.use_bias_correction_kl, memory_bytes=self.logits_memory_bytes)
+
+    @property
+    def eval_settings(self) -> EvalSettings:
+        """What evaluation reads (`evaluation.EvalSettings`)."""
+        return EvalSettings(temperature=self.temperature, forward_batch_size=self.local_rollout_forward_batch_size,
+                            output_dir=self.output_dir, num_eval_samples=self.num_eval_samples, seed=self.seed,
+                            kl_estimator=self.kl_estimator, memory_bytes=self.logits_memory_bytes)
+
+    @property
+    def publish_settings(self) -> PublishSettings:
+        """What the card and the run record say of the run (`hub.PublishSettings`)."""
+        return PublishSettings(hyperparameters=self.card_hyperparameters,
+                               model_init_kwargs=self.model_init_kwargs if isinstance(self.model_init_kwargs, dict)
+                               else None, hub_base_model_id=self.hub_base_model_id, precision=self.precision)
+
+    @property
+    def precision(self) -> str:
+        """The compute dtype the run loads its models in: 'bf16', 'fp16' or 'fp32' (`bf16` / `fp16`)."""
+        return "bf16" if self.bf16 else "fp16" if self.fp16 else "fp32"
+
+    @property
+    def card_hyperparameters(self) -> dict:
+        """The values the model card lists (`hub.cards.CARD_HYPERPARAMETERS`), plus the per-device rollout batch and
+        the world size. Only the run length that took effect: `max_steps` when set (Trainer then ignores
+        `num_train_epochs`), else `num_train_epochs` (`max_steps` is then -1, unused)."""
+        unused = "num_train_epochs" if self.max_steps > 0 else "max_steps"
+        values = {name: getattr(self, name) for name in CARD_HYPERPARAMETERS if name != unused}
+        values["rollout_batch_size (per device)"] = self.rollout_batch_size
+        values["world_size"] = self.world_size
+        return values
+
+    @property
+    def fsdp_version(self) -> int | None:
+        """The FSDP version this run asks for (`runtime.sharding.fsdp_version`); None without FSDP."""
+        return fsdp_version(self.fsdp, self.fsdp_config)
 
     @property
     def logits_memory_bytes(self) -> int:
@@ -777,3 +753,28 @@ class PPOConfig(TrainingArguments):
         return dict(num_ppo_epochs=self.num_ppo_epochs, num_mini_batches=self.num_mini_batches,
                     gradient_accumulation_steps=self.gradient_accumulation_steps,
                     loss_aggregation=self.loss_aggregation, critic_passes=self.critic_updates_per_step)
+
+    @property
+    def reward_loading(self) -> RewardLoading:
+        """How the reward model(s) and the judges load (`models.RewardLoading`): their init kwargs and quantization,
+        in the run's compute dtype, on its device."""
+        return RewardLoading(reward_model_init_kwargs=self.reward_model_init_kwargs,
+                             reward_quantization=self.reward_quantization,
+                             dtype=compute_dtype(self.bf16, self.fp16), device=self.device)
+
+    @property
+    def critic_loading(self) -> CriticLoading:
+        """How the critic loads (`models.CriticLoading`): which critic, its init kwargs and quantization (the reward
+        model's init kwargs when it starts from the reward model), in the run's compute dtype, on its device."""
+        return CriticLoading(critic=self.critic, critic_model_init_kwargs=self.critic_model_init_kwargs,
+                             critic_quantization=self.critic_quantization,
+                             reward_model_init_kwargs=self.reward_model_init_kwargs,
+                             gradient_checkpointing=self.gradient_checkpointing,
+                             dtype=compute_dtype(self.bf16, self.fp16), device=self.device)
+
+    @property
+    def reward_settings(self) -> RewardSettings:
+        """How the rewards are read and combined (`rollout.RewardSettings`)."""
+        weights = None if self.reward_weights is None else tuple(self.reward_weights)
+        return RewardSettings(reward_input_format=self.reward_input_format, reward_weights=weights,
+                              normalize_each_reward=self.normalize_each_reward)

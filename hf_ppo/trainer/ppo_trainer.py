@@ -24,11 +24,12 @@ from ..algorithms.estimators import kl_loss_coef
 from ..algorithms.ppo_math import AdaptiveKLController, FixedKLController, RunningMoments, ppo_loss
 from ..evaluation.evaluator import Evaluator
 from ..hub import cards, publish
-from ..rollout import rewards
+from ..rollout import scoring
 from ..rollout.batch import RolloutBatch
 from ..rollout.engines import WeightsChangedCallback, make_rollout_engine, sequence_inputs
 from ..rollout.environments import check_environment
 from ..rollout.refill import rollout_with_refill
+from ..rollout.steps import RolloutParts
 from ..runtime import sharding
 from . import assembly, checkpoint, watch
 from .config import PPOConfig
@@ -98,10 +99,13 @@ class PPOLMTrainer(StepAPI, Trainer):
         # Data: validated and tokenized here, so bad prompts fail before training starts.
         train_dataset, eval_dataset, chat = prepare_datasets(train_dataset, eval_dataset, tokenizer, args,
                                                              assembly.max_positions(policy.config))
-        self.rewards = rewards.reward_set(loaded, reward_model, tokenizer, args, chat, train_dataset)  # step 3
+        self.rewards = scoring.reward_set(loaded, reward_model, tokenizer, args.reward_settings, chat,  # step 3
+                                          train_dataset)
         self.reward_tokenizer = self.rewards.tokenizer
         self._chat_prompts = True in chat  # the model card's example prompts as training did
-        self.evaluator = Evaluator(rewards.judge_set(eval_reward_model, tokenizer, args, chat, train_dataset))
+        self.evaluator = Evaluator(scoring.judge_set(eval_reward_model, tokenizer, args.reward_settings,
+                                                     args.reward_loading, chat, train_dataset,
+                                                     loaded.reward_scoring_context))
 
         super().__init__(
             model=policy, args=args, data_collator=PromptCollator(tokenizer.pad_token_id),
@@ -111,12 +115,8 @@ class PPOLMTrainer(StepAPI, Trainer):
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(PPOProgressCallback(self.args))
 
-        # The default rollout engine; another one is a `generation.RolloutEngine` assigned here.
-        self.rollout_engine = make_rollout_engine(
-            args.rollout_engine, response_length=args.response_length,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            pad_token_id=tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
-            batch_size=args.local_rollout_forward_batch_size)
+        # The default rollout engine; another one is a `RolloutEngine` assigned here.
+        self.rollout_engine = make_rollout_engine(args.sampling_settings, tokenizer.pad_token_id, self.stop_token_ids)
         self.add_callback(WeightsChangedCallback(self))
         self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
                        else FixedKLController(args.kl_coef))
@@ -193,14 +193,12 @@ class PPOLMTrainer(StepAPI, Trainer):
             model.eval()
         moments = self.reward_moments.state_dict() if self.reward_moments is not None else None
         each_moments = self.rewards.state_dict()
+        settings = args.rollout_settings.with_kl_coef(self.kl_ctl.value)
+        if "response_length" in inputs:  # step(): its longest response
+            settings = settings.with_response_length(inputs["response_length"])
+        parts = self.rollout_parts(inputs.get("environment", self.environment))
         result = rollout_with_refill(
-            model, inputs["queries"], inputs["query_mask"], inputs["prompts"], engine=self.rollout_engine,
-            ref_model=self.ref_model, ref_adapter=self.ref_adapter, reward=self.rewards, tokenizer=tokenizer,
-            stop_token_ids=self.stop_token_ids, gather=self.accelerator.gather, shape_scores=functools.partial(
-                rewards.shape_scores, reward_moments=self.reward_moments, reward_clip=args.reward_clip,
-                gather=self.accelerator.gather), kl_coef=self.kl_ctl.value, **args.rollout_settings,
-            environment=inputs.get("environment", self.environment),
-            response_length=inputs.get("response_length", args.response_length),  # step(): its longest response
+            model, inputs["queries"], inputs["query_mask"], inputs["prompts"], parts, settings,
             columns=inputs.get("columns"),  # the dataset's other columns, for the reward functions
             extra_prompts=RefillPrompts(self.train_dataset, self.data_collator, args, self.state.global_step))
         if toggle:
@@ -242,20 +240,22 @@ class PPOLMTrainer(StepAPI, Trainer):
         out = model(**sequence_inputs(batch.queries, batch.query_mask, batch.responses, batch.response_mask),
                     logits_to_keep=batch.responses.shape[1] + 1,
                     critic_only=inputs.get("critic_only") or self.state.global_step < args.critic_warmup_steps)
-        loss, stats = ppo_loss(
-            out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch.responses,
-            batch.logprobs, batch.values, batch.advantages, batch.returns, batch.policy_mask, inputs["normalizer"],
-            temperature=args.temperature, cliprange=args.cliprange, cliprange_value=args.cliprange_value,
-            vf_coef=args.vf_coef, memory_bytes=args.logits_memory_bytes,
-            entropy_coef=args.entropy_coef, loss_aggregation=args.loss_aggregation, max_length=args.response_length,
-            cliprange_low=args.cliprange_low, cliprange_high=args.cliprange_high, dual_clip=args.dual_clip,
-            ref_logprobs=batch.ref_logprobs, importance_sampling_level=args.importance_sampling_level,
-            use_bias_correction_kl=args.use_bias_correction_kl,
-            kl_loss_coef=kl_loss_coef(args.advantage_estimator, self.kl_ctl.value, args.use_kl_loss))
+        loss, stats = ppo_loss(out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch,
+                               inputs["normalizer"], args.loss_settings,
+                               kl_loss_coef(args.estimator_settings._replace(kl_coef=self.kl_ctl.value)))
         finite = torch.isfinite(loss.detach())
         self._step_loss_finite = finite if self._step_loss_finite is None else self._step_loss_finite & finite
         self._record(stats)
         return (loss, out) if return_outputs else loss
+
+    def rollout_parts(self, environment=None) -> RolloutParts:
+        """What steps 1-7 sample, score and compare with (`rollout.RolloutParts`), read from the trainer at each
+        rollout: an engine assigned after construction is the one used."""
+        return RolloutParts(self.rollout_engine, self.rewards, self.processing_class, self.stop_token_ids,
+                            ref_model=self.ref_model, ref_adapter=self.ref_adapter, environment=environment,
+                            gather=self.accelerator.gather, shape_scores=functools.partial(
+                                scoring.shape_scores, reward_moments=self.reward_moments,
+                                reward_clip=self.args.reward_clip, gather=self.accelerator.gather))
 
     def _get_grad_norm(self, model, grad_norm=None):
         """Trainer's gradient norm, right before `optimizer.step()`: a non-finite loss or norm skips the step (its
@@ -292,12 +292,12 @@ class PPOLMTrainer(StepAPI, Trainer):
 
     # ---- evaluation: the policy against its reference (evaluation/; eval_loss = -mean training score) -------------
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        return self.evaluator.step(self, super()._prepare_inputs(inputs)).detach(), None, None
+        return self.evaluator.step(self, super()._prepare_inputs(inputs), self.args.eval_settings).detach(), None, None
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix="eval"):
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        output.metrics.update(self.evaluator.finish(self, metric_key_prefix))
+        output.metrics.update(self.evaluator.finish(self, self.args.eval_settings, metric_key_prefix))
         return output
 
     # ---- saving: the policy alone; checkpoints add the value head and PPO state ------------------------------------
@@ -308,7 +308,7 @@ class PPOLMTrainer(StepAPI, Trainer):
         wrapper = self.accelerator.unwrap_model(self.model)  # under FSDP, `state_dict` holds the gathered policy
         check_finite_weights(wrapper, output_dir, self._last_complete_checkpoint())
         # How the run loaded each model, beside the policy: hf-ppo evaluate reads it.
-        record = publish.run_record(self.args, self._model_sources, wrapper.policy_model, self.ref_model,
+        record = publish.run_record(self.args.publish_settings, self._model_sources, wrapper.policy_model, self.ref_model,
                                     self.ref_adapter, self.reward_model)
         publish.save_policy_folder(wrapper.policy_model, output_dir, self.trained_adapter, self.processing_class,
                                    state_dict, record)
@@ -411,7 +411,8 @@ class PPOLMTrainer(StepAPI, Trainer):
             return None
         names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
         self._write_card(folder, repo_id, merged=args.push_merged_model, dataset_names=names)
-        publish.push_run_critic(self.accelerator.unwrap_model(self.model), self.processing_class, args, repo_id, token)
+        publish.push_run_critic(self.accelerator.unwrap_model(self.model), self.processing_class,
+                                args.critic_hub_model_id, repo_id, private=args.hub_private_repo, token=token)
         return publish.push_policy_folder(folder, repo_id, token=token,
                                       private=private if private is not None else args.hub_private_repo,
                                       revision=revision if revision is not None else args.hub_revision,
@@ -433,7 +434,9 @@ class PPOLMTrainer(StepAPI, Trainer):
     def _write_card(self, folder: str, repo_id: str, merged: bool, dataset_names: list[str],
                     saved_locally: bool = False) -> bool:
         """Render the policy's model card (and its plot) into `folder`; return whether the policy is an adapter."""
-        return cards.write_policy_card(folder, self.accelerator.unwrap_model(self.model).policy_model,
-                                     self.trained_adapter, self._model_sources, self.args, self.state.log_history,
+        policy = self.accelerator.unwrap_model(self.model).policy_model
+        peft_config = policy.peft_config[self.trained_adapter].to_dict() if self.trained_adapter else None
+        return cards.write_policy_card(folder, peft_config, self._model_sources, self.args.publish_settings,
+                                     self.state.log_history,
                                      repo_id=repo_id, merged=merged, dataset_names=dataset_names,
                                      saved_locally=saved_locally, chat_prompts=self._chat_prompts)

@@ -9,7 +9,7 @@ import time
 
 from transformers.trainer_callback import ProgressCallback
 
-from ..rollout.rewards import decode_masked
+from ..rollout.scoring import decode_masked
 
 # A console table: few rows, short cells (the tracker tables keep TRACKER_ROWS rows of the whole text).
 CONSOLE_ROWS, TRACKER_ROWS = 4, 8

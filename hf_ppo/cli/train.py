@@ -29,9 +29,9 @@ HELP = """PPO (RLHF) on a Hub or local policy with a Hub or local reward model.
 Three ways to run it: a YAML config, the same with command-line overrides (the command line wins), and
 `accelerate launch` for several GPUs (DDP, DeepSpeed ZeRO-2, or FSDP2 to shard the policy; the command is unchanged):
 
-    {run} --config recipes/configs/demo.yaml          # offline, after one `make demo` (or `hf-ppo demo`)
-    {run} --config recipes/configs/qlora_24gb.yaml --learning_rate 5e-6 --output_dir runs/my-ppo
-    accelerate launch --config_file recipes/accelerate/ddp.yaml {launch} --config recipes/configs/qlora_24gb.yaml
+    {run} --config hf_ppo/cli/configs/demo.yaml       # offline, after one `make demo` (or `hf-ppo demo`)
+    {run} --config hf_ppo/cli/configs/qlora_24gb.yaml --learning_rate 5e-6 --output_dir runs/my-ppo
+    accelerate launch --config_file recipes/accelerate/ddp.yaml {launch} --config hf_ppo/cli/configs/qlora_24gb.yaml
     accelerate launch --config_file recipes/accelerate/deepspeed_zero2.yaml {launch} --config ...
     accelerate launch --config_file recipes/accelerate/fsdp.yaml {launch} --config ...
 
@@ -49,8 +49,8 @@ Quantization is per model and lives in PPOConfig: `policy_quantization` (4bit + 
 (`prompt_column: messages`, a list of {{"role", "content"}} dicts) rendered with the policy tokenizer's chat template.
 Defaults follow the N+ implementation-details paper (Huang et al. 2024), e.g. `response_length` 53 is its
 TL;DR summary budget, `learning_rate` 3e-6, `kl_coef` 0.05: set them for your task (the configs in
-recipes/configs/ do). With `dataset_test_split` and `eval_strategy: steps`, training evaluates the policy against its
-reference (win rates, KL; `eval_report.md` in `output_dir`).
+hf_ppo/cli/configs/ do). With `dataset_test_split` and `eval_strategy: steps`, training evaluates the policy against
+its reference (win rates, KL; `eval_report.md` in `output_dir`).
 
 Rewards: a reward model (`reward_model_name_or_path`), reward functions (`reward_funcs`), or both; the rewards are
 [the reward model, *reward_funcs], combined with `reward_weights` (one weight each, in that order). A `reward_funcs`
@@ -163,6 +163,10 @@ INPUT_PATHS = {ModelArguments: ["model_name_or_path", "reward_model_name_or_path
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
+# How PPOConfig's help marks a field that is derived, never set (TRL's batch sizes).
+DERIVED = "Derived in hf_ppo: do not set."
+
+
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """The description as written (it holds commands), each option with its default."""
 
@@ -192,7 +196,17 @@ def build_parser(command: str = "python recipes/ppo.py") -> TrlParser:
         if group is not None:
             parser._optionals._group_actions.remove(action)
             group._group_actions.append(action)
+    # TRL's batch sizes that hf_ppo derives are still parsed, so that giving one ends in PPOConfig's message naming
+    # the fields to set instead, but --help does not offer them.
+    for action in parser._actions:
+        if action.dest in derived_fields():
+            action.help = argparse.SUPPRESS
     return parser
+
+
+def derived_fields() -> set[str]:
+    """The PPOConfig fields a user must not set (TRL's sizes, derived here): those whose help says so."""
+    return {f.name for f in fields(PPOConfig) if f.metadata.get("help", "").startswith(DERIVED)}
 
 
 def _unknown_keys(parser: TrlParser, remaining: list[str], source: str, prefix: str) -> list[str]:
@@ -200,7 +214,7 @@ def _unknown_keys(parser: TrlParser, remaining: list[str], source: str, prefix: 
 
     `prefix` is how keys are written in `source`: "" for YAML keys, "--" for command-line options.
     """
-    known = sorted({a.dest for a in parser._actions if a.dest != "help"} | {"config"})
+    known = sorted({a.dest for a in parser._actions if a.dest != "help" and a.help != argparse.SUPPRESS} | {"config"})
     messages = []
     for item in remaining:
         if not item.startswith("--"):

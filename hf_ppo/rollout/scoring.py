@@ -1,4 +1,5 @@
-"""Rewards: everything about scores, one interface (`RewardSet.score`) that training and evaluation both score through.
+"""Scoring: everything about scores, one interface (`RewardSet.score`) that training and evaluation both score
+through. (The rewards are loaded in `models/reward_model.py`; ready-made reward functions are `hf_ppo.rewards`.)
 
 - a reward is a frozen reward model (`reward_model_scores`: decoder `score` heads read at the last real token,
   encoders that pool [CLS] on right-aligned inputs) or a callable `(prompts, completions) -> floats` on text
@@ -7,7 +8,8 @@
   the reward tokenizer's template, a (question, answer) 'pair', or 'concat'), fitted to the reward model's context
   (`fit_context`);
 - several rewards (`RewardSet`): each scored, optionally normalised by its own running statistics, and combined as a
-  weighted sum; each keeps a name for its metric (`reward_name`, `unique_names`);
+  weighted sum; each keeps a name for its metric (`reward_name`, `unique_names`); the settings they are read and
+  combined with travel as one record (`RewardSettings`);
 - what the rollout does to a score: step 4's penalties (`penalize`) and step 7's running normalisation and clipping
   (`shape_scores`).
 """
@@ -15,103 +17,66 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Callable, ContextManager
 
 import torch
 from torch import nn
-from transformers import AutoModelForSequenceClassification, PreTrainedModel
+from transformers import PreTrainedModel
 
 from ..algorithms.ppo_math import RunningMoments, last_token_index, overlong_penalty
-from ..models.critics import scores_as_loaded
-from ..models.pretrained import _init_kwargs, _is_quantized, compute_dtype, freeze, from_pretrained, pools_itself
-from ..models.tokenizers import load_reward_tokenizer, load_tokenizer, same_checkpoint, same_tokenizer, with_scoring_pad
+from ..models.pretrained import pools_itself
+from ..models.reward_model import RewardLoading, load_rewards, naming_reward, reward_name
+from ..models.tokenizers import load_reward_tokenizer, same_checkpoint, same_tokenizer, with_scoring_pad
 from ..runtime.warn import warn_user
 from .engines import chunks, sequence_inputs
 from .reward_calls import call_reward, check_reward_function, data_columns, reward_values
 
-# A checkpoint without a trained score head (a causal LM, a base encoder) is not a reward model.
-REWARD_HEAD_FIX = ("If a score head (`score` / `classifier`) is missing, this checkpoint is no reward model (a causal LM "
-                   "or a base encoder, say): train one first (e.g. trl's RewardTrainer with num_labels=1 on preference "
-                   "pairs) and pass that, or pass a reward function (prompts, completions) -> list[float].")
+
+@dataclass(frozen=True)
+class RewardSettings:
+    """How the training rewards are read and combined (`PPOConfig.reward_settings` builds it): the fields of the same
+    names, documented there."""
+
+    reward_input_format: str = "auto"  # 'auto', 'chat', 'pair' or 'concat': how a reward model reads its input
+    reward_weights: tuple[float, ...] | None = None  # one weight per reward (None: all 1.0)
+    normalize_each_reward: bool = False  # each reward normalised by its own running statistics before the sum
 
 
-def load_reward_model(
-    reward_model, init_kwargs: dict | None, quantization: str, dtype: torch.dtype, device
-):
-    """The frozen reward model (a sequence classifier with one label), or a reward callable passed through."""
-    if callable(reward_model) and not isinstance(reward_model, nn.Module):
-        return reward_model
-    if isinstance(reward_model, str):
-        reward_model = from_pretrained(AutoModelForSequenceClassification, reward_model, "reward model",
-                                       missing_fix=REWARD_HEAD_FIX, **_init_kwargs(init_kwargs, quantization, dtype,
-                                                                                   device))
-    if not isinstance(reward_model, PreTrainedModel):
-        raise TypeError("reward_model must be a Hub id or path, an AutoModelForSequenceClassification, or a callable "
-                        f"(prompts, completions) -> list[float]; got {type(reward_model).__name__}.")
-    num_labels = getattr(reward_model.config, "num_labels", None)
-    if num_labels != 1:
-        raise ValueError(f"The reward model has num_labels={num_labels}; PPO needs one scalar score per response. "
-                         "Use a reward model trained with num_labels=1 (e.g. trl's RewardTrainer).")
-    if not _is_quantized(reward_model):
-        reward_model = reward_model.to(device)
-    return freeze(reward_model)
-
-
-def load_rewards(reward_model, reward_processing_class, args, dtype: torch.dtype, device):
-    """(reward(s), reward tokenizer(s)): `load_reward_model` on one reward or on each of a list, with the tokenizer
-    of each one given by id/path loaded beside it. For a list, `reward_processing_class` is None or a list with one
-    entry (a tokenizer or None) per reward, and an error names the reward it concerns."""
-    if not isinstance(reward_model, (list, tuple)):
-        reward = load_reward_model(reward_model, args.reward_model_init_kwargs, args.reward_quantization, dtype, device)
-        if isinstance(reward_model, str) and reward_processing_class is None:
-            reward_processing_class = load_tokenizer(reward_model, "reward model", args.reward_model_init_kwargs)
-        return reward, reward_processing_class
-    if not reward_model:
-        raise ValueError("reward_model is an empty list: give at least one reward model, id or callable.")
-    classes = reward_processing_class if reward_processing_class is not None else [None] * len(reward_model)
-    if not isinstance(classes, (list, tuple)) or len(classes) != len(reward_model):
-        raise ValueError(f"reward_model is a list of {len(reward_model)} rewards: reward_processing_class must be None "
-                         "or a list with one entry per reward (its tokenizer, or None), in the same order.")
-    rewards, tokenizers = [], []
-    for i, (given, tokenizer) in enumerate(zip(reward_model, classes)):
-        with naming_reward(reward_name(given), i):
-            if isinstance(given, (list, tuple)):
-                raise TypeError("a list inside the reward_model list: give one flat list of rewards.")
-            reward, tokenizer = load_rewards(given, tokenizer, args, dtype, device)
-        rewards.append(reward)
-        tokenizers.append(tokenizer)
-    return rewards, tokenizers
-
-
-def reward_set(loaded, given, tokenizer, args, chat: set[bool], train_dataset) -> RewardSet:
+def reward_set(loaded, given, tokenizer, settings: RewardSettings, chat: set[bool], train_dataset) -> RewardSet:
     """The run's `RewardSet`: each reward's tokenizer and input format resolved and checked as for a single reward
     (`reward_tokenizer`), each callable probed (`probe_reward_callable`), names for the logs, and `reward_weights`
-    checked against the number of rewards. `loaded`: the `LoadedModels` of `trainer/assembly.py`; `given`: the trainer's `reward_model` argument (a list or one reward)."""
+    checked against the number of rewards. `loaded`: the `LoadedModels` of `trainer/assembly.py` (its rewards, their
+    tokenizers, and the context they score as loaded in); `given`: the trainer's `reward_model` argument (a list or
+    one reward)."""
     is_list = isinstance(given, (list, tuple))
     rewards = loaded.reward_model if is_list else [loaded.reward_model]
     classes = loaded.reward_processing_class if is_list else [loaded.reward_processing_class]
     names = unique_names([reward_name(r) for r in (given if is_list else [given])])
-    return _reward_set(rewards, classes, names, is_list, tokenizer, args, chat, train_dataset, args.reward_weights,
-                       args.normalize_each_reward)
+    return _reward_set(rewards, classes, names, is_list, tokenizer, chat, train_dataset, settings,
+                       loaded.reward_scoring_context)
 
 
-def judge_set(given, tokenizer, args, chat: set[bool], train_dataset) -> RewardSet | None:
+def judge_set(given, tokenizer, settings: RewardSettings, loading: RewardLoading, chat: set[bool], train_dataset,
+              scoring_context: Callable[[], ContextManager] = contextlib.nullcontext) -> RewardSet | None:
     """The evaluation-only rewards (the trainer's `eval_reward_model`: one or a list, in the forms of
-    `reward_model`), loaded and checked as the training rewards are, scored each on its own (weights 1.0, never
-    normalised); None when none is given."""
+    `reward_model`), loaded (`loading`) and checked as the training rewards are, in their `reward_input_format`,
+    scored each on its own (weights 1.0, never normalised) in `scoring_context` (see `RewardSet`); None when none is
+    given."""
     if given is None:
         return None
     given = list(given) if isinstance(given, (list, tuple)) else [given]
     if not given:
         raise ValueError("eval_reward_model is an empty list: give a judge (id, path, model or callable) or None.")
-    judges, classes = load_rewards(given, None, args, compute_dtype(args.bf16, args.fp16), args.device)
+    judges, classes = load_rewards(given, None, loading)
     names = unique_names([reward_name(r) for r in given])
-    return _reward_set(judges, classes, names, True, tokenizer, args, chat, train_dataset, None, False)
+    alone = replace(settings, reward_weights=None, normalize_each_reward=False)
+    return _reward_set(judges, classes, names, True, tokenizer, chat, train_dataset, alone, scoring_context)
 
 
-def _reward_set(rewards, classes, names, is_list, tokenizer, args, chat, train_dataset, weights,
-                normalize_each) -> RewardSet:
-    weights = weights if weights is not None else [1.0] * len(rewards)
+def _reward_set(rewards, classes, names, is_list, tokenizer, chat, train_dataset, settings: RewardSettings,
+                scoring_context) -> RewardSet:
+    weights = settings.reward_weights if settings.reward_weights is not None else [1.0] * len(rewards)
     if len(weights) != len(rewards):
         raise ValueError(f"reward_weights has {len(weights)} weights but there {'are' if len(rewards) > 1 else 'is'} "
                          f"{len(rewards)} reward{'s' if len(rewards) > 1 else ''} ({', '.join(names)}): give one weight "
@@ -121,12 +86,13 @@ def _reward_set(rewards, classes, names, is_list, tokenizer, args, chat, train_d
     tokenizers = []
     for i, (reward, processing_class, name) in enumerate(zip(rewards, classes, names)):
         callable_in_list = is_list and any_model and not isinstance(reward, PreTrainedModel)
-        input_format = "auto" if callable_in_list else args.reward_input_format
+        input_format = "auto" if callable_in_list else settings.reward_input_format
         with naming_reward(name if is_list else None, i):
             tokenizers.append(reward_tokenizer(reward, tokenizer, processing_class, input_format, chat))
             probe_reward_callable(reward, train_dataset, tokenizer, name)
-    return RewardSet(rewards, tokenizers, names, [float(w) for w in weights], input_format=args.reward_input_format,
-                     normalize_each=normalize_each, is_list=is_list)
+    return RewardSet(rewards, tokenizers, names, [float(w) for w in weights],
+                     input_format=settings.reward_input_format, normalize_each=settings.normalize_each_reward,
+                     is_list=is_list, scoring_context=scoring_context)
 
 
 def reward_tokenizer(reward_model, tokenizer, reward_processing_class, input_format: str, chat: set[bool]):
@@ -175,7 +141,6 @@ def right_aligned(mask: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Ten
 
 
 @torch.no_grad()
-@scores_as_loaded  # a `reward_lora` critic's adapter on the reward model's base is disabled while it scores
 def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batch_size: int,
                         token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Scalar score of each sequence. input_ids/attention_mask/token_type_ids (B, T) -> (B,) fp32.
@@ -399,16 +364,6 @@ def score_applicable(
                                batch_size, None if token_types is None else token_types.to(device)), everywhere
 
 
-def reward_name(reward) -> str:
-    """How the logs name a reward: an id/path's last part, a callable's `__name__`, a model's `name_or_path`'s last
-    part, else the class name."""
-    source = reward if isinstance(reward, str) else getattr(reward, "name_or_path", None)
-    if isinstance(source, str) and source.strip("/\\"):
-        return source.replace("\\", "/").rstrip("/").split("/")[-1]
-    name = getattr(reward, "__name__", None)
-    return name.strip("<>") if isinstance(name, str) else type(reward).__name__  # "<lambda>" -> "lambda"
-
-
 def unique_names(names: list[str]) -> list[str]:
     """`names` with repeats numbered (`a`, `a_2`, `a_3`), so each reward has a metric of its own. A number is never
     one another reward already goes by (`a`, `a`, `a_2` -> `a`, `a_3`, `a_2`): equal names would overwrite one
@@ -430,17 +385,6 @@ def unique_names(names: list[str]) -> list[str]:
     return unique
 
 
-@contextlib.contextmanager
-def naming_reward(name: str | None, index: int):
-    """Errors raised inside name the reward of a list they come from (`name` None: a single reward, as it is)."""
-    try:
-        yield
-    except (TypeError, ValueError) as err:
-        if name is None:
-            raise
-        raise type(err)(f"Reward {name!r} (reward_model[{index}]): {err}") from err
-
-
 class RewardSet:
     """The run's rewards, scored at step 3 and combined: one reward model / callable, or a list with weights.
 
@@ -448,12 +392,17 @@ class RewardSet:
     (prompt, response) in `input_format`, resolved per model. The score is sum_i w_i * r_i, each r_i first normalised
     by its own running mean/std (`normalize_each`, statistics over all processes) when asked. A single reward given
     alone (`is_list=False`) with weight 1.0 and no normalisation scores exactly as `score_responses`.
+
+    `scoring_context`: a no-argument callable giving the context manager every reward model scores in, so that it
+    scores as it was loaded: a `reward_lora` critic's adapter on a reward model's frozen base is disabled there
+    (`models.critics.load_critic` returns it), and the critic never changes the reward. Default: no context.
     """
 
     def __init__(self, rewards: list, tokenizers: list, names: list[str], weights: list[float], *,
-                 input_format: str = "auto", normalize_each: bool = False, is_list: bool = True):
+                 input_format: str = "auto", normalize_each: bool = False, is_list: bool = True,
+                 scoring_context: Callable[[], ContextManager] = contextlib.nullcontext):
         self.rewards, self.tokenizers, self.names, self.weights = list(rewards), list(tokenizers), names, weights
-        self.input_format, self.is_list = input_format, is_list
+        self.input_format, self.is_list, self.scoring_context = input_format, is_list, scoring_context
         self.moments = [RunningMoments() for _ in rewards] if normalize_each else None
 
     @classmethod
@@ -487,7 +436,8 @@ class RewardSet:
         None: applies False, score 0.0)."""
         each = {}
         for i, (reward, reward_tokenizer, name) in enumerate(zip(self.rewards, self.tokenizers, self.names)):
-            with naming_reward(name if self.is_list else None, i):
+            as_loaded = self.scoring_context() if isinstance(reward, nn.Module) else contextlib.nullcontext()
+            with naming_reward(name if self.is_list else None, i), as_loaded:
                 each[name] = score_applicable(reward, queries=queries, query_mask=query_mask, responses=responses,
                                               response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
                                               batch_size=batch_size, reward_tokenizer=reward_tokenizer,

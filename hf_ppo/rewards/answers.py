@@ -12,7 +12,7 @@ completion that ends on any number (a restated quantity, a step of the working) 
 format the check relies on; verl's GSM8K reward makes the same choice (its "strict" method, the default). Symbolic
 answers (LaTeX expressions, sets, intervals) are out of scope: use `trl.rewards.accuracy_reward` (math-verify).
 
-Floor 3 (rollout/), beside the rewards; exported to YAML as `hf_ppo.rewards.exact_answer`.
+Floor 1 (rewards/): the standard library only; exported to YAML as `hf_ppo.rewards.exact_answer`.
 """
 
 from __future__ import annotations

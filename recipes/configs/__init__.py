@@ -1,1 +1,0 @@
-"""The recipe configs (shipped inside the wheel as `hf_ppo.configs`, so that `hf-ppo demo` finds demo.yaml)."""

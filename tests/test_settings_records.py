@@ -1,0 +1,90 @@
+"""The settings records `PPOConfig` builds for the floors below the trainer: every field of every record comes from
+`PPOConfig`, so a setting is named where it is declared (a PPOConfig field) and where it is used (a record field), and
+a setting dropped on the way fails here rather than in a run.
+
+Two configurations set every source field away from its default (a GAE one and a GRPO one, since some settings
+exclude each other). A record field that equals its default under both follows no PPOConfig field (a constant, or a
+setting dropped on its way); a record field named like a PPOConfig field must hold that field's value."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hf_ppo import PPOConfig
+
+# Every record property of PPOConfig. A new record is added here, or the check below fails.
+RECORDS = ["sampling_settings", "estimator_settings", "rollout_settings", "loss_settings", "eval_settings",
+           "publish_settings", "reward_settings", "reward_loading", "critic_loading"]
+# Record fields no configuration on this machine can move, and why.
+FIXED_HERE = {"device": "the run's device (TrainingArguments.device): the CPU on a machine without a GPU"}
+
+GAE = dict(response_length=17, temperature=0.9, local_rollout_forward_batch_size=3, top_k=5, top_p=0.9,
+           rollout_engine="static", kl_coef=0.3, num_generations=2, gamma=0.99, lam=0.9, lam_critic=0.5,
+           whiten_rewards=True, whiten_advantages=False, kl_estimator="k3", use_kl_loss=True,
+           use_bias_correction_kl=True, missing_eos_penalty=1.0, overlong_buffer_length=4,
+           overlong_penalty_factor=2.0, drop_uniform_groups=True, max_refill_rounds=1, logits_memory_mb=64,
+           cliprange=0.3, cliprange_value=0.4, vf_coef=0.5, entropy_coef=0.01, loss_aggregation="seq_mean_token_mean",
+           cliprange_low=0.1, cliprange_high=0.28, dual_clip=3.0, importance_sampling_level="sequence",
+           num_eval_samples=2, seed=7, hub_base_model_id="org/base", model_init_kwargs={"revision": "main"},
+           bf16=True, use_cpu=True, max_steps=5, reward_model_init_kwargs={"num_labels": 1}, reward_quantization="8bit",
+           critic="separate", critic_model_init_kwargs={"revision": "main"}, critic_quantization="4bit",
+           gradient_checkpointing=True, reward_input_format="pair", reward_weights=[0.5, 2.0],
+           normalize_each_reward=True)
+GRPO = dict(advantage_estimator="grpo", num_generations=4, scale_rewards=False, lam_critic=None, whiten_rewards=False,
+            critic="shared", critic_model_init_kwargs=None, critic_quantization="none")
+VAPO = dict(lam_length_alpha=0.5)
+
+
+def config(tmp_path, **fields) -> PPOConfig:
+    return PPOConfig(output_dir=str(tmp_path / f"run{len(fields)}"), report_to=[], **fields)
+
+
+def leaves(record, prefix: str = "") -> dict:
+    """A record's fields by name, a nested record's as `outer.inner`."""
+    values = record._asdict() if hasattr(record, "_asdict") else {
+        f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    out = {}
+    for name, value in values.items():
+        if dataclasses.is_dataclass(value) or hasattr(value, "_asdict"):
+            out.update(leaves(value, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+def is_record(value) -> bool:
+    return (dataclasses.is_dataclass(value) and value.__dataclass_params__.frozen) or (
+        isinstance(value, tuple) and hasattr(value, "_asdict"))
+
+
+def test_every_record_property_is_listed(tmp_path):
+    args = config(tmp_path)
+    found = sorted(name for name, value in vars(PPOConfig).items()
+                   if isinstance(value, property) and is_record(getattr(args, name)))
+    assert found == sorted(RECORDS)
+
+
+@pytest.mark.parametrize("record", RECORDS)
+def test_every_record_field_comes_from_ppoconfig(record, tmp_path):
+    default = config(tmp_path)
+    custom = [config(tmp_path, **GAE), config(tmp_path, **{**GAE, **GRPO}),
+              config(tmp_path, **VAPO)]
+    base = leaves(getattr(default, record))
+    changed = [leaves(getattr(c, record)) for c in custom]
+    frozen = [name for name in base if all(c[name] == base[name] for c in changed) and name not in FIXED_HERE]
+    assert not frozen, f"{record}: these fields never follow PPOConfig: {frozen}"
+    for args, values in zip([default, *custom], [base, *changed]):
+        for name, value in values.items():
+            source = name.rsplit(".", 1)[-1]
+            if source in {f.name for f in dataclasses.fields(PPOConfig)}:
+                given = getattr(args, source)
+                assert value == (tuple(given) if isinstance(value, tuple) else given), f"{record}.{name}"
+
+
+def test_a_record_cannot_be_changed_on_its_way_down(tmp_path):
+    settings = config(tmp_path).rollout_settings
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.memory_bytes = 1
+    assert settings.with_kl_coef(0.5).estimator.kl_coef == 0.5 and settings.estimator.kl_coef == 0.05
