@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The quick demo prints ~33 lines on a 200-column terminal (stage lines, 3 bars, the saved-policy message, a 10-row
 # table, the summary); `make demo` prints the same, nothing grows with training length. (A narrow terminal wraps
 # table rows; the rest stays one line each.)

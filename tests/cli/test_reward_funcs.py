@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trl.rewards
 import yaml
-from test_recipe import TINY_RUN
+from tests.cli.test_train import TINY_RUN
 
 from hf_ppo.cli import command, recipe
 
@@ -19,7 +19,7 @@ SEEN: list[tuple[str, str, str]] = []
 
 
 def record_answer(prompts, completions, answer, **kwargs):
-    """A TRL-style reward function this module exposes by dotted path (`test_reward_funcs_cli.record_answer`)."""
+    """A TRL-style reward function this module exposes by dotted path (`tests.cli.test_reward_funcs.record_answer`)."""
     SEEN.extend((p[-1]["content"], a, c[0]["role"]) for p, c, a in zip(prompts, completions, answer))
     return [1.0 if a in c[0]["content"] else 0.0 for c, a in zip(completions, answer)]
 
@@ -209,7 +209,7 @@ def test_train_with_trl_reward_functions_on_chat_prompts(tmp_path, tiny_models):
              "solution": f"${2 * i}$"} for i in range(4)]
     root = _project(tmp_path, tiny_models, rows=rows, max_steps=2,
                     reward_funcs=["trl.rewards.think_format_reward", "trl.rewards.accuracy_reward",
-                                  "test_reward_funcs_cli.record_answer"])
+                                  "tests.cli.test_reward_funcs.record_answer"])
     trainer = recipe.main(["--config", str(root / "configs" / "run.yaml")])
     assert trainer.state.global_step == 2
     assert (tmp_path / "out" / "adapter_config.json").exists()
@@ -223,7 +223,7 @@ def test_train_with_trl_reward_functions_on_chat_prompts(tmp_path, tiny_models):
 
 
 def test_an_error_inside_a_reward_function_reaches_the_user_named(tmp_path, tiny_models):
-    root = _project(tmp_path, tiny_models, reward_funcs=["test_reward_funcs_cli.explode"])
+    root = _project(tmp_path, tiny_models, reward_funcs=["tests.cli.test_reward_funcs.explode"])
     with pytest.raises(Exception) as info:  # any type, as long as it names the function
         recipe.run(["--config", str(root / "configs" / "run.yaml")], command="hf-ppo train")
     assert not isinstance(info.value, SystemExit)  # not turned into a one-line exit that hides the cause
@@ -247,9 +247,9 @@ def _eval_argv(tmp_path, tiny_models, *extra) -> list[str]:
 @pytest.mark.parametrize("entries, expected", [
     (["trl.rewards.acuracy_reward"], "'trl.rewards' has no 'acuracy_reward'"),
     ([f"{Path(__file__).name}:nope"], "has no 'nope'"),
-    (["test_reward_funcs_cli.SEEN"], "is not callable"),
+    (["tests.cli.test_reward_funcs.SEEN"], "is not callable"),
     ([json.dumps({FACTORY: {"max_len": 1}})], "unexpected keyword argument 'max_len'"),
-    (["test_reward_funcs_cli.needs_solution"], "'solution'"),
+    (["tests.cli.test_reward_funcs.needs_solution"], "'solution'"),
 ])
 def test_evaluate_refuses_bad_entries_before_any_model_loads(tmp_path, tiny_models, no_model_loads, monkeypatch,
                                                              entries, expected):
@@ -274,7 +274,7 @@ def test_evaluate_needs_a_reward_of_some_kind(tmp_path, tiny_models):
 
 def test_evaluate_scores_reward_functions_with_k_samples(tmp_path, tiny_models, no_model_loads):
     argv = _eval_argv(tmp_path, tiny_models, "--reward_model", tiny_models["reward"], "--reward_funcs",
-                      "test_reward_funcs_cli.exact_text", "--num_samples", "3")
+                      "tests.cli.test_reward_funcs.exact_text", "--num_samples", "3")
     with pytest.raises(Built):
         command.main(["evaluate", *argv])
     (kwargs,) = no_model_loads
@@ -289,9 +289,9 @@ def exact_text(completions, answer, **kwargs):
 
 
 def test_evaluate_end_to_end_reports_each_function(tmp_path, tiny_models, capsys):
-    metrics = command.evaluate(_eval_argv(tmp_path, tiny_models, "--reward_funcs", "test_reward_funcs_cli.exact_text",
-                                          "--num_samples", "2"))
+    metrics = command.evaluate(_eval_argv(tmp_path, tiny_models, "--reward_funcs",
+                                          "tests.cli.test_reward_funcs.exact_text", "--num_samples", "2"))
     assert 0.0 <= metrics["eval_reward/exact_text/policy"] <= 1.0  # the function's mean (an accuracy)
     assert any(k.startswith("eval_reward/exact_text/pass@2") for k in metrics), sorted(metrics)  # --num_samples 2
     assert "exact_text" in capsys.readouterr().out
-    assert sys.modules["test_reward_funcs_cli"].exact_text is exact_text  # scored through this module's function
+    assert sys.modules["tests.cli.test_reward_funcs"].exact_text is exact_text  # scored through this module's function

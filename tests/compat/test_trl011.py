@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from datasets import Dataset
-from scripted_engine import fingerprint
+from tests.scripted_engine import fingerprint
 
 from hf_ppo import PPOConfig as HfPPOConfig
 from hf_ppo.trl011 import PPOConfig, PPOTrainer

@@ -1,4 +1,4 @@
-"""What a run saves (issue 38, points 9 and 4's card part): the card's plot (the four documented panels against PPO
+"""What a run saves: the card's plot (the four documented panels against PPO
 iterations), the card's load example (the chat template for a run on chat prompts; it runs as printed) and its run
 length (the one that took effect), the saved tokenizer (left-padded, a real `model_max_length` after a GGUF-style
 tokenizer), one evaluation report per step that never replaces a file hf_ppo did not write, and the card of a base

@@ -1,8 +1,9 @@
-"""Issues 11 and 12 together: estimators x loss variants x critics x mixed rewards in one run each.
+"""Estimators x loss variants x critics x reward lists, in one run each.
 
-Each feature has its own test file (test_estimators.py, test_critics.py, test_mixed_rewards.py); these runs cross
-them, so that a combination nobody tried alone (a group estimator with a dual clip and a reward list, LoRA and
-QLoRA, a critic that starts from the one model of a reward list) trains with finite metrics and moves the weights it should.
+Each feature has its own tests (tests/algorithms/test_estimators.py, tests/models/test_critics.py,
+tests/rollout/test_scoring.py); these runs cross them, so that a combination nobody tried alone (a group estimator
+with a dual clip and a reward list, LoRA and QLoRA, a critic that starts from the one model of a reward list) trains
+with finite metrics and moves the weights it should.
 """
 
 import math

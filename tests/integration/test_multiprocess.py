@@ -19,7 +19,7 @@ import yaml
 
 from hf_ppo.cli import tiny
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Runs the recipe's main() in each process, then records what that rank holds: a hash of its trainable weights
 # (LoRA + the critic's), whether it was the saving process, and the first completions it sampled.

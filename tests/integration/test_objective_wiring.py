@@ -24,9 +24,9 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
-import plain_ppo
-from test_wiring import config, count_e, paths, real_tokens, rows_of  # noqa: F401 (paths: the models fixture)
-from wiring_models import PROMPTS, RecordingTrainer, clone_batch
+from tests import plain_ppo
+from tests.integration.test_wiring import config, count_e, paths, real_tokens, rows_of  # noqa: F401 (paths: a fixture)
+from tests.wiring_models import PROMPTS, RecordingTrainer, clone_batch
 
 # Per real token k of the first micro-batch (counted row by row), cycled: the ratio new/old policy, the advantage,
 # V - V_old, R - V and log p_ref - log p. Ratios stay away from every clip bound used below.

@@ -17,9 +17,9 @@ from datasets import Dataset
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-import plain_ppo
+from tests import plain_ppo
 from hf_ppo import PPOConfig
-from wiring_models import PROMPTS, RecordingTrainer, build_wiring_models
+from tests.wiring_models import PROMPTS, RecordingTrainer, build_wiring_models
 
 CASES = {
     "full_precision": dict(policy="gpt2", reward="reward", peft=False, kl_estimator="k1", entropy_coef=0.01),

@@ -1,4 +1,4 @@
-"""Issue 41: files and the Hub on the paths a real run takes.
+"""Files and the Hub on the paths a real run takes.
 
 - a critic pushed by a run with `hub_private_repo` is private, like the policy (checked on the local Hub);
 - a push into repos created beforehand, holding the `.gitattributes` the real Hub starts every repo with: both the
@@ -23,7 +23,7 @@ from datasets import Dataset
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.trainer.checkpoint import PPO_STATE_FILE, ROLLOUT_BUFFER_FILE, CheckpointError
-from hub_fixtures import TEST_USER
+from tests.hub_fixtures import TEST_USER
 
 PROMPTS = ["the movie was", "the food was", "the book was", "the show was"] * 4
 

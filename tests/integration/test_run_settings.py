@@ -1,4 +1,4 @@
-"""Issue 41: settings whose math is tested on its own, pinned on their way through `PPOConfig` into a real run.
+"""Settings whose math is tested on its own, pinned on their way through `PPOConfig` into a real run.
 
 - `use_kl_loss` must take the KL out of the reward in the rollout a run trains on (not only add the loss term);
 - `reward_clip` clips the scores the rewards use also without `normalize_rewards`;
@@ -19,10 +19,10 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
-import plain_ppo
+from tests import plain_ppo
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.rollout.rewards import unique_names
-from wiring_models import RecordingTrainer
+from tests.wiring_models import RecordingTrainer
 
 # One fixed score per prompt, two of them beyond +-CLIP, so clipping shows on both sides.
 PROMPT_SCORES = {"the movie was": -2.5, "the food was": -0.4, "the book was": 0.7, "the show was": 3.0}

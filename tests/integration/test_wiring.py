@@ -21,10 +21,10 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-import plain_ppo
+from tests import plain_ppo
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.models.value_head import AutoModelForCausalLMWithValueHead
-from wiring_models import PROMPTS, RecordingTrainer, build_wiring_models, row_key
+from tests.wiring_models import PROMPTS, RecordingTrainer, build_wiring_models, row_key
 
 
 def count_e(prompts, completions):

@@ -14,7 +14,7 @@ from hf_ppo.models.value_head import AutoModelForCausalLMWithValueHead
 from hf_ppo.models.actor_critic import PolicyAndCritic
 from hf_ppo.rollout.steps import rollout
 from hf_ppo.cli.tiny import build_causal_lm
-from scripted_engine import ScriptedEngine
+from tests.scripted_engine import ScriptedEngine
 
 # What the trainer, trainer/checkpoint.py and rollout/steps.py use of an actor-critic (AutoModelForCausalLMWithValueHead has them
 # all; a new actor-critic must too).

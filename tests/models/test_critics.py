@@ -1,25 +1,34 @@
-"""Issue 11: the choice of critic (`PPOConfig.critic`): 'separate' (own body, from the reward model or critic_model)
+"""The choice of critic (`PPOConfig.critic`): 'separate' (own body, from the reward model or critic_model)
 and 'reward_lora' (a LoRA adapter on the reward model's frozen base) train, resume exactly, leave the reward score
 and the published policy untouched; the critic warm-up leaves the policy bitwise untouched; bad choices fail at
 construction."""
 
+from __future__ import annotations
+
 import math
 import os
+import shutil
 
 import pytest
+import safetensors.torch
 import torch
 from datasets import Dataset
+from peft import LoraConfig
 from safetensors.torch import load_file
-from transformers import TrainerCallback
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
 
+import hf_ppo.trainer.ppo_trainer as ppo_trainer_module
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.models.critics import CRITIC_INFO_FILE
 from hf_ppo.hub.publish import POLICY_IGNORE_PATTERNS
+from hf_ppo.models import critics
 from hf_ppo.models.actor_critic import PolicyAndCritic
-from hf_ppo.models.critics import ValueModel
+from hf_ppo.models.critics import CRITIC_INFO_FILE, CRITIC_STATE_FILE, ValueModel, saved_critic
+from hf_ppo.models.value_head import VALUE_HEAD_FILE, AutoModelForCausalLMWithValueHead
 from hf_ppo.rollout.rewards import reward_model_scores
-from guards import needs_fsdp2
-from hub_fixtures import TEST_USER
+from tests import plain_ppo
+from tests.guards import needs_fsdp2
+from tests.hub_fixtures import TEST_USER
+from tests.wiring_models import PROMPTS, RecordingTrainer, build_wiring_models
 
 TEXTS = ["the movie was great and the plot was fun", "the food was bad", "the book was lovely ."]
 
@@ -187,8 +196,8 @@ def test_warmup_moves_only_the_critic(critic, tiny_models, tokenizer, tmp_path):
 
 # ---- critic_updates_per_step: critic-only passes between the policy's ------------------------------------------------
 def test_schedule_interleaves_critic_only_passes_and_keeps_them_on_resume():
-    from hf_ppo.trainer.schedule import MinibatchSchedule
     from hf_ppo.rollout.batch import RolloutBatch
+    from hf_ppo.trainer.schedule import MinibatchSchedule
 
     B, R = 4, 2
     batch = RolloutBatch(torch.zeros(B, 1, dtype=torch.long), torch.ones(B, 1, dtype=torch.bool),
@@ -540,3 +549,361 @@ def test_trls_value_model_is_the_separate_critic(tiny_models, tokenizer, tmp_pat
         build(value_model=value, config={"advantage_estimator": "rloo", "num_generations": 2})
     with pytest.raises(ValueError, match="critic='reward_lora'"):
         build(value_model=value, config={"critic": "reward_lora"})
+
+
+# ---- the critic's files and resumes ----------------------------------------------------------------------------------
+# The critic's files and resumes: a `save_critic` killed at any point leaves the earlier critic (never half a file); a
+# folder holds one critic; a damaged saved critic is named with the fix; a checkpoint resumed with another estimator
+# (allow_config_change_on_resume) resumes the policy and says what happens to the critic.
+
+def two_step_trainer(models, tokenizer, out, peft=None, critic_model=None, **overrides) -> PPOLMTrainer:
+    # test_critics' trainer, 2 optimizer steps, 4 prompts x 2 generations per rollout, rewarded by count_e.
+    settings = {"max_steps": 2, "num_generations": 2, **overrides}
+    return make_trainer(models, tokenizer, out, peft=peft, reward=count_e, critic_model=critic_model, **settings)
+
+
+def files(folder) -> set[str]:
+    return {os.path.relpath(os.path.join(d, f), folder) for d, _, names in os.walk(folder) for f in names}
+
+
+def moved(trainer, seed: int) -> dict[str, torch.Tensor]:
+    """Move every trainable critic tensor (as training would); return a copy of the critic's state."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in trainer.model.critic_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return {k: v.clone() for k, v in trainer.model.critic_state_dict().items()}
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def shared(tiny_models, tokenizer, tmp_path):
+    return two_step_trainer(tiny_models, tokenizer, tmp_path / "run", lora())
+
+
+@pytest.fixture
+def separate(tiny_models, tokenizer, tmp_path):
+    return two_step_trainer(tiny_models, tokenizer, tmp_path / "run-separate", lora(), critic="separate",
+                        critic_model=tiny_models["policy"])
+
+
+# ---- item 2: a save killed mid-write leaves the earlier critic ---------------------------------------------------
+def half_then_killed(tensors, filename, metadata=None):
+    data = safetensors.torch.save(tensors, metadata=metadata)
+    with open(filename, "wb") as f:
+        f.write(data[: len(data) // 2])
+    raise KeyboardInterrupt("killed while writing")
+
+
+def killed_at_second_rename(real=os.replace):
+    calls = []
+
+    def replace(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed between the renames")
+        return real(src, dst)
+
+    return replace
+
+
+@pytest.mark.parametrize("where", ["writing critic.safetensors", "between the renames"])
+def test_a_save_killed_mid_write_leaves_the_earlier_critic(where, shared, tmp_path, monkeypatch):
+    folder = str(tmp_path / "critic")
+    earlier = moved(shared, 0)
+    shared.model.save_critic(folder)
+    earlier_files = files(folder)
+    moved(shared, 1)
+    with monkeypatch.context() as patch:
+        if where == "writing critic.safetensors":
+            patch.setattr(critics, "save_file", half_then_killed)
+        else:
+            patch.setattr(critics.os, "replace", killed_at_second_rename())
+        with pytest.raises(KeyboardInterrupt):
+            shared.model.save_critic(folder)
+    loaded = saved_critic(folder, "shared")  # the earlier critic, whole
+    assert same(loaded.state, earlier)
+    assert files(folder) == earlier_files
+    later = shared.model.save_critic(folder)  # and a later save replaces it, leaving nothing of the killed one
+    assert same(saved_critic(later, "shared").state, shared.model.critic_state_dict())
+    assert sorted(os.listdir(tmp_path)) == ["critic", "run"]
+
+
+def test_a_shared_critic_saved_over_a_separate_one_leaves_one_critic(shared, separate, tmp_path):
+    folder = str(tmp_path / "critic")
+    separate.model.save_critic(folder, separate.processing_class)
+    assert "critic/adapter_model.safetensors" in files(folder)
+    shared.model.save_critic(folder)
+    assert files(folder) == {CRITIC_STATE_FILE, CRITIC_INFO_FILE}
+    assert same(saved_critic(folder, "shared").state, shared.model.critic_state_dict())
+
+
+def test_a_critic_folder_with_the_users_files_is_never_replaced(shared, tmp_path):
+    folder = tmp_path / "critic"
+    shared.model.save_critic(str(folder))
+    (folder / "NOTES.md").write_text("my notes")
+    before = {name: (folder / name).read_bytes() for name in files(folder)}
+    moved(shared, 1)
+    with pytest.raises(ValueError, match=r"files that save_critic did not write \(NOTES.md\).*folder of its own"):
+        shared.model.save_critic(str(folder))
+    assert {name: (folder / name).read_bytes() for name in files(folder)} == before
+
+
+# ---- item 8: a damaged saved critic names its file and the fix --------------------------------------------------
+def truncate(path):
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+
+
+DAMAGE = {
+    "truncated critic.safetensors": (False, lambda folder: truncate(os.path.join(folder, CRITIC_STATE_FILE)),
+                                     CRITIC_STATE_FILE),
+    "unreadable hf_ppo_critic.json": (False, lambda folder: open(os.path.join(folder, CRITIC_INFO_FILE), "w").write(
+        '{"critic": "sep'), CRITIC_INFO_FILE),
+    "full critic without config.json": (True, lambda folder: os.remove(os.path.join(folder, "config.json")),
+                                        "config.json is missing"),
+    "full critic with truncated weights": (True, lambda folder: truncate(os.path.join(folder, "model.safetensors")),
+                                           "model.safetensors is unreadable"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_a_damaged_saved_critic_names_the_file_and_the_fix(case, tiny_models, tokenizer, separate, tmp_path):
+    full, damage, named = DAMAGE[case]
+    trainer = two_step_trainer(tiny_models, tokenizer, tmp_path / "full", critic="separate",
+                           critic_model=tiny_models["policy"]) if full else separate
+    folder = trainer.model.save_critic(str(tmp_path / "critic"), trainer.processing_class)
+    damage(folder)
+    with pytest.raises(ValueError, match=rf"{os.path.join(folder, '')}.*{named}.*damaged.*Save the critic again"):
+        two_step_trainer(tiny_models, tokenizer, tmp_path / "next", lora() if not full else None, critic="separate",
+                     critic_model=folder)
+
+
+# ---- item 10: a checkpoint resumed with another estimator -------------------------------------------------------
+def lora_weights(trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.policy_model.named_parameters() if "lora_" in n}
+
+
+class AtStart(TrainerCallback):
+    """The policy's adapter and the critic as the resumed run starts (after the checkpoint is loaded)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.step = state.global_step
+        self.policy = {n: p.detach().clone() for n, p in model.policy_model.named_parameters() if "lora_" in n}
+        self.critic = {k: v.clone() for k, v in model.critic_state_dict().items()}
+
+
+def test_a_gae_checkpoint_resumed_as_grpo_resumes_the_policy_and_leaves_the_critic(tiny_models, tokenizer, tmp_path):
+    first = two_step_trainer(tiny_models, tokenizer, tmp_path / "gae", lora(), save_strategy="steps", save_steps=2)
+    first.train()
+    checkpoint = str(tmp_path / "gae" / "checkpoint-2")
+    head = open(os.path.join(checkpoint, VALUE_HEAD_FILE), "rb").read()
+    resumed = two_step_trainer(tiny_models, tokenizer, tmp_path / "grpo", lora(), advantage_estimator="grpo",
+                           allow_config_change_on_resume=True, max_steps=4)
+    resumed.add_callback(start := AtStart())
+    with pytest.warns(UserWarning, match=r"without its critic: it was written with advantage_estimator='gae'.*The "
+                                         r"policy resumes; the checkpoint's critic \(2 tensors in value_head"
+                                         r".safetensors\) is not loaded and stays in the checkpoint, untouched"):
+        resumed.train(resume_from_checkpoint=checkpoint)
+    assert start.step == 2 and same(lora_weights(first), start.policy) and resumed.state.global_step == 4
+    assert open(os.path.join(checkpoint, VALUE_HEAD_FILE), "rb").read() == head
+
+
+@pytest.mark.parametrize("critic", ["shared", "separate"])
+def test_a_grpo_checkpoint_resumed_as_gae_says_the_critic_starts_fresh(critic, tiny_models, tokenizer, tmp_path):
+    first = two_step_trainer(tiny_models, tokenizer, tmp_path / "grpo", lora(), advantage_estimator="grpo",
+                         save_strategy="steps", save_steps=2)
+    first.train()
+    extra = dict(critic="separate", critic_model=tiny_models["policy"]) if critic == "separate" else {}
+    resumed = two_step_trainer(tiny_models, tokenizer, tmp_path / "gae", lora(), allow_config_change_on_resume=True,
+                           max_steps=4, **extra)
+    resumed.add_callback(start := AtStart())
+    fresh = {k: v.clone() for k, v in resumed.model.critic_state_dict().items()}
+    with pytest.warns(UserWarning, match=r"written with advantage_estimator='grpo'.*holds no critic. The policy "
+                                         r"resumes; this run's critic starts fresh"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "grpo" / "checkpoint-2"))
+    assert start.step == 2 and same(lora_weights(first), start.policy) and resumed.state.global_step == 4
+    assert same(fresh, start.critic)
+
+
+@pytest.mark.parametrize("case", ["empty folder", "first save interrupted"])
+def test_a_critic_folder_with_nothing_in_it_says_so(case, shared, tiny_models, tokenizer, tmp_path, monkeypatch):
+    folder = str(tmp_path / "critic")
+    if case == "empty folder":
+        os.makedirs(folder)
+    else:
+        with monkeypatch.context() as patch:
+            patch.setattr(critics, "save_file", half_then_killed)
+            with pytest.raises(KeyboardInterrupt):
+                shared.model.save_critic(folder)
+        assert not os.path.exists(folder)  # nothing half-written where a load would find it
+    what = "an empty folder" if case == "empty folder" else "a save_critic to it was interrupted"
+    with pytest.raises(ValueError, match=f"holds no critic and no model: {what}.*Save the critic there"):
+        two_step_trainer(tiny_models, tokenizer, tmp_path / "next", lora(), critic="separate", critic_model=folder)
+
+
+# ---- each critic's values, read where documented ---------------------------------------------------------------------
+# Critics of their own: the value of response token t is the critic's own, read where documented.
+#
+# GAE's V(s_t) for response token t is the critic's output at the state before that token: the last token of prompt +
+# response[:t] (position Q - 1 + t of the unpadded sequence; `rollout.steps.policy_forward` and the trainer's
+# `compute_loss` both keep the last R + 1 positions and drop the final one). A critic that reads a consistent
+# off-by-one position, or lets the left padding in, still trains self-consistently (rollout and loss agree); only a
+# comparison with the critic run by hand over each sequence alone shows it. For every `PPOConfig.critic` (the shared
+# head; 'separate' from a `critic_model` with absolute positions, GPT-2; 'separate' with LoRA from the reward model;
+# 'reward_lora'; 'separate' from a reward model with a tokenizer of its own) the values the rollout stored and the
+# values the loss was given (new and old) are checked against that hand computation, for left-padded prompts of
+# different lengths:
+#
+# - at the first micro-batch (nothing trained yet), a critic started from a one-label reward model is that model's own
+#   score (its pooled output) of each prefix: V_t = reward(prompt + response[:t]) (the N+ initialisation);
+# - at the second iteration's first micro-batch (the critic has moved), the critic's own modules, copied as they were
+#   when that loss was computed, run on prompt + response with no padding and no position ids.
+#
+# A critic with another vocabulary is refused at construction (above), so "a critic with its own tokenizer" here is
+# one whose tokenizer gives the policy's ids their meaning but pads on the right with another pad token: it must still
+# read the policy's left-padded ids as they are.
+
+VALUE_CASES = {
+    # The shared head on a GPT-2 policy (absolute positions: position ids that ignore the padding show).
+    "shared": dict(policy="gpt2", reward="reward", critic="shared", peft=False),
+    # A fully fine-tuned critic from critic_model, a GPT-2 sequence classifier (absolute positions again).
+    "separate_gpt2_critic_model": dict(policy="llama", reward="reward", critic="separate", critic_model="gpt2_reward",
+                                       peft=False),
+    "separate_lora": dict(policy="llama", reward="reward", critic="separate", peft=True),
+    "reward_lora": dict(policy="llama", reward="reward", critic="reward_lora", peft=True),
+    # Started from a reward model whose own tokenizer has the policy's vocabulary but pads on the right with <unk>.
+    "separate_own_tokenizer": dict(policy="llama", reward="reward_own_tokenizer", critic="separate", peft=False),
+}
+SNAPSHOT_CALL = 1  # the second iteration's first micro-batch: one optimizer step after the start
+TIGHT = dict(rtol=1e-4, atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("critic_value_models")
+    paths = build_wiring_models(root)
+    own = str(root / "reward_own_tokenizer")
+    shutil.copytree(paths["reward"], own)
+    tokenizer = AutoTokenizer.from_pretrained(own)
+    tokenizer.padding_side, tokenizer.pad_token = "right", "<unk>"
+    tokenizer.save_pretrained(own)
+    reloaded = AutoTokenizer.from_pretrained(own)
+    policy_pad = AutoTokenizer.from_pretrained(paths["llama"]).pad_token_id
+    assert (reloaded.padding_side, reloaded.pad_token) == ("right", "<unk>") and reloaded.pad_token_id != policy_pad
+    paths["reward_own_tokenizer"] = own
+    return paths
+
+
+def _args(tmp_path, case) -> PPOConfig:
+    # One step per iteration, its one micro-batch the whole (shuffled) rollout; no clipping of the gradient.
+    return PPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=len(PROMPTS), gradient_accumulation_steps=1,
+        num_mini_batches=1, num_ppo_epochs=1, max_steps=2, response_length=8, learning_rate=1e-2,
+        lr_scheduler_type="constant", max_grad_norm=0.0, temperature=0.7, kl_coef=0.2, vf_coef=0.5,
+        missing_eos_penalty=0.5, reward_quantization="none", critic=case["critic"], report_to=[], save_strategy="no",
+        num_sample_generations=0, disable_tqdm=True, logging_steps=1, seed=3, apply_chat_template_to_text=False)
+
+
+@pytest.fixture(scope="module")
+def trained(request, paths, tmp_path_factory):
+    """One 2-step run per critic: its micro-batches, a copy of the model at the second one, and the (new, old)
+    values every `compute_loss` handed to `ppo_loss`."""
+    case = VALUE_CASES[request.param]
+    given = []
+    original = ppo_trainer_module.ppo_loss
+
+    def recording_ppo_loss(logits, values, responses, old_logprobs, old_values, *args, **kwargs):
+        given.append((values.detach().clone(), old_values.detach().clone()))
+        return original(logits, values, responses, old_logprobs, old_values, *args, **kwargs)
+
+    peft = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM") if case["peft"] else None
+    critic_model = paths[case["critic_model"]] if "critic_model" in case else None
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ppo_trainer_module, "ppo_loss", recording_ppo_loss)
+        trainer = RecordingTrainer(
+            model=paths[case["policy"]], args=_args(tmp_path_factory.mktemp(request.param), case),
+            reward_model=paths[case["reward"]], train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+            peft_config=peft, critic_model=critic_model, snapshot_calls=[SNAPSHOT_CALL])
+        trainer.train()
+    assert len(trainer.micro_batches) == len(given) == 2
+    return request.param, case, trainer, given
+
+
+def values_by_hand(model, query: list[int], response: list[int]) -> torch.Tensor:
+    """The critic's value of each response token (n,), fp32, from one pass over prompt + response alone (no padding,
+    no mask, no position ids): the shared head on the hidden state the LM head reads, or a critic's value head on
+    its backbone's last hidden state, at position Q - 1 + t for token t."""
+    ids, start = query + response, len(query) - 1
+    with torch.no_grad():
+        if isinstance(model, AutoModelForCausalLMWithValueHead):
+            _, hidden = plain_ppo.run_alone(model.pretrained_model.eval(), ids)
+            return torch.stack([plain_ppo.value_of(model.v_head, row) for row in hidden[start:start + len(response)]])
+        critic = model.critic.eval()
+        hidden = critic.backbone(input_ids=torch.tensor([ids])).last_hidden_state[0, start:start + len(response)]
+        return hidden.float() @ critic.head.weight[0].float() + critic.head.bias[0].float()
+
+
+def prefix_scores(reward_model, query: list[int], response: list[int]) -> torch.Tensor:
+    """A one-label reward model's own score (its pooled output) of prompt + response[:t], for each t (n,)."""
+    with torch.no_grad():
+        return torch.stack([reward_model(input_ids=torch.tensor([query + response[:t]])).logits[0, 0].float()
+                            for t in range(len(response))])
+
+
+def check_values(batch, given, by_hand, label: str) -> None:
+    """Row by row: the values of a row's response tokens are by_hand(prompt, response) in the rollout batch and in the
+    new and old values the loss got, whatever the row's left padding."""
+    new_values, old_values = given
+    assert torch.equal(old_values, batch.values), f"{label}: the loss's old values are not the rollout's"
+    lengths = batch.query_mask.sum(1)
+    assert len(set(lengths.tolist())) > 2 and (~batch.query_mask).any(), "prompts of different lengths, left-padded"
+    moving = 0.0
+    for i in range(len(batch)):
+        query = batch.queries[i][batch.query_mask[i]].tolist()
+        n = int(batch.response_mask[i].sum())
+        expected = by_hand(query, batch.responses[i][:n].tolist())
+        torch.testing.assert_close(batch.values[i, :n], expected, **TIGHT, msg=f"{label}: rollout values, row {i}")
+        torch.testing.assert_close(new_values[i, :n].detach().float(), expected, **TIGHT,
+                                   msg=f"{label}: the loss's values, row {i}")
+        if n > 1:
+            moving = max(moving, (expected[1:] - expected[:-1]).abs().max().item())
+    # A position read one off must show: the values change from one token to the next by far more than the tolerance.
+    assert moving > 1e-3, f"{label}: values almost constant along the response ({moving}); a shift would not show"
+
+
+@pytest.mark.parametrize("trained", list(VALUE_CASES), indirect=True)
+def test_values_are_the_critics_own_at_the_state_before_each_token(trained):
+    """Pins the position the value of response token t is read at (the last token of prompt + response[:t]) and that
+    left padding changes no value, for every critic kind, in the rollout and in the loss: after one step, against the
+    critic's own modules run on each sequence alone. A consistent off-by-one in the critic (rollout and loss read the
+    same wrong position), a critic that attends the padding or ignores the position ids fails here."""
+    name, case, trainer, given = trained
+    model, _ = trainer.snapshots[SNAPSHOT_CALL]
+    if case["critic"] == "shared":
+        assert isinstance(model, AutoModelForCausalLMWithValueHead)
+    else:
+        assert isinstance(model, PolicyAndCritic) and isinstance(model.critic, ValueModel)
+        assert model.critic.kind == case["critic"]
+    batch = trainer.micro_batches[SNAPSHOT_CALL]
+    assert batch.response_mask.sum(1).min() < batch.response_mask.shape[1], "some response stopped early"
+    check_values(batch, given[SNAPSHOT_CALL], lambda q, r: values_by_hand(model, q, r), f"{name}, moved critic")
+
+
+@pytest.mark.parametrize("trained", [name for name, case in VALUE_CASES.items() if case["critic"] != "shared"],
+                         indirect=True)
+def test_a_critic_from_a_reward_model_starts_as_its_score_of_each_prefix(trained, paths):
+    """Pins what the N+ initialisation promises, through the whole rollout and loss: before any step, the value of
+    response token t of a critic started from a one-label reward model ('separate' by default, from critic_model,
+    'reward_lora') is that reward model's score of prompt + response[:t], computed here from the model on disk. A
+    critic reading the score one position late (the reward of prompt + response[:t + 1]) or through the padding
+    fails here."""
+    name, case, trainer, given = trained
+    source = paths[case.get("critic_model", case["reward"])]
+    reward_model = AutoModelForSequenceClassification.from_pretrained(source).eval()
+    check_values(trainer.micro_batches[0], given[0], lambda q, r: prefix_scores(reward_model, q, r),
+                 f"{name}, at the start")

@@ -11,7 +11,7 @@ import pytest
 
 from hf_ppo.rollout.verifiable import exact_answer, extract_answer, parse_number, reference_answer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # GSM8K's first training row, as the dataset stores it: the worked solution, then "#### <answer>".
 GSM8K_ANSWER = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether "

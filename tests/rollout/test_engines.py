@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.rollout.engines import KVCacheSampler, RolloutEngine, StaticCacheSampler
-from scripted_engine import ScriptedEngine, fingerprint
+from tests.scripted_engine import ScriptedEngine, fingerprint
 
 PROMPTS = ["the movie was", "the food was great", "bad", "the show was"]
 
@@ -249,10 +249,10 @@ def static(tokenizer, compile=False, **overrides) -> StaticCacheSampler:
 
 
 def lora_model(name: str):
-    """A tiny model of architecture `name` (tests/test_architectures.py) with a LoRA adapter whose B is not zero (so
-    the adapter changes the tokens), and its tokenizer."""
+    """A tiny model of architecture `name` (tests/integration/test_architectures.py) with a LoRA adapter whose B is not
+    zero (so the adapter changes the tokens), and its tokenizer."""
     from peft import LoraConfig, get_peft_model
-    from test_architectures import BY_NAME, build_tokenizer
+    from tests.integration.test_architectures import BY_NAME, build_tokenizer
     from transformers import AutoModelForCausalLM
 
     arch = BY_NAME[name]

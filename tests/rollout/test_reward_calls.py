@@ -1,7 +1,7 @@
-"""Issue 37, rewards that check answers: the prompt dataset's columns reach reward functions in TRL's calling
-convention (aligned with every completion: num_generations 1 and 4, the refill, a resume, 2-process DDP), None means
-"does not apply", errors name the function and the row, TRL's own reward functions run unchanged, and each reward
-logs rewards/<name>/mean and /std."""
+"""How reward functions are called (hf_ppo/rollout/reward_calls.py): the prompt dataset's columns reach reward
+functions in TRL's calling convention (aligned with every completion: num_generations 1 and 4, the refill, a resume,
+2-process DDP), None means "does not apply", errors name the function and the row, TRL's own reward functions run
+unchanged, and each reward logs rewards/<name>/mean and /std."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.rollout import RewardFunctionError, RewardSet, check_reward_function
 from hf_ppo.trainer.data import PromptCollator, prepare_prompts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["movie", "food", "book", "show", "play", "song", "game", "town"]
 
 
@@ -275,7 +275,7 @@ DRIVER = textwrap.dedent("""
     import faulthandler; faulthandler.enable()  # a crash prints each thread's Python stack
     import json, os, sys
     sys.path.insert(0, sys.argv[2])
-    import test_reward_functions as t
+    import tests.rollout.test_reward_calls as t
     trainer = t.trainer_for({"policy": sys.argv[3]}, t.tokenizer_of(sys.argv[3]), sys.argv[1], use_cpu=True,
                             per_device_train_batch_size=2, num_mini_batches=1, advantage_estimator="grpo",
                             num_generations=2, max_steps=2)
@@ -300,7 +300,7 @@ def test_two_ddp_processes_keep_columns_aligned(tiny_models, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                str(ROOT / "recipes/accelerate/ddp.yaml"), "--num_processes", "2", "--main_process_port", "29537",
-               str(tmp_path / "driver.py"), str(tmp_path), str(ROOT / "tests"), tiny_models["policy"]]
+               str(tmp_path / "driver.py"), str(tmp_path), str(ROOT), tiny_models["policy"]]
     result = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -12,7 +12,7 @@ from hf_ppo.algorithms.ppo_math import LOSS_AGGREGATIONS
 from hf_ppo.rollout.steps import ROLLOUT_STATS, Samples, rollout, sample_and_score, truncate_after_stop
 from hf_ppo.trainer.schedule import MinibatchSchedule
 from hf_ppo.rollout.batch import RolloutBatch
-from scripted_engine import ScriptedEngine
+from tests.scripted_engine import ScriptedEngine
 
 
 @pytest.fixture(scope="module")

@@ -26,9 +26,9 @@ from hf_ppo.runtime.sharding import FSDP_ACCELERATE, fsdp_supported, fsdp_versio
 
 # The FSDP2 path is tested with accelerate >= ACCELERATE_FSDP2 only (CI's floor leg has an older one: it checks the
 # error). The guard reads accelerate's version itself, never through fsdp_supported(), which the first test checks.
-from guards import ACCELERATE_FSDP2, installed_at_least, needs_fsdp2  # noqa: E402
+from tests.guards import ACCELERATE_FSDP2, installed_at_least, needs_fsdp2  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Runs the recipe's main() in each process, then writes what that rank holds: its actor-critic's full weights
 # (gathered from the shards under FSDP), whether it saved, whether its model was sharded.

@@ -24,7 +24,7 @@ from hf_ppo.runtime import versions
 from hf_ppo.rollout.engines import generate
 from hf_ppo.cli.tiny import build_causal_lm
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "deps"))
 import test_latest  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Faults in what the user hands over, each refused or warned about by name (issue 36): a failed FSDP construction
+"""Faults in what the user hands over, each refused or warned about by name: a failed FSDP construction
 leaves the process's environment as it was, a damaged GGUF file is named with its size and the fix, a conversion's
 leftover temporary folders are cleaned (only those of dead processes), a chat prompt with an empty user turn is
 refused like an empty prompt, and a tokenizer far smaller than the policy's embedding is warned about."""
@@ -16,7 +16,7 @@ from datasets import Dataset
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.models import gguf
-from guards import needs_fsdp2
+from tests.guards import needs_fsdp2
 
 
 

@@ -17,8 +17,8 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from hf_ppo import PPOLMTrainer
-from test_wiring import config, count_e, paths  # noqa: F401 (paths: the models fixture)
-from wiring_models import PROMPTS, clone_batch, rollout_batch_in
+from tests.integration.test_wiring import config, count_e, paths  # noqa: F401 (paths: the models fixture)
+from tests.wiring_models import PROMPTS, clone_batch, rollout_batch_in
 
 BAD = {"+inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
 

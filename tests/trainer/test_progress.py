@@ -1,4 +1,4 @@
-"""What a run prints (issue 38, points 5-8): the plain-text-prompts warning and `apply_chat_template_to_text`, the
+"""What a run prints: the plain-text-prompts warning and `apply_chat_template_to_text`, the
 sample tables (how many, what their cells show), the progress bars' units and labels, the closing summary and the
 KL note, the time/ metrics that keep the forwards out of `time/score`, and the import noise and `hf-ppo --help`
 that must not load torch."""
@@ -18,11 +18,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import Dataset
+from tqdm.auto import tqdm
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.trainer import progress
+from hf_ppo.trainer.progress import PPOProgressCallback, log_samples_table
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["the movie was", "the food was", "the book was", "the show was"] * 4
 
 
@@ -344,3 +346,40 @@ def test_the_kl_note_comes_from_the_watch_with_or_without_a_bar(tmp_path):
     assert notes(adaptive_kl=True) == []
     assert notes(kl_target=40.0) == []  # past the watch's 30 nats: the KL signature itself speaks
     assert notes(watch_collapse=False) == []
+
+
+# ---- the progress bar's caption and the sample tables ----------------------------------------------------------------
+# What the user reads while PPO runs (hf_ppo/trainer/progress.py): the progress bar's caption and the sample tables.
+
+@pytest.mark.parametrize("estimator,label", [("k1", "kl_k1"), ("k2", "kl"), ("k3", "kl")])
+def test_the_bar_names_the_kl_estimate_it_shows(tmp_path, estimator, label):
+    """k1's batch mean can be negative: the bar does not call it `kl`; k2 and k3 are never negative."""
+    args = PPOConfig(output_dir=str(tmp_path), kl_estimator=estimator, num_mini_batches=2, num_ppo_epochs=2)
+    callback = PPOProgressCallback(args)
+    assert callback.kl_label == label and callback.steps_per_iteration == 4
+
+    class State:
+        max_steps = 8
+
+    callback.training_bar = tqdm(total=8, file=io.StringIO())  # tqdm's own set_postfix, whatever the reward names
+    callback.caption(State(), {"objective/scores": 0.5, "objective/kl": -0.0123, "iteration": 1})
+    assert callback.training_bar.postfix == f"reward=0.500, {label}=-0.012"
+    assert callback.training_bar.desc.startswith("PPO iteration 1/2")  # tqdm adds ": "
+    # Reward names are the caller's: one named like a tqdm argument ("refresh") is just a caption field.
+    callback.caption(State(), {"objective/scores": 0.5, "objective/kl": 0.1, "iteration": 1,
+                               "rewards/refresh/mean": 0.25})
+    assert callback.training_bar.postfix == f"reward=0.500, refresh=0.250, {label}=0.100"
+
+
+def test_sample_tables_are_written_above_the_progress_bar(monkeypatch):
+    """With no tracker, the table goes through tqdm.write (which clears the bar, prints, and draws it again below),
+    never straight into the middle of the bar's line."""
+    import tqdm.auto
+
+    written = []
+    monkeypatch.setattr(tqdm.auto.tqdm, "write", classmethod(lambda cls, text, *a, **k: written.append(text)))
+    log_samples_table([("the movie was", " great fun", 1.25)], iteration=3, step=12, report_to=["none"])
+    assert len(written) == 1 and "Samples at PPO iteration 3 (step 12)" in written[0]
+    assert "great fun" in written[0] and "1.250" in written[0]
+    log_samples_table([("p", "c", 0.0)], iteration=4, step=16, report_to=["tensorboard"])  # no table type there
+    assert len(written) == 1

@@ -1,4 +1,4 @@
-"""Issue 36, items 6, 7 and 11: `step()` and environments checked where their samples enter.
+"""`step()` (hf_ppo/trainer/step_api.py) and environments checked where their samples enter.
 
 step(): groups of num_generations must be one prompt's samples; a call past max_steps under a decaying schedule is
 refused; save_steps writes checkpoints; empty, float, negative or out-of-embedding ids and malformed scores are
@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 from datasets import Dataset
-from test_reliability import make_args
+from tests.trainer.test_checkpoint import make_args
 from transformers import AutoModelForCausalLM
 
 from hf_ppo import Environment, EnvSample, PPOLMTrainer
