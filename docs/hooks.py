@@ -23,7 +23,7 @@ import inspect
 import re
 from pathlib import Path
 
-try:  # the tables build without mkdocs too (tests/test_docs.py checks them in the test leg, where it is absent)
+try:  # the tables build without mkdocs too (tests/project/test_docs.py checks them in the test leg, where it is absent)
     from mkdocs.exceptions import PluginError
 except ImportError:  # pragma: no cover - mkdocs present in `make docs`
     PluginError = RuntimeError

@@ -7,7 +7,7 @@ import os
 # initialises MKL.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
-from hub_fixtures import *  # noqa: F401,F403 - first: sets HF_ENDPOINT/HF_HOME before huggingface_hub is imported
+from tests.hub_fixtures import *  # noqa: F401,F403 - first: sets HF_ENDPOINT/HF_HOME before huggingface_hub is imported
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -2,7 +2,7 @@
 
 A guard that asks hf_ppo whether a feature is supported turns a bug in that answer into a skip, and the run reports
 green: `fsdp_supported()` returning False on the tested accelerate would silently skip every FSDP test. These guards
-read the installed versions themselves; `tests/test_sharding.py` checks that hf_ppo's answer agrees with them.
+read the installed versions themselves; `tests/runtime/test_sharding.py` checks that hf_ppo's answer agrees with them.
 Each reason says where the skip is expected, so the CI log (`pytest -rs`) shows whether a skip is the planned one.
 """
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 if "huggingface_hub" in sys.modules:
     raise RuntimeError(
-        "tests/hub_fixtures.py must be imported before huggingface_hub (put `from hub_fixtures import *` first in "
-        "tests/conftest.py): the client reads HF_ENDPOINT and HF_HOME once, at import."
+        "tests/hub_fixtures.py must be imported before huggingface_hub (put `from tests.hub_fixtures import *` first "
+        "in tests/conftest.py): the client reads HF_ENDPOINT and HF_HOME once, at import."
     )
 
 
@@ -50,7 +50,7 @@ os.environ.update(
 
 import pytest  # noqa: E402
 
-from hub_server import LocalHub  # noqa: E402
+from tests.hub_server import LocalHub  # noqa: E402
 
 __all__ = [
     "HUB_ENDPOINT", "TEST_ORG", "TEST_TOKEN", "TEST_USER", "hub_token", "local_hub", "seed_offline_cache",

@@ -26,45 +26,106 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def deselect(path: str, *tests: str) -> list[str]:
+    """pytest arguments that leave `tests` of the file at `path` out of a run that names the whole file."""
+    return [f"--deselect={path}::{test}" for test in tests]
+
+
+def select(path: str, *tests: str) -> list[str]:
+    return [f"{path}::{test}" for test in tests]
+
+
 # Fast tests that pin the wiring; the files that catch the most mutations run first (-x stops at the first failure).
+# A file that also holds tests no mutation needs (slower ones, or a wheel build the copy cannot do) names the tests
+# the subset runs, or the ones it leaves out, whichever list is shorter.
 SUBSET = [
-    "tests/test_reference_iteration.py",
-    "tests/test_wiring.py",
-    "tests/test_trainer.py::test_gradient_accumulation_gives_the_whole_minibatch_gradient",
-    "tests/test_estimators.py",
-    "tests/test_critics.py",
-    "tests/test_mixed_rewards.py",
-    "tests/test_resume_settings.py",
-    "tests/test_objective_wiring.py",
-    "tests/test_guard_wiring.py",
-    "tests/test_data.py",
+    "tests/integration/test_reference_iteration.py",
+    "tests/integration/test_wiring.py",
+    "tests/trainer/test_ppo_trainer.py::test_gradient_accumulation_gives_the_whole_minibatch_gradient",
+    "tests/algorithms/test_estimators.py",  # VAPO's length-adaptive lambda included
+    "tests/trainer/test_config.py",  # every field of every settings record follows its PPOConfig field
+    "tests/models/test_critics.py",  # each critic's values included; its files and resumes left out:
+    *deselect("tests/models/test_critics.py",
+              "test_a_save_killed_mid_write_leaves_the_earlier_critic",
+              "test_a_shared_critic_saved_over_a_separate_one_leaves_one_critic",
+              "test_a_critic_folder_with_the_users_files_is_never_replaced",
+              "test_a_damaged_saved_critic_names_the_file_and_the_fix",
+              "test_a_gae_checkpoint_resumed_as_grpo_resumes_the_policy_and_leaves_the_critic",
+              "test_a_grpo_checkpoint_resumed_as_gae_says_the_critic_starts_fresh",
+              "test_a_critic_folder_with_nothing_in_it_says_so"),
+    "tests/rollout/test_scoring.py",  # the reward lists; the reward models' inputs and the adapters left out:
+    *deselect("tests/rollout/test_scoring.py",
+              "test_pair_format_scores_a_deberta_reward_model_like_by_hand",
+              "test_chat_and_concat_formats_with_a_decoder_reward_model",
+              "test_forced_formats_that_cannot_apply_fail_at_construction",
+              "test_reward_object_loads_its_tokenizer_from_its_path",
+              "test_reward_tokenizer_without_pad_gets_one_for_scoring",
+              "test_continue_from_an_sft_adapter",
+              "test_adapter_policy_with_peft_config_is_an_error",
+              "test_frozen_adapter_with_an_explicit_reference_is_made_trainable",
+              "test_named_adapters_train_one_and_use_the_other_as_reference",
+              "test_a_decoder_reward_scores_a_too_long_input_on_its_last_tokens",
+              "test_an_encoder_reward_cuts_the_question_or_names_the_fix",
+              "test_a_checkpoint_without_a_trained_score_head_is_refused_as_the_reward_model",
+              "test_a_reference_checkpoint_without_an_lm_head_is_refused"),
+    # the settings compared on resume
+    *select("tests/trainer/test_checkpoint.py",
+            "test_the_reviewed_list_names_only_real_fields",
+            "test_every_field_that_changes_the_run_is_compared_on_resume",
+            "test_fields_that_may_change_are_not_compared",
+            "test_a_checkpoint_from_before_a_field_existed_resumes_at_its_default"),
+    "tests/integration/test_objective_wiring.py",
+    "tests/trainer/test_guard.py",
+    "tests/trainer/test_data.py",
     # environments: the four tests that catch the mutations of their section
-    "tests/test_environment.py::test_environment_tokens_get_zero_kl_zero_advantage_and_zero_gradient",
-    "tests/test_environment.py::test_first_ratio_is_exactly_one_and_the_loss_reads_the_policy_mask",
-    "tests/test_environment.py::test_per_position_rewards_join_gae_rewards_and_critic_free_scores",
-    "tests/test_ppo_math.py::test_gae_bootstraps_across_an_environment_segment_hand_example",
-    # issue 41: the newest paths' pinning tests (one line per file)
+    *select("tests/rollout/test_environments.py",
+            "test_environment_tokens_get_zero_kl_zero_advantage_and_zero_gradient",
+            "test_first_ratio_is_exactly_one_and_the_loss_reads_the_policy_mask",
+            "test_per_position_rewards_join_gae_rewards_and_critic_free_scores"),
+    "tests/algorithms/test_ppo_math.py::test_gae_bootstraps_across_an_environment_segment_hand_example",
+    # the newest paths' pinning tests
     # subset:evaluation
-    "tests/test_evaluation_pins.py",
+    *select("tests/evaluation/test_evaluator.py",
+            "test_win_rate_interval_is_the_documented_95_percent_bootstrap_of_a_known_binomial",
+            "test_the_evaluation_metrics_interval_is_95_percent_and_the_report_says_so",
+            "test_after_training_the_reference_side_samples_the_frozen_reference_and_the_policy_side_wins",
+            "test_eval_kl_is_the_per_response_sum_of_policy_against_the_frozen_reference"),
     # subset:watch-step
-    "tests/test_watch_step_pins.py",
+    *select("tests/trainer/test_watch.py",
+            "test_the_kl_threshold_the_config_derives_decides_the_warning_in_a_real_run",
+            "test_watch_collapse_false_leaves_no_watch_and_a_collapsing_run_silent",
+            "test_step_returns_trl_0_11_statistics_when_kl_is_not_zero",
+            "test_step_with_gradient_accumulation_gives_the_whole_minibatch_update",
+            "test_tokens_response_masks_marks_0_change_neither_the_update_nor_the_loss",
+            "test_generate_keeps_a_sampled_eos_at_the_end_and_cuts_what_follows"),
     # subset:env-engine
-    "tests/test_env_engine_pins.py",
+    *select("tests/rollout/test_environments.py",
+            "test_a_row_that_stops_early_gets_padding_and_the_others_sample_to_the_end",
+            "test_sample_continues_each_sequence_as_the_policy_continues_it_alone",
+            "test_missing_eos_penalty_and_tokens_per_second_read_the_policys_tokens"),
     # subset:settings-files
-    "tests/test_settings_files_pins.py",
-    "tests/test_settings_files_pins_files.py",
-    # subset:critic-values
-    "tests/test_critic_values_pins.py",
-    "tests/test_sharding.py::test_fsdp_support_agrees_with_the_installed_accelerate",
-    "tests/test_sharding.py::test_the_fsdp_version_of_a_launcher_that_sets_none_is_accelerates_default",
+    "tests/integration/test_run_settings.py",
+    "tests/integration/test_run_files.py",
+    # subset:critic-values (in tests/models/test_critics.py, above)
+    "tests/runtime/test_sharding.py::test_fsdp_support_agrees_with_the_installed_accelerate",
+    "tests/runtime/test_sharding.py::test_the_fsdp_version_of_a_launcher_that_sets_none_is_accelerates_default",
     # subset:saved-outputs
-    "tests/test_saved_outputs.py",
+    "tests/hub/test_cards.py",
     # subset:console
-    "tests/test_console.py",
+    "tests/trainer/test_progress.py",  # the progress bar's caption and the sample tables left out:
+    *deselect("tests/trainer/test_progress.py",
+              "test_the_bar_names_the_kl_estimate_it_shows",
+              "test_sample_tables_are_written_above_the_progress_bar"),
     # subset:new-user
-    "tests/test_new_user_cli.py",
-    # subset:lambda
-    "tests/test_length_adaptive_lambda.py",
+    "tests/cli/test_command.py",  # the command's first tests left out (one builds a wheel):
+    *deselect("tests/cli/test_command.py",
+              "test_help_leads_with_how_to_run_it",
+              "test_evaluate_prints_the_table_and_writes_the_report",
+              "test_a_full_model_policy_needs_a_reference",
+              "test_the_built_wheel_installs_a_working_command"),
+    # subset:lambda (in tests/algorithms/test_estimators.py, above)
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml"]
 
@@ -318,7 +379,7 @@ MUTATIONS = [
     Mutation("resume_skips_seed", "the resume comparison skips the seed (the prompt order)",
              [(CK, '_GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed")',
                '_GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps")')]),
-    # -- environments: their tokens are context (tests/test_environment.py, tests/test_ppo_math.py) --------------------
+    # -- environments: their tokens are context (tests/rollout/test_environments.py, tests/algorithms/test_ppo_math.py) 
     Mutation("env_tokens_in_loss", "an environment's tokens trained on as actions (the loss reads the response mask)",
              [(P, "old_logprobs, mask = old.responses, old.logprobs, old.policy_mask",
                "old_logprobs, mask = old.responses, old.logprobs, old.response_mask")]),
@@ -589,6 +650,10 @@ MUTATIONS = [
              [(P, "(1.0 - 1.0 / (alpha * lengths))", "(1.0 - alpha / lengths)")]),
     Mutation("length_alpha_not_passed", "lam_length_alpha dropped on its way from PPOConfig to the rollout",
              [(C, " lam_length_alpha=self.lam_length_alpha,", "")]),
+    Mutation("use_kl_loss_not_in_records", "use_kl_loss dropped where PPOConfig builds the estimator's record",
+             [(C, "                                 use_kl_loss=self.use_kl_loss)", "                                 use_kl_loss=False)")]),
+    Mutation("eval_seed_constant", "evaluation seeded with a constant instead of the run's seed",
+             [(C, "num_eval_samples=self.num_eval_samples, seed=self.seed,", "num_eval_samples=self.num_eval_samples, seed=42,")]),
     # -- files hf_ppo did not write, a LoRA critic's base, the evaluated precision ------------------------------------
     # mutations:own-files
     Mutation("users_readme_overwritten", "a README.md the user keeps in output_dir is replaced by the card",

@@ -1,5 +1,5 @@
 """A rollout engine that returns scripted token ids: what a new engine looks like, and a probe of what the trainer
-and `rollout()` do with an engine's output (tests/test_generation.py, tests/test_rollout.py)."""
+and `rollout()` do with an engine's output (tests/rollout/test_engines.py, tests/rollout/test_steps.py)."""
 
 from __future__ import annotations
 

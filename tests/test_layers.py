@@ -1,5 +1,6 @@
 """The package's import direction: sub-packages on floors, every import pointing down or within its own package,
-and no loop between modules. Imports inside functions count too: one that dodges a loop is the loop still there."""
+and no loop between modules. Imports inside functions count too: one that dodges a loop is the loop still there.
+And the test tree's shape: tests/<package>/test_<module>.py mirrors hf_ppo/<package>/<module>.py."""
 
 import ast
 from pathlib import Path
@@ -197,3 +198,82 @@ def test_the_import_paths_users_have_keep_working():
     for package in FLOORS:  # every name a package hands on exists
         module = __import__(f"hf_ppo.{package}", fromlist=["__all__"])
         assert all(hasattr(module, name) for name in module.__all__), package
+
+
+# ---- the tests mirror the package ------------------------------------------------------------------------------------
+TESTS = Path(__file__).resolve().parent
+# Tests of the whole system, which belong to no one module, each in a folder named here with what goes in it.
+WHOLE_SYSTEM = {
+    "integration": "the whole trainer run end to end and checked against something outside it (a plain reference, "
+                   "real checkpoints, several processes, a GPU, every architecture, features combined)",
+    "project": "what sits beside the package (the documentation site, the benchmarks)",
+}
+AT_ROOT = {"test_layers.py"}  # this file, which keeps both trees in shape
+
+
+def module_exists(path: str) -> bool:
+    """Whether hf_ppo/<path> exists."""
+    return (PACKAGE / path).is_file()
+
+
+def packages() -> list[str]:
+    return sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+
+
+def where_it_goes(path: Path) -> str:
+    """Where a test file that sits outside the mirror belongs."""
+    name = path.stem[len("test_"):]
+    homes = [f"tests/{package}/test_{name}.py" for package in packages() if module_exists(f"{package}/{name}.py")]
+    homes += [f"tests/{package}/test_{name}.py" for package in packages() if package == name]
+    if homes:
+        return f"move it to {' or '.join(homes)}"
+    return ("name it after the module it tests, tests/<package>/test_<module>.py for hf_ppo/<package>/<module>.py "
+            "(or tests/<package>/test_<package>.py for what a package promises as a whole); a test of the whole "
+            "system goes to " + "; or ".join(f"tests/{folder}/: {what}" for folder, what in WHOLE_SYSTEM.items()))
+
+
+def mirror_problem(path: Path) -> str | None:
+    """None when tests/<path> sits where the layout says, else what is wrong and where it goes."""
+    parts = path.parts
+    if len(parts) == 1:
+        return None if path.name in AT_ROOT else f"tests/{path} sits at the root of tests/: {where_it_goes(path)}"
+    if len(parts) > 2:
+        return f"tests/{path} sits too deep: {where_it_goes(path)}"
+    folder, name = parts
+    if folder in WHOLE_SYSTEM:
+        module = [p for p in packages() if module_exists(f"{p}/{path.stem[len('test_'):]}.py")]
+        return f"tests/{path} is named after a module, so it tests that module: {where_it_goes(path)}" if module \
+            else None
+    if folder not in packages():
+        return f"tests/{folder}/ is no package of hf_ppo (nor {', '.join(WHOLE_SYSTEM)}): {where_it_goes(path)}"
+    module = name[len("test_"):]
+    if module == f"{folder}.py" or module_exists(f"{folder}/{module}"):
+        return None
+    return f"tests/{path}: there is no hf_ppo/{folder}/{module}; {where_it_goes(path)}"
+
+
+def test_every_test_file_mirrors_a_module_or_tests_the_whole_system():
+    wrong = [problem for path in sorted(p.relative_to(TESTS) for p in TESTS.rglob("test_*.py"))
+             if (problem := mirror_problem(path))]
+    assert not wrong, "test files outside the mirror:\n" + "\n".join(wrong)
+
+
+def test_every_test_folder_is_a_package():
+    """With __init__.py files, each test module has one import name (`tests.rollout.test_steps`): two folders may hold
+    files of the same name, and a helper is imported as `from tests.wiring_models import ...` from any folder."""
+    folders = {p.parent for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts}
+    missing = sorted(str(f.relative_to(TESTS.parent)) for f in folders if not (f / "__init__.py").is_file())
+    assert not missing, f"test folders without an __init__.py: {missing}"
+
+
+def test_the_mirror_check_says_where_a_file_goes():
+    assert mirror_problem(Path("test_layers.py")) is None
+    assert mirror_problem(Path("trainer/test_watch.py")) is None
+    assert mirror_problem(Path("integration/test_wiring.py")) is None
+    assert "move it to tests/trainer/test_watch.py" in mirror_problem(Path("test_watch.py"))
+    assert "no hf_ppo/trainer/watch_faults.py; name it after the module it tests" in \
+        mirror_problem(Path("trainer/test_watch_faults.py"))
+    assert "move it to tests/trainer/test_checkpoint.py" in mirror_problem(Path("integration/test_checkpoint.py"))
+    assert "no package of hf_ppo" in mirror_problem(Path("watch/test_watch.py"))
+    assert "too deep" in mirror_problem(Path("trainer/watch/test_watch.py"))
+

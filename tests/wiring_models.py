@@ -107,7 +107,8 @@ class RecordingTrainer(PPOLMTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # Only what training computed is recorded: a test that calls compute_loss on a finished run (the loss tests of
-        # tests/test_objective_wiring.py) must not add its own batches to the record that a later test reads.
+        # tests/integration/test_objective_wiring.py) must not add its own batches to the record that a later test
+        # reads.
         recording = self.is_in_train
         call = len(self.micro_batches)
         if recording:

@@ -114,7 +114,7 @@ class PolicyAndCritic(ActorCritic):
     `forward(input_ids, attention_mask, position_ids, logits_to_keep) -> values (batch, kept) fp32` (one value per
     position, aligned with the logits; the last `logits_to_keep` positions, 0 = all) and `trainable_state_dict()` /
     `load_trainable_state_dict()` (what checkpoints store of it, restored exactly on resume); its parameters with
-    `requires_grad` are `critic_parameters()`. Pinned by tests/test_critic_interface.py (its `TinyCritic` is a
+    `requires_grad` are `critic_parameters()`. Pinned by tests/models/test_actor_critic.py (its `TinyCritic` is a
     complete example); see docs/guides/extending.md.
     """
 

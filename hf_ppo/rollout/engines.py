@@ -22,7 +22,7 @@ from ..runtime.warn import warn_user
 
 class RolloutEngine:
     """Samples token ids for left-padded prompts. Subclass it and assign an instance as `trainer.rollout_engine`
-    (after construction): training and evaluation both sample through it. Pinned by tests/test_generation.py
+    (after construction): training and evaluation both sample through it. Pinned by tests/rollout/test_engines.py
     (tests/scripted_engine.py is a complete example); see docs/guides/extending.md."""
 
     def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:

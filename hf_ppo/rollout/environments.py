@@ -49,7 +49,7 @@ Sample = Callable[..., list[torch.Tensor]]
 
 class Environment:
     """Subclass it and pass an instance as `PPOLMTrainer(..., environment=...)`: every training rollout then samples
-    through `rollout`. Evaluation still samples single-turn responses. Pinned by tests/test_environment.py;
+    through `rollout`. Evaluation still samples single-turn responses. Pinned by tests/rollout/test_environments.py;
     recipes/tool_use.py is a complete example (a calculator tool)."""
 
     def rollout(self, prompts: list[Prompt], sample: Sample) -> list[EnvSample]:

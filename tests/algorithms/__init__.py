@@ -1,0 +1,1 @@
+"""Tests of hf_ppo.algorithms, one file per module."""

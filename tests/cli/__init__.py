@@ -1,0 +1,1 @@
+"""Tests of hf_ppo.cli, one file per module."""

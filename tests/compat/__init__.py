@@ -1,0 +1,1 @@
+"""Tests of hf_ppo.compat, one file per module."""

@@ -1,0 +1,1 @@
+"""Tests of hf_ppo.evaluation, one file per module."""

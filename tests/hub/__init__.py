@@ -1,0 +1,1 @@
+"""Tests of hf_ppo.hub, one file per module."""

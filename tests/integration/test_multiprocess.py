@@ -1,0 +1,116 @@
+"""recipes/ppo.py under `accelerate launch` with 2 CPU processes (gloo DDP): ranks stay in sync, one save.
+
+`accelerate launch --cpu --num_processes 2` runs ONE process unless mpirun is installed (accelerate 1.15 sends
+`--cpu` to its simple launcher), so the test uses the DDP config (torchrun) with `use_cpu: true` in the PPO config:
+two processes, gloo backend, no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hf_ppo.cli import tiny
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Runs the recipe's main() in each process, then records what that rank holds: a hash of its trainable weights
+# (LoRA + the critic's), whether it was the saving process, and the first completions it sampled.
+DRIVER = textwrap.dedent("""
+    import faulthandler; faulthandler.enable()  # a crash prints each thread's Python stack
+    import hashlib, importlib.util, json, os, sys
+    import torch
+    spec = importlib.util.spec_from_file_location("ppo_recipe", sys.argv[1])
+    ppo = importlib.util.module_from_spec(spec)
+    sys.modules["ppo_recipe"] = ppo
+    spec.loader.exec_module(ppo)
+    trainer = ppo.main(sys.argv[3:])
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    def sha(params):
+        digest = hashlib.sha256()
+        for name, param in sorted(params):
+            digest.update(name.encode())
+            digest.update(param.detach().float().cpu().numpy().tobytes())
+        return digest.hexdigest()
+    named = list(model.named_parameters())
+    trained = sha((n, p) for n, p in named if p.requires_grad)
+    lora = sha((n.removeprefix("pretrained_model."), p) for n, p in named
+               if "lora_" in n and n.startswith("pretrained_model."))  # the policy's adapter (not a critic's)
+    rank = trainer.args.process_index
+    with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "world_size": trainer.args.world_size, "sha": trained, "lora_sha": lora,
+                   "should_save": trainer.args.should_save, "steps": trainer.state.global_step,
+                   "sampling_seed": torch.initial_seed()}, f)
+    trainer.accelerator.end_training()  # as `hf-ppo train` ends: the process group destroyed
+    # Then out without interpreter finalization, where gloo's worker threads can abort a process whose work is
+    # done (pytorch/pytorch#190489): the test reads what each rank wrote, and a teardown abort would fail it.
+    sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
+""")
+
+
+def lora_hash(model) -> str:
+    """The driver's hash of the LoRA weights, for a model loaded back with PeftModel.from_pretrained."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, param in sorted((n, p) for n, p in model.named_parameters() if "lora_" in n):
+        digest.update(name.encode())
+        digest.update(param.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@pytest.mark.parametrize("variant", [
+    {},  # PPO with the shared value head
+    {"critic": "reward_lora"},  # a critic inside the module DDP wraps, on the frozen reward model's base
+    {"advantage_estimator": "grpo", "num_generations": 2},  # no critic; each rank's batch is one whole group
+], ids=["shared", "reward_lora", "grpo_k2"])
+def test_two_cpu_processes_train_identical_adapters_and_save_once(tmp_path, variant):
+    policy, reward = tiny.save_tiny_models(tmp_path / "models", hidden_size=64)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in tiny.synthetic_reviews(16, seed=3)))
+    config = {
+        "dataset_name": str(prompts), "model_name_or_path": policy, "reward_model_name_or_path": reward,
+        "output_dir": str(tmp_path / "out"),
+        # Full precision: the multi-process path under test is DDP + LoRA, not bitsandbytes.
+        "use_peft": True, "lora_r": 4, "lora_alpha": 8, "policy_quantization": "none", "reward_quantization": "none",
+        "response_length": 4, "per_device_train_batch_size": 2, "num_mini_batches": 1, "num_ppo_epochs": 2,
+        "max_steps": 4, "learning_rate": 1.0e-3, "logging_steps": 2, "num_sample_generations": 0,
+        "report_to": "none", "save_strategy": "no", "disable_tqdm": True, "seed": 0, "use_cpu": True, **variant,
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "driver.py").write_text(DRIVER)
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    # The interpreter running the tests, not whichever `accelerate` comes first on PATH (another environment's).
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "recipes/accelerate/ddp.yaml"),
+               "--num_processes", "2", "--main_process_port", "29533", str(tmp_path / "driver.py"), str(ROOT / "recipes/ppo.py"),
+               str(ranks), "--config", str(tmp_path / "config.yaml")]
+    result = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+
+    reports = [json.loads((ranks / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in reports] == [2, 2]
+    assert [r["steps"] for r in reports] == [4, 4]
+    assert reports[0]["sha"] == reports[1]["sha"], "the two ranks ended with different trained weights"
+    assert [r["should_save"] for r in reports] == [True, False], "exactly one process (rank 0) saves"
+    assert reports[0]["sampling_seed"] != reports[1]["sampling_seed"], "both ranks sampled with the same seed"
+
+    # One saved adapter, loadable, equal to what both ranks trained (the value head is not part of the export).
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("adapter_model*")) == ["adapter_model.safetensors"]
+    assert not [p for p in out.rglob("*") if p.suffix in (".tmp", ".lock") or p.name.startswith("tmp")]
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(policy), out)
+    assert lora_hash(loaded) == reports[0]["lora_sha"] == reports[1]["lora_sha"]
+    assert any("lora_B" in name and param.abs().sum() > 0 for name, param in loaded.named_parameters())

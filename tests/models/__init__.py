@@ -1,0 +1,1 @@
+"""Tests of hf_ppo.models, one file per module."""

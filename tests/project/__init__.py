@@ -1,0 +1,1 @@
+"""What sits beside the package: the documentation site and the benchmarks."""

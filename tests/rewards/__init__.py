@@ -1,0 +1,1 @@
+"""Tests of hf_ppo.rewards, one file per module."""

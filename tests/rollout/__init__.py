@@ -1,0 +1,1 @@
+"""Tests of hf_ppo.rollout, one file per module."""

@@ -1,0 +1,308 @@
+"""How reward functions are called (hf_ppo/rollout/reward_calls.py): the prompt dataset's columns reach reward
+functions in TRL's calling convention (aligned with every completion: num_generations 1 and 4, the refill, a resume,
+2-process DDP), None means "does not apply", errors name the function and the row, TRL's own reward functions run
+unchanged, and each reward logs rewards/<name>/mean and /std."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+from tqdm.auto import tqdm
+
+from hf_ppo import PPOConfig, PPOLMTrainer
+from hf_ppo.rollout import RewardFunctionError, RewardSet, check_reward_function
+from hf_ppo.trainer.data import PromptCollator, prepare_prompts
+
+ROOT = Path(__file__).resolve().parents[2]
+WORDS = ["movie", "food", "book", "show", "play", "song", "game", "town"]
+
+
+def question(i: int) -> str:
+    return f"the {WORDS[i % 8]} number {i} was"
+
+
+def answer_of(prompt) -> str:
+    """The answer each row carries: a function of its prompt, so any misalignment is caught."""
+    text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+    return str(int(text.split()[3]) * 7)
+
+
+def answers_dataset(n: int = 16, chat: bool = False) -> Dataset:
+    prompts = [question(i) for i in range(n)]
+    rows = {"prompt": [[{"role": "user", "content": p}] for p in prompts] if chat else prompts,
+            "answer": [answer_of(p) for p in prompts], "row_id": list(range(n))}
+    return Dataset.from_dict(rows)
+
+
+CALLS: list[int] = []
+
+
+def exact(prompts, completions, answer, **kwargs):
+    """A TRL-style reward: checks, for EVERY row, that `answer` is the one of the row its prompt came from."""
+    assert len(prompts) == len(completions) == len(answer) == len(kwargs["completion_ids"]) == len(kwargs["row_id"])
+    for p, a, r in zip(prompts, answer, kwargs["row_id"]):
+        if a != answer_of(p) or not (p if isinstance(p, str) else p[-1]["content"]).startswith(question(r)[:7]):
+            raise AssertionError(f"misaligned: prompt {p!r} got answer {a!r} (row {r})")
+    CALLS.append(len(completions))
+    return [float(len(c) % 2) for c in completions]
+
+
+def args_for(out, **overrides) -> PPOConfig:
+    defaults = dict(output_dir=str(out), per_device_train_batch_size=4, gradient_accumulation_steps=1,
+                    num_mini_batches=2, num_ppo_epochs=1, max_steps=4, response_length=4, logging_steps=1,
+                    learning_rate=1e-3, report_to=[], save_strategy="no", num_sample_generations=0,
+                    disable_tqdm=True, seed=0, reward_quantization="none")
+    defaults.update(overrides)
+    return PPOConfig(**defaults)
+
+
+def trainer_for(tiny_models, tokenizer, out, reward=exact, dataset=None, **overrides) -> PPOLMTrainer:
+    return PPOLMTrainer(model=tiny_models["policy"], args=args_for(out, **overrides), processing_class=tokenizer,
+                        reward_model=reward, train_dataset=dataset if dataset is not None else answers_dataset())
+
+
+def logged(trainer, key) -> list[float]:
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+# ---- the columns travel ----------------------------------------------------------------------------------------------
+def test_prepare_prompts_keeps_every_column_and_the_collator_returns_them(tokenizer):
+    data = prepare_prompts(answers_dataset(4), tokenizer, "train_dataset", max_prompt_length=None,
+                           response_length=4, context=None)
+    assert set(data.column_names) == {"prompt", "input_ids", "answer", "row_id"}
+    batch = PromptCollator(tokenizer.pad_token_id)([data[2], data[0], data[0]])
+    assert batch["columns"] == {"answer": ["14", "0", "0"], "row_id": [2, 0, 0]}
+    # Pre-tokenized rows: the prompt is their decoded text, the padding mask is dropped, the other columns stay.
+    ids = tokenizer(["the movie was", "a"])
+    pre = Dataset.from_dict({"input_ids": ids["input_ids"], "attention_mask": ids["attention_mask"],
+                             "solution": ["x", "y"]})
+    data = prepare_prompts(pre, tokenizer, "train_dataset", max_prompt_length=None, response_length=4, context=None)
+    assert set(data.column_names) == {"prompt", "input_ids", "solution"}
+    assert PromptCollator(tokenizer.pad_token_id)([data[1], data[0]])["columns"] == {"solution": ["y", "x"]}
+    # Chat rows ('messages'): renamed to 'prompt', the other columns kept, none of them the prompt itself.
+    chat = Dataset.from_dict({"messages": [[{"role": "user", "content": "hi"}]], "answer": ["1"]})
+    data = prepare_prompts(chat, tokenizer, "train_dataset", max_prompt_length=None, response_length=4, context=None)
+    assert PromptCollator(tokenizer.pad_token_id)([data[0]])["columns"] == {"answer": ["1"]}
+
+
+@pytest.mark.parametrize("settings", [
+    {},
+    {"advantage_estimator": "grpo", "num_generations": 4},
+], ids=["k1", "grpo_k4"])
+def test_every_completion_gets_its_own_rows_answer(tiny_models, tokenizer, tmp_path, settings):
+    CALLS.clear()
+    trainer = trainer_for(tiny_models, tokenizer, tmp_path, **settings)
+    trainer.train()
+    assert sum(CALLS) >= 16  # 2 iterations x 8 rows, every row checked (the probe's calls come on top)
+    assert logged(trainer, "rewards/exact/mean") and logged(trainer, "rewards/exact/std")
+
+
+def test_refill_prompts_carry_their_own_columns(tiny_models, tokenizer, tmp_path):
+    CALLS.clear()
+
+    def uniform(prompts, completions, answer, **kwargs):
+        exact(prompts, completions, answer, **kwargs)
+        return [float(int(a) % 2) for a in answer]  # the same for a whole group: every group dropped and refilled
+
+    trainer = trainer_for(tiny_models, tokenizer, tmp_path, reward=uniform, advantage_estimator="grpo",
+                          num_generations=4, drop_uniform_groups=True, max_refill_rounds=2, max_steps=2)
+    trainer.train()
+    assert max(logged(trainer, "rollout/refill_rounds")) == 2  # the refill ran, its rows checked by `exact`
+
+
+def test_resumed_run_keeps_columns_aligned(tiny_models, tokenizer, tmp_path):
+    first = trainer_for(tiny_models, tokenizer, tmp_path, max_steps=4, save_strategy="steps", save_steps=2)
+    first.train()
+    CALLS.clear()
+    second = trainer_for(tiny_models, tokenizer, tmp_path, max_steps=4, save_strategy="no")
+    second.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert second.state.global_step == 4 and sum(CALLS) >= 8  # one more iteration, its rows all checked
+
+
+# ---- the calling convention ------------------------------------------------------------------------------------------
+def test_positional_callables_keep_todays_call(tiny_models, tokenizer, tmp_path):
+    seen = []
+
+    def positional(p, c):
+        seen.append((p, c))
+        return [0.5] * len(c)
+
+    trainer = trainer_for(tiny_models, tokenizer, tmp_path, reward=positional, max_steps=2)
+    trainer.train()
+    prompts, completions = seen[-1]
+    assert all(isinstance(x, str) for x in prompts + completions)
+    assert {p for p, _ in seen[1:] for p in p} <= {question(i) for i in range(16)}  # prompt texts, decoded
+
+
+def test_chat_completions_in_trls_form_and_trls_reward_functions(tiny_models, tokenizer, tmp_path):
+    from trl.rewards import think_format_reward
+
+    seen = []
+
+    def chat_exact(prompts, completions, answer, **kwargs):
+        seen.append(completions)
+        assert all(isinstance(p, list) and p[-1]["role"] == "user" for p in prompts)
+        return exact(prompts, [c[0]["content"] for c in completions], answer, **kwargs)
+
+    trainer = trainer_for(tiny_models, tokenizer, tmp_path, reward=[chat_exact, think_format_reward],
+                          dataset=answers_dataset(chat=True), max_steps=2)
+    trainer.train()
+    assert all(isinstance(c, list) and len(c) == 1 and c[0]["role"] == "assistant" for c in seen[-1])
+    assert logged(trainer, "rewards/think_format_reward/mean") == [0.0]  # no <think> from a tiny model
+
+
+def test_trl_accuracy_reward_runs_unchanged(tiny_models, tokenizer, tmp_path):
+    pytest.importorskip("math_verify", reason="trl.rewards.accuracy_reward needs the math-verify package "
+                                              "(pip install 'hf_ppo[math]')")
+    from trl.rewards import accuracy_reward
+
+    data = answers_dataset(chat=True).rename_column("answer", "solution").map(lambda r: {"solution": "$7$"})
+    trainer = trainer_for(tiny_models, tokenizer, tmp_path, reward=[accuracy_reward, exact_ignoring_answer],
+                          dataset=data, max_steps=2)
+    trainer.train()
+    assert logged(trainer, "rewards/accuracy_reward/mean") == [0.0]  # a tiny model never writes 7
+
+
+def exact_ignoring_answer(prompts, completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def test_signature_errors_name_the_function_parameter_and_columns(tiny_models, tokenizer, tmp_path):
+    def needs_solution(completions, solution, **kwargs):
+        return [0.0] * len(completions)
+
+    with pytest.raises(TypeError, match=r"'needs_solution' needs a parameter 'solution'.*\['answer', 'row_id'\]"):
+        trainer_for(tiny_models, tokenizer, tmp_path, reward=needs_solution)
+    check_reward_function(needs_solution, None, "needs_solution")  # columns unknown: not checked yet
+    check_reward_function(lambda p, c: [0.0], ["answer"], "lambda")  # two positional parameters: today's call
+    with pytest.raises(TypeError, match="not callable"):
+        check_reward_function("exact", ["answer"], "exact")
+
+
+# ---- None: does not apply --------------------------------------------------------------------------------------------
+def rows_of(tokenizer, prompts, completions):
+    q = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    r = tokenizer(completions, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    return dict(queries=q["input_ids"], query_mask=q["attention_mask"].bool(), responses=r["input_ids"],
+                response_mask=r["attention_mask"].bool(), tokenizer=tokenizer, prompts=prompts, batch_size=4)
+
+
+def test_none_leaves_a_term_out_and_all_none_is_an_error(tokenizer):
+    def first(prompts, completions, kind, **kwargs):
+        return [1.0 if k == "a" else None for k in kind]
+
+    def second(prompts, completions, kind, **kwargs):
+        return [None if k == "a" else 3.0 if k == "b" else None for k in kind]
+
+    rewards = RewardSet([first, second], [None, None], ["first", "second"], [0.5, 2.0])
+    batch = rows_of(tokenizer, ["x", "y"], ["u", "v"])
+    combined, raw = rewards.score(**batch, columns={"kind": ["a", "b"]})
+    assert combined.tolist() == [0.5, 6.0]  # each row: only the reward that applies, with its weight
+    assert raw["first"].tolist() == [1.0, 0.0] and raw["second"].tolist() == [0.0, 3.0]
+    with pytest.raises(ValueError, match=r"Every reward returned None.*row 1 of the batch \(prompt 'y'\); rewards: "
+                                         r"first, second.*return a number"):
+        rewards.score(**batch, columns={"kind": ["a", "c"]})
+
+
+def test_normalize_each_reward_skips_none_rows(tokenizer):
+    def half(prompts, completions, kind, **kwargs):
+        return [float(k) if k < 10 else None for k in kind]
+
+    rewards = RewardSet([half], [None], ["half"], [1.0], normalize_each=True)
+    batch = rows_of(tokenizer, ["x", "y", "z", "w"], ["u", "v", "s", "t"])
+    with pytest.raises(ValueError, match="Every reward returned None"):
+        rewards.score(**batch, columns={"kind": [1, 3, 100, 100]}, gather=lambda t: t)
+    rewards = RewardSet([half, lambda p, c: [0.0] * len(c)], [None, None], ["half", "zero"], [1.0, 1.0],
+                        normalize_each=True)
+    rewards.score(**batch, columns={"kind": [1, 3, 100, 100]}, gather=lambda t: t)
+    assert rewards.moments[0].mean == pytest.approx(2.0) and rewards.moments[0].count == 2  # not the None rows
+
+
+def test_metrics_exclude_none_rows_and_the_bar_shows_the_first_reward(tiny_models, tokenizer, tmp_path):
+    def sometimes(prompts, completions, row_id, **kwargs):
+        return [1.0 if r % 2 else None for r in row_id]
+
+    def always(prompts, completions):
+        return [0.0] * len(completions)
+
+    trainer = trainer_for(tiny_models, tokenizer, tmp_path, reward=[sometimes, always], max_steps=2)
+    trainer.train()
+    assert logged(trainer, "rewards/sometimes/mean") == [1.0]  # the None rows are no zeros
+    assert logged(trainer, "rewards/sometimes/std") == [0.0]
+    assert logged(trainer, "rewards/always/mean") == [0.0]
+    from hf_ppo.trainer.progress import PPOProgressCallback
+
+    bar = PPOProgressCallback(trainer.args)
+    bar.training_bar = tqdm(total=1, file=io.StringIO())  # tqdm's own set_postfix: a fake would hide a clash
+    bar.caption(trainer.state, trainer.state.log_history[0])
+    assert "sometimes=1.000" in bar.training_bar.postfix
+    # A reward named like the bar's own fields (the demo's reward model is "reward") gets "_mean", never a clash.
+    bar.caption(trainer.state, {"objective/scores": 1.0, "objective/kl": 0.25, "rewards/reward/mean": 0.5})
+    assert bar.training_bar.postfix == f"reward=1.000, reward_mean=0.500, {bar.kl_label}=0.250"
+
+
+# ---- errors inside a reward function ---------------------------------------------------------------------------------
+def test_an_exception_names_the_function_and_the_first_failing_row(tokenizer):
+    def picky(prompts, completions, answer, **kwargs):
+        return [1.0 / (a != "7") for a in answer]
+
+    rewards = RewardSet.single(picky)
+    batch = rows_of(tokenizer, ["x", "y", "z"], ["u", "v", "w"])
+    with pytest.raises(RewardFunctionError, match=r"'picky' raised ZeroDivisionError.*row 1 alone \(prompt 'y', "
+                                                  r"completion 'v'\)") as info:
+        rewards.score(**batch, columns={"answer": ["1", "7", "7"]})
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_an_exception_at_the_probe_fails_construction(tiny_models, tokenizer, tmp_path):
+    def broken(completions, answer, **kwargs):
+        raise KeyError("solution")
+
+    with pytest.raises(RewardFunctionError, match=r"'broken' raised KeyError.*row 0 alone \(prompt 'the movie"):
+        trainer_for(tiny_models, tokenizer, tmp_path, reward=broken)
+
+
+# ---- 2-process DDP ---------------------------------------------------------------------------------------------------
+DRIVER = textwrap.dedent("""
+    import faulthandler; faulthandler.enable()  # a crash prints each thread's Python stack
+    import json, os, sys
+    sys.path.insert(0, sys.argv[2])
+    import tests.rollout.test_reward_calls as t
+    trainer = t.trainer_for({"policy": sys.argv[3]}, t.tokenizer_of(sys.argv[3]), sys.argv[1], use_cpu=True,
+                            per_device_train_batch_size=2, num_mini_batches=1, advantage_estimator="grpo",
+                            num_generations=2, max_steps=2)
+    trainer.train()
+    with open(os.path.join(sys.argv[1], f"rank{trainer.args.process_index}.json"), "w") as f:
+        json.dump({"calls": sum(t.CALLS), "world_size": trainer.args.world_size}, f)
+    trainer.accelerator.end_training()  # as `hf-ppo train` ends: the process group destroyed
+    # Then out without interpreter finalization, where gloo's worker threads can abort a process whose work is
+    # done (pytorch/pytorch#190489): the test reads what each rank wrote, and a teardown abort would fail it.
+    sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
+""")
+
+
+def tokenizer_of(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def test_two_ddp_processes_keep_columns_aligned(tiny_models, tmp_path):
+    (tmp_path / "driver.py").write_text(DRIVER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "recipes/accelerate/ddp.yaml"), "--num_processes", "2", "--main_process_port", "29537",
+               str(tmp_path / "driver.py"), str(tmp_path), str(ROOT), tiny_models["policy"]]
+    result = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in reports] == [2, 2]
+    assert all(r["calls"] >= 4 for r in reports)  # each rank's rows checked by `exact`

@@ -1,0 +1,1 @@
+"""Tests of hf_ppo.runtime, one file per module."""

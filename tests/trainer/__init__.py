@@ -1,0 +1,1 @@
+"""Tests of hf_ppo.trainer, one file per module."""

@@ -1,0 +1,680 @@
+"""Never lose a run: crashes inside a checkpoint write, exact resume part-way through an iteration, NaN and
+huge rewards, resume with changed settings, and every bad config value, data row and reward output refused."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from transformers import TrainingArguments
+
+from hf_ppo import PPOConfig, PPOLMTrainer
+from hf_ppo.rollout.scoring import check_reward_values
+from hf_ppo.trainer.checkpoint import CheckpointError, compare_settings, default_settings, problems, settings
+from hf_ppo.trainer.guard import NonFiniteError
+
+
+def count_e(prompts, completions):
+    return [float(c.count("e")) for c in completions]
+
+
+def make_args(out, **overrides) -> PPOConfig:
+    # 4 optimizer steps per iteration (2 epochs x 2 minibatches), 8 prompts per rollout.
+    defaults = dict(
+        output_dir=str(out), per_device_train_batch_size=4, gradient_accumulation_steps=1, num_mini_batches=2,
+        num_ppo_epochs=2, max_steps=8, response_length=6, logging_steps=1, learning_rate=1e-2, report_to=[],
+        save_strategy="no", num_sample_generations=0, disable_tqdm=True, seed=0, adaptive_kl=True, kl_coef=0.1,
+    )
+    defaults.update(overrides)
+    return PPOConfig(**defaults)
+
+
+def lora():
+    from peft import LoraConfig
+
+    return LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def make_trainer(models, tokenizer, out, peft=None, reward=count_e, **overrides):
+    dataset = Dataset.from_dict({"prompt": ["the movie was", "the food was", "the book was", "the show was"] * 4})
+    return PPOLMTrainer(model=models["policy"], args=make_args(out, **overrides), processing_class=tokenizer,
+                        reward_model=reward, train_dataset=dataset, peft_config=peft)
+
+
+def logged(trainer):
+    """Every logged training metric, minus timings (the only things that may differ between two runs)."""
+    return [{k: v for k, v in e.items() if not k.startswith("time/") and "per_second" not in k and "runtime" not in k
+             and k not in ("train_loss", "total_flos")} for e in trainer.state.log_history]
+
+
+def assert_same_weights(a, b):
+    for (name, x), y in zip(a.model.named_parameters(), b.model.parameters()):
+        assert torch.equal(x, y), name
+
+
+# ---- exact resume part-way through an iteration -------------------------------------------------------------------
+@pytest.fixture(scope="module", params=[True, False], ids=["lora", "full"])
+def straight_run(request, tiny_models, tokenizer, tmp_path_factory):
+    """8 steps (2 iterations) uninterrupted, saving at steps 3 and 6: both part-way through an iteration."""
+    out = tmp_path_factory.mktemp("straight")
+    peft = lora() if request.param else None
+    trainer = make_trainer(tiny_models, tokenizer, out, peft, save_strategy="steps", save_steps=3)
+    trainer.train()
+    return trainer, out, peft
+
+
+def test_resume_mid_iteration_equals_uninterrupted_run(straight_run, tiny_models, tokenizer, tmp_path):
+    straight, out, peft = straight_run
+    assert os.path.isfile(out / "checkpoint-3" / "rollout_buffer.safetensors")  # 3 of the iteration's 4 steps done
+    resumed = make_trainer(tiny_models, tokenizer, tmp_path / "resumed", peft)
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
+    assert_same_weights(straight, resumed)
+    assert straight.kl_ctl.value == resumed.kl_ctl.value and resumed.iteration == 2
+    # Every logged metric, bitwise (the resumed history holds steps 1-3 from the checkpoint, then its own 4-8).
+    assert len(logged(straight)) == 9 and logged(straight) == logged(resumed)
+
+
+def test_resume_with_changed_settings_is_an_error_listing_each(straight_run, tiny_models, tokenizer, tmp_path):
+    _, out, peft = straight_run
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path / "changed", peft, kl_coef=0.3, num_mini_batches=1,
+                           per_device_train_batch_size=8)
+    with pytest.raises(CheckpointError) as err:
+        trainer.train(resume_from_checkpoint=str(out / "checkpoint-6"))
+    message = str(err.value)
+    assert "kl_coef: checkpoint 0.1, now 0.3" in message and "num_mini_batches: checkpoint 2, now 1" in message
+    assert "per_device_train_batch_size: checkpoint 4, now 8" in message
+    assert "allow_config_change_on_resume=True" in message
+
+
+def test_resume_with_changed_settings_opt_in_applies_new_values(straight_run, tiny_models, tokenizer, tmp_path):
+    _, out, peft = straight_run
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path / "changed", peft, kl_coef=0.3, adaptive_kl=False,
+                           cliprange=0.1, allow_config_change_on_resume=True)
+    with pytest.warns(UserWarning, match=r"changed settings.*cliprange.*kl_coef.*rollout is discarded"):
+        trainer._load_from_checkpoint(str(out / "checkpoint-6"))
+    assert trainer.kl_ctl.value == 0.3  # the new coefficient, not the checkpoint's adapted one
+    assert trainer.iteration == 2 and trainer._schedule is None  # a fresh rollout serves the rest of the iteration
+
+
+# ---- a crash inside a checkpoint write ----------------------------------------------------------------------------
+def _raise_after(owner, name, in_checkpoint="checkpoint-4"):
+    """Wrap owner.name: run it, then raise (a kill right after that file was written) when saving `in_checkpoint`."""
+    original = getattr(owner, name)
+
+    def wrapped(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if any(in_checkpoint in str(a) for a in [*args, *kwargs.values()]):
+            raise KeyboardInterrupt(f"killed after {name}")
+        return result
+    return wrapped
+
+
+def _truncating_save_to_json(real):
+    """TrainerState.save_to_json that is killed half-way through writing checkpoint-4's trainer_state.json."""
+    def save_to_json(self, json_path):
+        if "checkpoint-4" not in json_path:
+            return real(self, json_path)
+        text = json.dumps({"global_step": self.global_step, "log_history": self.log_history}, indent=2)
+        with open(json_path, "w") as f:
+            f.write(text[: len(text) // 2])
+        raise KeyboardInterrupt("killed while writing trainer_state.json")
+    return save_to_json
+
+
+@pytest.fixture(scope="module")
+def reference_4_steps(tiny_models, tokenizer, tmp_path_factory):
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path_factory.mktemp("ref4"), lora(), max_steps=4,
+                           num_ppo_epochs=1)
+    trainer.train()
+    return trainer
+
+
+# Killed after the PPO part, after Trainer's weights, after its RNG state (its optimizer comes just before), and half-way
+# through trainer_state.json; test_killed_process_mid_save_resumes kills inside ppo_state.json.
+@pytest.mark.parametrize("crash", ["value_head", "policy", "rng", "trainer_state"])
+def test_crash_while_saving_keeps_previous_checkpoint(crash, reference_4_steps, tiny_models, tokenizer, lora_config,
+                                                      tmp_path, monkeypatch):
+    import transformers
+
+    from hf_ppo.trainer import checkpoint as ckpt
+
+    out = tmp_path / "out"
+    kwargs = dict(max_steps=4, num_ppo_epochs=1, save_strategy="steps", save_steps=2, save_total_limit=1)
+    trainer = make_trainer(tiny_models, tokenizer, out, lora_config, **kwargs)
+    if crash in ("value_head", "ppo_state"):
+        target = "value_head.safetensors" if crash == "value_head" else "ppo_state.json"
+        monkeypatch.setattr(ckpt, "_atomic_write", _raise_after(ckpt, "_atomic_write", f"checkpoint-4/{target}"))
+    elif crash == "trainer_state":
+        monkeypatch.setattr(transformers.TrainerState, "save_to_json",
+                            _truncating_save_to_json(transformers.TrainerState.save_to_json))
+    else:
+        name = {"policy": "_save", "optimizer": "_save_optimizer_and_scheduler", "rng": "_save_rng_state"}[crash]
+        monkeypatch.setattr(trainer, name, _raise_after(trainer, name))
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    monkeypatch.undo()
+
+    # The previous checkpoint survived rotation (save_total_limit=1) and is complete; the new one is not.
+    assert problems(str(out / "checkpoint-2")) == []
+    issues = problems(str(out / "checkpoint-4"))
+    assert issues
+
+    # An explicit path to the incomplete checkpoint: an error naming what is missing (before anything is loaded).
+    resumed = make_trainer(tiny_models, tokenizer, out, lora_config, **kwargs)
+    with pytest.raises(CheckpointError, match=r"checkpoint-4: .*(missing|unreadable)"):
+        resumed.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    assert not os.path.isdir(out / "checkpoint-4")  # moved out of Trainer's sight
+    os.replace(out / "incomplete-checkpoint-4", out / "checkpoint-4")  # as the kill left it, for the True case
+
+    # True: the incomplete checkpoint is skipped with a warning naming it; the run resumes from checkpoint-2 and ends
+    # exactly where an uninterrupted run ends.
+    with pytest.warns(UserWarning, match=r"Skipping incomplete checkpoint .*checkpoint-4"):
+        resumed.train(resume_from_checkpoint=True)
+    assert_same_weights(reference_4_steps, resumed)
+    assert problems(str(out / "checkpoint-4")) == []
+
+
+def test_crash_during_rotation_resumes_from_the_new_checkpoint(tiny_models, tokenizer, lora_config, tmp_path,
+                                                               monkeypatch):
+    import transformers.trainer
+
+    out = tmp_path / "out"
+    kwargs = dict(max_steps=4, num_ppo_epochs=1, save_strategy="steps", save_steps=2, save_total_limit=1)
+    trainer = make_trainer(tiny_models, tokenizer, out, lora_config, **kwargs)
+    calls = []
+
+    def killed_rotation(**kw):
+        calls.append(kw)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed during rotation")
+    monkeypatch.setattr(transformers.trainer, "rotate_checkpoints", killed_rotation)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    monkeypatch.undo()
+    assert problems(str(out / "checkpoint-2")) == [] and problems(str(out / "checkpoint-4")) == []
+
+
+def test_truncated_files_are_errors_naming_the_file(reference_4_steps, tiny_models, tokenizer, lora_config, tmp_path):
+    out = tmp_path / "out"
+    kwargs = dict(max_steps=2, num_ppo_epochs=1, save_strategy="steps", save_steps=2)
+    make_trainer(tiny_models, tokenizer, out, lora_config, **kwargs).train()
+    folder = out / "checkpoint-2"
+    for name in ("value_head.safetensors", "ppo_state.json", "adapter_model.safetensors", "optimizer.pt"):
+        broken = tmp_path / f"broken-{name}" / "checkpoint-2"
+        shutil.copytree(folder, broken)
+        with open(broken / name, "r+b") as f:
+            f.truncate(os.path.getsize(broken / name) // 2)
+        trainer = make_trainer(tiny_models, tokenizer, tmp_path / "other", lora_config, **kwargs)
+        with pytest.raises(CheckpointError, match=rf"{name} is unreadable"):
+            trainer._load_from_checkpoint(str(broken))
+
+
+def test_killed_process_mid_save_resumes(tiny_models, tokenizer, lora_config, tmp_path):
+    """A real SIGKILL while the second checkpoint is being written (the child kills itself from inside the write)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "out"
+    script = textwrap.dedent(f"""
+        import os, signal, torch
+        from datasets import Dataset
+        from transformers import AutoTokenizer
+        from peft import LoraConfig
+        from hf_ppo import PPOConfig, PPOLMTrainer
+        import hf_ppo.trainer.checkpoint as ckpt
+        torch.set_num_threads(1)
+        real = ckpt._atomic_write
+        def write(path, data):
+            if "checkpoint-4" in path and path.endswith("ppo_state.json"):
+                with open(path, "wb") as f:
+                    f.write(data[: len(data) // 3])
+                    f.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            real(path, data)
+        ckpt._atomic_write = write
+        args = PPOConfig(output_dir={str(out)!r}, per_device_train_batch_size=4, num_mini_batches=2, num_ppo_epochs=1,
+                         max_steps=4, response_length=6, learning_rate=1e-2, report_to=[], save_strategy="steps",
+                         save_steps=2, num_sample_generations=0, disable_tqdm=True, seed=0, adaptive_kl=True,
+                         kl_coef=0.1)
+        dataset = Dataset.from_dict({{"prompt": ["the movie was", "the food was"] * 8}})
+        PPOLMTrainer(model={tiny_models["policy"]!r}, args=args,
+                     processing_class=AutoTokenizer.from_pretrained({tiny_models["policy"]!r}),
+                     reward_model=lambda p, c: [float(x.count("e")) for x in c], train_dataset=dataset,
+                     peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                            task_type="CAUSAL_LM")).train()  # the lora_config fixture's
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
+    assert result.returncode == -9, result.stderr.decode()[-2000:]
+    assert problems(str(out / "checkpoint-2")) == []
+    assert any("ppo_state.json" in p for p in problems(str(out / "checkpoint-4")))
+    resumed = make_trainer(tiny_models, tokenizer, out, lora_config, num_ppo_epochs=1, max_steps=4, logging_steps=10)
+    with pytest.warns(UserWarning, match=r"Skipping incomplete checkpoint .*checkpoint-4 \(missing trainer_state"):
+        resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 4 and resumed.iteration == 2
+
+
+# ---- non-finite numbers ------------------------------------------------------------------------------------------
+class NaNOnCalls:
+    """A forward hook on the reward model's score head: NaN scores on the given rollout numbers (1-based)."""
+
+    def __init__(self, calls):
+        self.calls, self.n = set(calls), 0
+
+    def __call__(self, module, inputs, output):
+        self.n += 1
+        return output * float("nan") if self.n in self.calls else output
+
+
+def _reward_model(tiny_models):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(tiny_models["reward"])
+
+
+def test_nan_reward_model_rollout_is_dropped_and_sampled_again(tiny_models, tokenizer, lora_config, tmp_path):
+    reward = _reward_model(tiny_models)
+    reward.score.register_forward_hook(NaNOnCalls({2}))
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, lora_config, reward=reward, reward_quantization="none",
+                           save_strategy="steps", save_steps=4)
+    with pytest.warns(UserWarning, match=r"rollout dropped and sampled again \(scores: 8 NaN/inf of 8 responses"):
+        trainer.train()
+    assert trainer.state.global_step == 8 and trainer.iteration == 2
+    assert trainer.state.log_history[-2]["nonfinite/dropped_rollouts"] == 1
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_persistent_nan_stops_with_the_last_good_checkpoint(tiny_models, tokenizer, lora_config, tmp_path):
+    from safetensors.torch import load_file
+
+    reward = _reward_model(tiny_models)
+    reward.score.register_forward_hook(NaNOnCalls(range(2, 100)))
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, lora_config, reward=reward, reward_quantization="none",
+                           save_strategy="steps", save_steps=4, max_consecutive_nonfinite=3)
+    with pytest.raises(NonFiniteError, match=r"3 non-finite events in a row.*scores: 8 NaN/inf.*"
+                                             r"last complete checkpoint is .*checkpoint-4"):
+        trainer.train()
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-4"]
+    for name in ("adapter_model.safetensors", "value_head.safetensors"):
+        assert all(torch.isfinite(t).all() for t in load_file(tmp_path / "checkpoint-4" / name).values())
+
+
+def test_huge_scores_warn_and_never_give_silent_inf(tiny_models, tokenizer, lora_config, tmp_path):
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, lora_config, reward=lambda p, c: [1e20] * len(c),
+                           max_consecutive_nonfinite=2)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    with pytest.warns(UserWarning, match=r"scores reach 1e\+20.*normalize_rewards"):
+        with pytest.raises(NonFiniteError, match=r"loss is NaN/inf.*Scores reached 1e\+20.*normalize_rewards"):
+            trainer.train()
+    for name, p in trainer.model.named_parameters():
+        assert torch.equal(p, before[name]), name  # both skipped steps left every weight as it was
+
+
+def test_huge_scores_with_normalize_rewards_train(tiny_models, tokenizer, lora_config, tmp_path):
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, lora_config, reward=lambda p, c: [1e20 * len(x) for x in c],
+                           normalize_rewards=True, max_steps=4)
+    trainer.train()
+    assert trainer.state.log_history[-2]["nonfinite/skipped_steps"] == 0
+    assert all(math.isfinite(e.get("loss", 0.0)) for e in trainer.state.log_history)
+
+
+def test_nonfinite_weights_are_never_saved(tiny_models, tokenizer, lora_config, tmp_path):
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path / "run", lora_config)
+    with torch.no_grad():
+        next(p for n, p in trainer.model.named_parameters() if "lora_" in n).fill_(float("nan"))
+    with pytest.raises(RuntimeError, match="hold NaN/inf"):
+        trainer.save_model(str(tmp_path / "saved"))
+    assert not os.path.exists(tmp_path / "saved")
+
+
+# ---- bad values refused at construction ----------------------------------------------------------------------------
+@pytest.mark.parametrize("field, value", [
+    ("max_prompt_length", 0), ("max_prompt_length", -3), ("kl_coef", -0.1), ("kl_coef", float("nan")),
+    ("reward_clip", 0.0), ("reward_clip", -1.0), ("cliprange", 0.0), ("cliprange_value", 0.0), ("gamma", 1.5),
+    ("gamma", -0.1), ("lam", 1.01), ("kl_target", 0.0), ("kl_horizon", 0), ("top_k", -1), ("vf_coef", -1.0),
+    ("entropy_coef", float("inf")), ("missing_eos_penalty", float("nan")), ("critic_learning_rate", 0.0),
+    ("local_rollout_forward_batch_size", 0), ("num_ppo_epochs", 0), ("num_mini_batches", 0), ("response_length", 0),
+    ("temperature", 0.0), ("top_p", 0.0), ("max_consecutive_nonfinite", 0), ("num_sample_generations", -1),
+    ("stop_token_id", -2), ("per_device_train_batch_size", 0),
+])
+def test_each_bad_config_value_is_refused(tmp_path, field, value):
+    with pytest.raises(ValueError, match=rf"{field}={value!r}: must be"):
+        PPOConfig(output_dir=str(tmp_path), report_to=[], **{field: value})
+
+
+def test_all_config_errors_listed_at_once(tmp_path):
+    with pytest.raises(ValueError) as err:
+        PPOConfig(output_dir=str(tmp_path), report_to=[], gamma=2.0, kl_coef=-1.0, top_k=-5)
+    assert all(f"{name}=" in str(err.value) for name in ("gamma", "kl_coef", "top_k"))
+
+
+def test_good_edge_values_are_accepted(tmp_path):
+    with pytest.warns(UserWarning, match="vf_coef=0 with advantage_estimator='gae'"):  # legal, but said
+        PPOConfig(output_dir=str(tmp_path), report_to=[], gamma=0.0, lam=1.0, kl_coef=0.0, top_k=0,
+                  max_prompt_length=None, reward_clip=None, entropy_coef=-0.01, vf_coef=0.0)
+    PPOConfig(output_dir=str(tmp_path), report_to=[], missing_eos_penalty=0.0, cliprange=0.99, reward_weights=[0, 1],
+              critic_warmup_steps=9, max_steps=10)
+
+
+# Settings each legal alone that together would make a part of the objective a no-op or invert it (the README's
+# "Errors at construction" lists each): an error when PPOConfig is built, before any model loads.
+@pytest.mark.parametrize("settings, message", [
+    ({"missing_eos_penalty": -1.0}, r"missing_eos_penalty=-1.0: must be None or >= 0 .*pays the policy"),
+    ({"reward_weights": [0, 0.0]}, r"every weight is 0"),
+    ({"cliprange_low": 1.0}, r"cliprange_low=1.0: the lower clip bound .* can never bind"),
+    ({"cliprange": 1.5}, r"cliprange=1.5: the lower clip bound"),
+    ({"kl_estimator": "k4"}, r"kl_estimator='k4': choose 'k1', 'k2' or 'k3'"),
+    ({"adaptive_kl": True, "kl_coef": 0.0}, r"adaptive_kl=True with kl_coef=0: .*never acts"),
+], ids=["negative-eos-penalty", "zero-weights", "clip-low-never-binds",
+        "cliprange-never-binds", "unknown-kl-estimator", "adaptive-kl-from-zero"])
+def test_settings_that_would_silently_train_nothing_fail_at_construction(tmp_path, settings, message):
+    with pytest.raises(ValueError, match=message):
+        PPOConfig(output_dir=str(tmp_path), report_to=[], **settings)
+
+
+@pytest.mark.parametrize("warmup", [10, 50])
+def test_a_warmup_covering_the_whole_run_says_the_policy_will_not_train(tmp_path, warmup):
+    """A critic-only run can be meant (the critic first, then a resume with a longer max_steps): a warning."""
+    with pytest.warns(UserWarning, match=rf"critic_warmup_steps={warmup} covers the whole run .*policy ends where"):
+        PPOConfig(output_dir=str(tmp_path), report_to=[], critic_warmup_steps=warmup, max_steps=10)
+
+
+def test_a_warmup_covering_an_epoch_derived_run_says_so(tiny_models, tokenizer, tmp_path):
+    """max_steps unset: 16 prompts / 8 per iteration = 2 iterations x 4 optimizer steps x 1 epoch = 8 steps."""
+    with pytest.warns(UserWarning, match=r"critic_warmup_steps=8 covers the whole run \(1 epoch\(s\) of 2 iteration"
+                                         r"\(s\) x 4 optimizer steps = 8 steps\)"):
+        make_trainer(tiny_models, tokenizer, tmp_path, max_steps=-1, num_train_epochs=1, critic_warmup_steps=8)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*covers the whole run")
+        make_trainer(tiny_models, tokenizer, tmp_path, max_steps=-1, num_train_epochs=2, critic_warmup_steps=8)
+
+
+def test_a_negative_entropy_bonus_warns(tmp_path):
+    with pytest.warns(UserWarning, match=r"entropy_coef=-0.01 is negative: the loss pays the policy for lower entropy"):
+        PPOConfig(output_dir=str(tmp_path), report_to=[], entropy_coef=-0.01)
+
+
+@pytest.mark.parametrize("rows, message", [
+    ({"prompt": ["the movie was", None, "x"]}, r"row 1 is None"),
+    ({"messages": [["hello", "world"]] * 2}, r"row 0, turn 0 is a str"),
+    ({"messages": [[{"role": "user", "content": "hi"}], [{"role": "user", "content": None}]]},
+     r"row 1, turn 0 needs a 'role' \(string\) and a 'content'"),
+])
+def test_bad_data_rows_are_named(tokenizer, rows, message):
+    from hf_ppo.trainer.data import prepare_prompts
+
+    tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    with pytest.raises(ValueError, match=message):
+        prepare_prompts(Dataset.from_dict(rows), tok, "train_dataset", max_prompt_length=16, response_length=4,
+                        context=None)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"a": 1.0, "b": 2.0}, r"returned dict a dict with keys \['a', 'b'\]"),
+    (torch.ones(2, 1), r"Tensor of shape \(2, 1\).*squeeze"),
+    (np.ones((2, 2)), r"ndarray of shape \(2, 2\)"),
+    (["good", "bad"], r"non-number at position 0: str 'good'"),
+    ([1.0, None], r"non-number at position 1: NoneType"),
+    (3.0, r"returned float 3.0"),
+    ("1.0", r"returned str"),
+    ((x for x in [1.0, 2.0]), r"returned generator"),
+    ([1.0], r"returned 1 scores for 2 completions"),
+])
+def test_bad_reward_outputs_say_what_came_back(values, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        check_reward_values(values, 2)
+
+
+@pytest.mark.parametrize("values", [[1.0, 2], (1.0, True), torch.tensor([1.0, 2.0]), np.array([1.0, 2.0]),
+                                    [np.float32(1.0), torch.tensor(2.0)], [float("nan"), 1.0]])
+def test_good_reward_outputs(values):
+    scores = check_reward_values(values, 2)
+    assert scores.shape == (2,) and scores.dtype == torch.float32
+
+
+# ---- only hf_ppo's files --------------------------------------------------------------------------------------------
+def _foreign_checkpoint(out, step: int) -> dict:
+    """Another program's `checkpoint-N` in the output folder: its files and their bytes."""
+    folder = out / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "weights.bin").write_bytes(b"not hf_ppo's")
+    (folder / "notes.txt").write_text("written by another trainer")
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_another_programs_checkpoints_are_never_moved_or_replaced(tiny_models, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    before = _foreign_checkpoint(out, 100)
+    trainer = make_trainer(tiny_models, tokenizer, out, max_steps=2, save_strategy="steps", save_steps=2)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*incomplete checkpoint")  # it claims no cause it did not see
+        trainer.train()  # a fresh run: the foreign folder stays as it is, where it is
+    assert {p.name: p.read_bytes() for p in (out / "checkpoint-100").iterdir()} == before
+    assert not (out / "incomplete-checkpoint-100").exists()
+    assert (out / "checkpoint-2" / "hf_ppo_checkpoint.json").is_file()  # hf_ppo's own carry its marker
+    # Resuming "from the latest" when the latest is not hf_ppo's: an error naming it, the folder untouched.
+    resumed = make_trainer(tiny_models, tokenizer, out, max_steps=4, save_strategy="steps", save_steps=2)
+    with pytest.raises(ValueError, match=r"checkpoint-100: hf_ppo did not write it"):
+        resumed.train(resume_from_checkpoint=True)
+    assert {p.name: p.read_bytes() for p in (out / "checkpoint-100").iterdir()} == before
+
+
+def test_a_save_never_replaces_another_programs_checkpoint_of_the_same_step(tiny_models, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    before = _foreign_checkpoint(out, 2)
+    trainer = make_trainer(tiny_models, tokenizer, out, max_steps=2, save_strategy="steps", save_steps=2)
+    with pytest.raises(ValueError, match=r"checkpoint-2 exists and was not written by hf_ppo"):
+        trainer.train()
+    assert {p.name: p.read_bytes() for p in (out / "checkpoint-2").iterdir()} == before
+
+
+def test_a_rotation_that_would_delete_another_programs_checkpoint_is_refused(tiny_models, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    before = _foreign_checkpoint(out, 1)
+    trainer = make_trainer(tiny_models, tokenizer, out, max_steps=4, save_strategy="steps", save_steps=1,
+                           save_total_limit=1)
+    with pytest.raises(CheckpointError, match=r"save_total_limit=1 would let Trainer delete checkpoints .* hf_ppo did "
+                                              r"not write \(checkpoint-1: no hf_ppo_checkpoint.json\)"):
+        trainer.train()
+    assert trainer.state.global_step == 0  # refused before the first step
+    assert {p.name: p.read_bytes() for p in (out / "checkpoint-1").iterdir()} == before
+
+
+def test_an_incomplete_checkpoint_is_never_moved_onto_another_programs_folder(tmp_path):
+    from hf_ppo.trainer.checkpoint import MARKER_FILE, hide_incomplete
+
+    ours = tmp_path / "checkpoint-3"
+    ours.mkdir()
+    (ours / MARKER_FILE).write_text("{}")  # hf_ppo's, incomplete (no PPO state, no weights)
+    theirs = tmp_path / "incomplete-checkpoint-3"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("another program's")
+    assert hide_incomplete(str(tmp_path)) == []
+    assert (theirs / "notes.txt").read_text() == "another program's" and (ours / MARKER_FILE).is_file()
+
+
+# ---- resume tells the truth ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lora_checkpoint(tiny_models, tokenizer, tmp_path_factory):
+    """checkpoint-2 of a LoRA run (r=8), saved with the optimizer and without it."""
+    folders = {}
+    for only_model in (False, True):
+        out = tmp_path_factory.mktemp("lora_run")
+        make_trainer(tiny_models, tokenizer, out, lora(), max_steps=2, num_ppo_epochs=1, num_mini_batches=2,
+                     save_strategy="steps", save_steps=2, save_only_model=only_model).train()
+        folders[only_model] = str(out / "checkpoint-2")
+    return folders
+
+
+def test_a_checkpoint_saved_without_optimizer_resumes_with_a_warning_that_says_so(lora_checkpoint, tiny_models,
+                                                                                 tokenizer, tmp_path):
+    resumed = make_trainer(tiny_models, tokenizer, tmp_path, lora(), max_steps=4, num_ppo_epochs=1,
+                           num_mini_batches=2, save_only_model=True)
+    with pytest.warns(UserWarning, match=r"save_only_model=True .*optimizer's moments and the learning-rate "):
+        resumed.train(resume_from_checkpoint=lora_checkpoint[True])
+    assert resumed.state.global_step == 4
+
+
+def test_a_lora_checkpoint_resumed_without_peft_config_names_the_missing_argument(lora_checkpoint, tiny_models,
+                                                                                 tokenizer, tmp_path):
+    resumed = make_trainer(tiny_models, tokenizer, tmp_path, None, max_steps=4, num_ppo_epochs=1, num_mini_batches=2)
+    with pytest.raises(CheckpointError, match=r"holds a LoRA adapter .*pass the peft_config the run started with"):
+        resumed.train(resume_from_checkpoint=lora_checkpoint[False])
+
+
+def test_another_lora_rank_on_resume_is_named(lora_checkpoint, tiny_models, tokenizer, tmp_path):
+    from peft import LoraConfig
+
+    other = LoraConfig(r=4, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    resumed = make_trainer(tiny_models, tokenizer, tmp_path, other, max_steps=4, num_ppo_epochs=1, num_mini_batches=2)
+    with pytest.raises(CheckpointError, match=r"another LoRA configuration \(r: checkpoint 8, this run 4\)"):
+        resumed.train(resume_from_checkpoint=lora_checkpoint[False])
+
+
+# ---- every PPOConfig field, walked ---------------------------------------------------------------------------------
+# A bad value for each PPO field (derived from the dataclass below, so a new field cannot be forgotten): each must be
+# refused when PPOConfig is built, before any model loads.
+BAD_VALUES = {
+    "model_init_kwargs": "[1]", "ref_model_init_kwargs": "{not json", "reward_model_init_kwargs": "[1]",
+    "critic_model_init_kwargs": "[1]", "policy_quantization": "3bit", "ref_quantization": "fp8",
+    "reward_quantization": "2bit", "critic_quantization": "3bit", "disable_dropout": "false",
+    "reward_input_format": "xml", "rollout_engine": "vllm", "stop_token": "eot", "stop_token_ids": [-1],
+    "whiten_advantages": "no", "whiten_rewards": "yes", "critic": "twin", "advantage_estimator": "ppo2",
+    "scale_rewards": "false", "loss_aggregation": "sum", "cliprange_low": 0.0, "cliprange_high": -0.1,
+    "dual_clip": 1.0, "kl_estimator": "k4", "adaptive_kl": "true", "normalize_rewards": "on", "reward_weights": [],
+    "normalize_each_reward": "off", "overlong_buffer_length": 0, "push_merged_model": "yes",
+    "total_episodes": 0, "num_total_batches": 0, "local_batch_size": 8, "micro_batch_size": 8, "batch_size": 8,
+    "local_mini_batch_size": 8, "mini_batch_size": 8, "allow_config_change_on_resume": "yes", "print_metrics": "1",
+    "max_prompt_length": 0, "kl_coef": -0.1, "reward_clip": 0.0, "cliprange": 0.0, "cliprange_value": 0.0,
+    "gamma": 1.5, "lam": 1.01, "kl_target": 0.0, "kl_horizon": 0, "top_k": -1, "vf_coef": -1.0,
+    "entropy_coef": float("inf"), "missing_eos_penalty": -1.0,
+    "critic_learning_rate": -1.0, "critic_warmup_steps": -1, "num_generations": 0, "overlong_penalty_factor": -1.0,
+    "local_rollout_forward_batch_size": 0, "num_ppo_epochs": 0, "num_mini_batches": 0, "response_length": 0,
+    "temperature": 0.0, "top_p": 0.0, "max_consecutive_nonfinite": 0, "num_sample_generations": -1, "num_eval_samples": 0,
+    "stop_token_id": -2, "logits_memory_mb": 0, "dataset_num_proc": 0, "sft_model_path": "", "reward_model_path": " ",
+    "lam_critic": 1.5, "lam_length_alpha": 0.0, "critic_updates_per_step": 0, "max_refill_rounds": -1,
+    "importance_sampling_level": "group", "use_kl_loss": "yes", "use_bias_correction_kl": 1,
+    "drop_uniform_groups": "on", "watch_collapse": "true", "stop_on_collapse": "false", "collapse_kl_threshold": 0.0,
+    "critic_hub_model_id": "no-namespace", "apply_chat_template_to_text": "yes", "hub_base_model_id": "/home/me/base",
+}
+# Reviewed: fields for which every value of their type is legal (a name, a label).
+ACCEPTS_ANY_VALUE = {
+    "model_adapter_name": "the name of one of the policy's adapters (checked against the policy when it loads)",
+    "ref_adapter_name": "likewise, for the reference adapter",
+    "exp_name": "TRL's run label, used as run_name",
+    "ds3_gather_for_generation": "TRL's ZeRO-3 option: any value is ignored with a warning",
+}
+
+
+def ppo_fields() -> list[str]:
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    base = {f.name for f in fields(TrainingArguments)}
+    return [f.name for f in fields(PPOConfig) if f.name not in base]
+
+
+def test_every_ppo_field_has_a_bad_value_or_a_reviewed_reason():
+    missing = [n for n in ppo_fields() if n not in BAD_VALUES and n not in ACCEPTS_ANY_VALUE]
+    assert not missing, f"PPOConfig fields without a bad value in BAD_VALUES nor a reason in ACCEPTS_ANY_VALUE: {missing}"
+    assert not set(BAD_VALUES) - set(ppo_fields()) and not set(ACCEPTS_ANY_VALUE) - set(ppo_fields())
+
+
+@pytest.mark.parametrize("name", sorted(BAD_VALUES))
+def test_each_ppo_field_refuses_its_bad_value_at_construction(tmp_path, name):
+    with pytest.raises(ValueError, match=name):
+        PPOConfig(output_dir=str(tmp_path), report_to=[], **{name: BAD_VALUES[name]})
+
+
+# ---- the settings compared on resume ---------------------------------------------------------------------------------
+# The resume comparison covers every PPOConfig field that changes what a run computes.
+#
+# The fields come from the dataclass itself (PPOConfig's fields minus TrainingArguments'), so a new field is compared
+# on resume unless it is added, with its reason, to the reviewed list below. Each field is changed alone on a copy of
+# the settings and `checkpoint.compare_settings` must name it (or, for the reviewed list, must not).
+
+# Reviewed: PPOConfig fields a resume may change, each with why it does not change what training computes.
+MAY_CHANGE_ON_RESUME = {
+    "model_init_kwargs": "loading kwargs; may hold a Hub token, so never written to the checkpoint",
+    "ref_model_init_kwargs": "loading kwargs; may hold a Hub token, so never written to the checkpoint",
+    "reward_model_init_kwargs": "loading kwargs; may hold a Hub token, so never written to the checkpoint",
+    "num_sample_generations": "how many sample completions are logged; no effect on training",
+    "num_eval_samples": "how many responses evaluation samples per prompt; no effect on training",
+    "push_merged_model": "what is pushed to the Hub after training",
+    "critic_hub_model_id": "where push_to_hub pushes the critic after training",
+    "max_consecutive_nonfinite": "when the guard gives up, not what a good step computes",
+    "watch_collapse": "the collapse watch reads the logs; it computes nothing training uses",
+    "stop_on_collapse": "when the watch stops the run, not what a step computes",
+    "collapse_kl_threshold": "when the watch warns, not what a step computes",
+    "allow_config_change_on_resume": "the switch of this very comparison",
+    "total_episodes": "TRL's run length (sets max_steps): a resume may run longer",
+    "num_total_batches": "TRL's run length (sets max_steps): a resume may run longer",
+    "dataset_num_proc": "tokenization workers; the same tokens either way",
+    "ds3_gather_for_generation": "TRL's ZeRO-3 option, ignored by hf_ppo",
+    "exp_name": "TRL's experiment name (run_name): logging only",
+    "print_metrics": "console output only",
+}
+# TrainingArguments fields that fix the batch geometry and the prompt order: compared as well.
+GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed")
+PPO_FIELDS = sorted({f.name for f in dataclasses.fields(PPOConfig)}
+                    - {f.name for f in dataclasses.fields(TrainingArguments)})
+
+
+class Changed:
+    """A value no field holds; `settings` stores it as its str()."""
+
+    def __str__(self):
+        return "<changed on resume>"
+
+
+@pytest.fixture(scope="module")
+def args(tmp_path_factory):
+    return PPOConfig(output_dir=str(tmp_path_factory.mktemp("resume_settings")), report_to=[])
+
+
+def changed_names(args, name) -> set[str]:
+    other = copy.copy(args)
+    object.__setattr__(other, name, Changed())
+    return set(compare_settings(settings(args), settings(other)))
+
+
+def test_the_reviewed_list_names_only_real_fields():
+    assert set(MAY_CHANGE_ON_RESUME) <= set(PPO_FIELDS), set(MAY_CHANGE_ON_RESUME) - set(PPO_FIELDS)
+    assert all(reason.strip() for reason in MAY_CHANGE_ON_RESUME.values())
+
+
+@pytest.mark.parametrize("name", [n for n in PPO_FIELDS if n not in MAY_CHANGE_ON_RESUME] + list(GEOMETRY))
+def test_every_field_that_changes_the_run_is_compared_on_resume(args, name):
+    assert changed_names(args, name) == {name}, (
+        f"PPOConfig.{name} is not compared on resume: compare it (hf_ppo/trainer/checkpoint.py), or, if changing it on resume "
+        "cannot change what training computes, add it with its reason to MAY_CHANGE_ON_RESUME")
+
+
+@pytest.mark.parametrize("name", sorted(MAY_CHANGE_ON_RESUME))
+def test_fields_that_may_change_are_not_compared(args, name):
+    assert changed_names(args, name) == set(), f"{name} is compared on resume but listed as free to change"
+
+
+@pytest.mark.parametrize("name", [n for n in PPO_FIELDS if n not in MAY_CHANGE_ON_RESUME])
+def test_a_checkpoint_from_before_a_field_existed_resumes_at_its_default(args, name):
+    """A checkpoint written by an hf_ppo without `name` ran as its default does: resuming with the default is no
+    change (upgrading hf_ppo mid-run keeps the run); any other value is named."""
+    older = {k: v for k, v in settings(args).items() if k != name}
+    assert compare_settings(older, settings(args), default_settings(args)) == {}
+    other = copy.copy(args)
+    object.__setattr__(other, name, Changed())
+    changed = compare_settings(older, settings(other), default_settings(args))
+    assert set(changed) == {name} and "(not recorded)" in changed[name]

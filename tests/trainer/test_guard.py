@@ -1,0 +1,146 @@
+"""The non-finite guard through `PPOLMTrainer`: +inf, -inf and NaN, each on its own, in the scores, the loss and the
+gradients.
+
+- A non-finite loss or gradient skips the optimizer step: the weights AND the optimizer state (Adam's moments and
+  step count, which weight decay and momentum would otherwise move) are bitwise what they were before it.
+- A rollout with a non-finite score is dropped and sampled again: every running statistic it touched (the reward
+  normalisation's moments, each reward's own moments, the KL controller) is back to what it was before it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from hf_ppo import PPOLMTrainer
+from tests.integration.test_wiring import config, count_e, paths  # noqa: F401 (paths: the models fixture)
+from tests.wiring_models import PROMPTS, clone_batch, rollout_batch_in
+
+BAD = {"+inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
+
+
+def optimizer_state(optimizer) -> dict:
+    return {k: v.clone() if torch.is_tensor(v) else copy.deepcopy(v)
+            for slot, state in optimizer.state_dict()["state"].items() for k, v in
+            ((f"{slot}/{name}", value) for name, value in state.items())}
+
+
+class AfterEachStep(TrainerCallback):
+    """Copies of the weights and the optimizer state after every optimizer step."""
+
+    def __init__(self):
+        self.weights, self.optimizer = [], []
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        self.weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        self.optimizer.append(optimizer_state(optimizer))
+
+
+class BadStepTrainer(PPOLMTrainer):
+    """Makes optimizer step `bad_step` (1-based, one micro-batch per step) non-finite: its loss (`where="loss"`: a
+    return of the micro-batch set to the bad value, so the value loss is non-finite) or one parameter's gradient
+    (`where="grad"`, the loss stays finite)."""
+
+    def __init__(self, *args, where: str, value: float, bad_step: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.where, self.value, self.bad_step, self.calls, self._armed = where, value, bad_step, 0, False
+        param = next(p for p in self.model.parameters() if p.requires_grad)
+        param.register_hook(self._grad_hook)
+
+    def _grad_hook(self, grad):
+        if not self._armed:
+            return grad
+        self._armed = False
+        return torch.full_like(grad, self.value)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        self.calls += 1
+        if self.calls == self.bad_step and self.where == "loss":
+            batch = clone_batch(rollout_batch_in(inputs))
+            batch.returns[0, 0] = self.value
+            inputs = {**inputs, "batch": batch}
+        loss = super().compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        assert torch.isfinite(loss) != (self.calls == self.bad_step and self.where == "loss")
+        self._armed = self.calls == self.bad_step and self.where == "grad"
+        return loss
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+@pytest.mark.parametrize("where", ["loss", "grad"])
+def test_skipped_step_leaves_weights_and_optimizer_state_bitwise_unchanged(paths, tmp_path, where, bad):
+    args = config(tmp_path, per_device_train_batch_size=4, num_ppo_epochs=3, max_steps=3, learning_rate=1e-2,
+                  lr_scheduler_type="constant", weight_decay=0.1, response_length=4)
+    recorder = AfterEachStep()
+    trainer = BadStepTrainer(model=paths["llama"], args=args, reward_model=count_e, callbacks=[recorder],
+                             train_dataset=Dataset.from_dict({"prompt": PROMPTS[:4]}), where=where, value=BAD[bad],
+                             bad_step=2)
+    with pytest.warns(UserWarning, match=r"optimizer step skipped \((the loss is NaN/inf|the gradient norm is)"):
+        trainer.train()
+    assert trainer.state.global_step == 3 and len(recorder.weights) == 3
+    (w1, w2, w3), (o1, o2, o3) = recorder.weights, recorder.optimizer
+    assert set(o1) == set(o2) and any(k.endswith("exp_avg_sq") for k in o1) and any(k.endswith("step") for k in o1)
+    for name in w1:
+        assert torch.equal(w1[name], w2[name]), f"{name} moved in the skipped step"
+    for key in o1:
+        assert torch.equal(o1[key], o2[key]) if torch.is_tensor(o1[key]) else o1[key] == o2[key], key
+    # The next good step moves them again (the check above could fail).
+    assert any(not torch.equal(w2[n], w3[n]) for n in w2)
+    assert any(not torch.equal(o2[k], o3[k]) for k in o2 if torch.is_tensor(o2[k]))
+    assert trainer.state.log_history[-2]["nonfinite/skipped_steps"] == 1
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+def test_dropped_rollout_restores_every_running_statistic(paths, tmp_path, bad):
+    """Rollout 2 scores one response non-finite; when rollout 2 is sampled again (call 3 of the reward function),
+    the reward moments, each reward's moments and the KL controller must be as they were before rollout 2."""
+    seen, running = [], {}
+
+    def reward(prompts, completions):
+        scores = [float(len(c)) for c in completions]
+        if "trainer" not in running:  # the probe at construction
+            return scores
+        trainer = running["trainer"]
+        seen.append(copy.deepcopy((trainer.reward_moments.state_dict(), trainer.rewards.state_dict(),
+                                   trainer.kl_ctl.state_dict())))
+        if len(seen) == 2:
+            scores[0] = BAD[bad]
+        return scores
+
+    args = config(tmp_path, per_device_train_batch_size=4, max_steps=3, response_length=4, normalize_rewards=True,
+                  normalize_each_reward=True, reward_weights=[1.0, 0.5], adaptive_kl=True, kl_coef=0.1,
+                  kl_target=0.01, kl_horizon=10)
+    trainer = PPOLMTrainer(model=paths["llama"], args=args, reward_model=[reward, count_e],
+                           train_dataset=Dataset.from_dict({"prompt": PROMPTS[:4]}))
+    running["trainer"] = trainer
+    with pytest.warns(UserWarning, match=r"rollout dropped and sampled again .*from reward 'reward': 1 NaN/inf"):
+        trainer.train()
+    assert len(seen) == 4 and trainer.iteration == 3
+    assert seen[1] == seen[2], "the dropped rollout moved a running statistic"
+    assert seen[2] != seen[3], "a kept rollout moves them (the check above could fail)"
+    assert seen[1][0]["count"] == 4 and seen[3][0]["count"] == 8
+    assert trainer.state.log_history[-2]["nonfinite/dropped_rollouts"] == 1
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+def test_a_single_nonfinite_raw_score_drops_the_rollout(paths, tmp_path, bad):
+    """No normalisation and no whitening: +-inf stays an infinity (never turns into NaN) all the way to the returns."""
+    calls = []
+
+    def reward(prompts, completions):
+        calls.append(len(completions))
+        scores = [float(len(c)) for c in completions]
+        if len(calls) == 2:  # the first rollout (call 1 is the probe at construction)
+            scores[1] = BAD[bad]
+        return scores
+
+    args = config(tmp_path, per_device_train_batch_size=4, max_steps=2, response_length=4, whiten_advantages=False)
+    trainer = PPOLMTrainer(model=paths["llama"], args=args, reward_model=reward,
+                           train_dataset=Dataset.from_dict({"prompt": PROMPTS[:4]}))
+    with pytest.warns(UserWarning, match=r"rollout dropped and sampled again \(scores: 1 NaN/inf of 4 responses"):
+        trainer.train()
+    assert trainer.iteration == 2 and trainer.state.log_history[-2]["nonfinite/skipped_steps"] == 0
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
