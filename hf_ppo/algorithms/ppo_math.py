@@ -401,6 +401,7 @@ def policy_loss(
     loss_aggregation: str = "token_mean",
     max_length: int | None = None,
     importance_sampling_level: str = "token",
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Clipped surrogate objective (Schulman et al. 2017), as a loss to minimise, with its common variants.
 
@@ -413,8 +414,9 @@ def policy_loss(
     clip ranges are ~1e3 times smaller, e.g. 3e-4 / 4e-4); "token": PPO's per-token ratio.
     All inputs (batch, len). The per-token losses are reduced by `aggregate_loss` (`loss_aggregation`, `normalizer`,
     `max_length`): pass the whole minibatch's `loss_normalizer` so gradient accumulation over micro-batches gives the
-    same gradient. Returns (loss, clip fraction, approx KL = mean((logp - logp_old)^2) / 2); the last two are
-    detached token means.
+    same gradient. `token_weights` (batch, len), detached: each token's loss is multiplied by its weight before the
+    reduction (truncated importance sampling, `truncated_importance_weights`); None: 1. Returns (loss, clip fraction,
+    approx KL = mean((logp - logp_old)^2) / 2); the last two are detached token means.
     """
     low = cliprange if cliprange_low is None else cliprange_low
     high = cliprange if cliprange_high is None else cliprange_high
@@ -431,6 +433,8 @@ def policy_loss(
     per_token = torch.maximum(unclipped, clipped)
     if dual_clip is not None:
         per_token = torch.where(advantages < 0, torch.minimum(per_token, -dual_clip * advantages), per_token)
+    if token_weights is not None:
+        per_token = per_token * token_weights
     loss = aggregate_loss(per_token, mask, loss_aggregation, normalizer, max_length)
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
@@ -541,6 +545,18 @@ class RunningMoments:
         self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
 
 
+def truncated_importance_weights(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training"; TRL's and verl's correction for a vLLM sampler):
+
+    w_t = min(pi_old(a_t) / pi_sampler(a_t), cap) = min(exp(logp_old_t - logp_sampler_t), cap),
+
+    the tokens having been drawn by the sampler, whose numerics differ from the training model's. logprobs,
+    sampling_logprobs (B, R) -> w (B, R), detached (a weight on each token's policy loss, never differentiated).
+    """
+    return torch.exp(logprobs - sampling_logprobs).clamp(max=cap).detach()
+
+
 class Experience(NamedTuple):
     """The rollout's tensors the update reads, each (B, R) (`rollout.RolloutBatch` has them under these names): the
     sampled tokens, the old policy's log-probs and values, the advantages and returns, the policy's real tokens
@@ -553,6 +569,7 @@ class Experience(NamedTuple):
     returns: torch.Tensor
     policy_mask: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
+    sampling_logprobs: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -564,7 +581,8 @@ class LossSettings:
     (`policy_loss`); cliprange_value and vf_coef: the value loss (`value_loss`) and its weight; entropy_coef: the
     entropy bonus (0: off); loss_aggregation and response_length: the reduction (`aggregate_loss`; the generation
     budget is Dr. GRPO's constant divisor); use_bias_correction_kl: the KL loss term times the importance ratio;
-    memory_bytes: the budget of the vocabulary-wide fp32 work (`over_positions`).
+    memory_bytes: the budget of the vocabulary-wide fp32 work (`over_positions`); importance_sampling_cap: truncated
+    importance sampling's cap (`truncated_importance_weights`, against the engine's `sampling_logprobs`; None: off).
     """
 
     temperature: float
@@ -580,6 +598,7 @@ class LossSettings:
     importance_sampling_level: str = "token"
     use_bias_correction_kl: bool = False
     memory_bytes: int = LOGITS_MEMORY_BYTES
+    importance_sampling_cap: float | None = None
 
 
 def ppo_loss(logits: torch.Tensor, values: torch.Tensor | None, old: Experience, normalizer: torch.Tensor,
@@ -598,10 +617,14 @@ def ppo_loss(logits: torch.Tensor, values: torch.Tensor | None, old: Experience,
     temperature, memory_bytes, loss_aggregation = s.temperature, s.memory_bytes, s.loss_aggregation
     aggregation = {"loss_aggregation": loss_aggregation, "max_length": s.response_length}
     logprobs = logprobs_from_logits(logits, responses, temperature, memory_bytes)
+    weights = None
+    if s.importance_sampling_cap is not None and old.sampling_logprobs is not None:
+        weights = truncated_importance_weights(old_logprobs, old.sampling_logprobs, s.importance_sampling_cap)
     pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, old_logprobs, old.advantages, mask, s.cliprange,
                                                  normalizer, cliprange_low=s.cliprange_low,
                                                  cliprange_high=s.cliprange_high, dual_clip=s.dual_clip,
-                                                 importance_sampling_level=s.importance_sampling_level, **aggregation)
+                                                 importance_sampling_level=s.importance_sampling_level,
+                                                 token_weights=weights, **aggregation)
     loss, stats = pg_loss, {}
     if values is not None:
         vf_loss, vf_clipfrac = value_loss(values, old.values, old.returns, mask, s.cliprange_value, normalizer,
@@ -623,4 +646,6 @@ def ppo_loss(logits: torch.Tensor, values: torch.Tensor | None, old: Experience,
                                                         for k, v in stats.items()},
                  "policy/approxkl_avg": approxkl, "policy/clipfrac_avg": pg_clipfrac,
                  "val/ratio": masked_mean(ratio, mask), "val/ratio_var": masked_var(ratio, mask)}
+        if weights is not None:
+            stats["policy/importance_weight_avg"] = masked_mean(weights, mask)
     return loss, {k: v.detach() for k, v in stats.items()}

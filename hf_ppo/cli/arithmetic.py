@@ -10,7 +10,9 @@ layers) after a short supervised pass on worked questions ("What is 7 + 15? ####
 learned the format and some of the sums, not all of them. PPO with `reward_funcs` then raises the share it gets
 right; accuracy is measured greedily on held-out questions (never trained on) before and after.
 
-The SFT policy is cached under `<output_dir>/cache/<CACHE_VERSION>/sft`, like the demo's.
+The SFT policy is cached under `<output_dir>/cache/<CACHE_VERSION>/sft`, like the demo's. The question files and
+`summary.json` in `<output_dir>` are rewritten only when this command wrote them (`check_output_files`): a file of
+yours of one of those names stops it first, kept as it is.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import time
 from pathlib import Path
 
@@ -60,6 +63,50 @@ def split_pairs(seed: int = 0, max_operand: int = MAX_OPERAND, held_out: float =
 def rows(pairs, repeat: int = 1) -> list[dict]:
     """Dataset rows {"prompt", "answer"} for `pairs`, each repeated `repeat` times."""
     return [{"prompt": question(a, b), "answer": str(a + b)} for a, b in pairs] * repeat
+
+
+QUESTION = re.compile(r"What is (\d+) \+ (\d+)\?")
+QUESTION_FILES = ("train.jsonl", "test.jsonl")
+SUMMARY_FILE = "summary.json"
+SUMMARY_KEYS = {"seed", "accuracy_before", "accuracy_after", "held_out_questions", "optimizer_steps", "seconds",
+                "policy"}
+
+
+def _task_questions(path: Path) -> bool:
+    """Whether `path` holds this task's question rows only ({"prompt": "What is a + b?", "answer": "<a + b>"}): a file
+    `main` wrote, whatever version split the questions."""
+    try:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            match = QUESTION.fullmatch(row["prompt"]) if isinstance(row, dict) and set(row) == {"prompt", "answer"} \
+                else None
+            if match is None or row["answer"] != str(int(match.group(1)) + int(match.group(2))):
+                return False
+    except (OSError, UnicodeDecodeError, ValueError, TypeError):  # a folder, a binary file, a line that is no JSON
+        return False
+    return True
+
+
+def _task_summary(path: Path) -> bool:
+    """Whether `path` is a summary `main` wrote: a JSON object with its keys."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(summary, dict) and SUMMARY_KEYS <= set(summary)
+
+
+def check_output_files(out: Path) -> None:
+    """Before anything is built: `main` rewrites train.jsonl, test.jsonl and summary.json in `out` only when it wrote
+    them. A file of one of those names that it did not write (your own data) stops the run, naming it; it is kept."""
+    foreign = [out / name for name in QUESTION_FILES if (out / name).exists() and not _task_questions(out / name)]
+    if (out / SUMMARY_FILE).exists() and not _task_summary(out / SUMMARY_FILE):
+        foreign.append(out / SUMMARY_FILE)
+    if foreign:
+        raise SystemExit(f"{', '.join(map(str, foreign))}: not written by hf_ppo (not the arithmetic task's "
+                         f"{'files' if len(foreign) > 1 else 'file'}), and this command would overwrite "
+                         f"{'them' if len(foreign) > 1 else 'it'}. Nothing was changed. Run it with another "
+                         "--output_dir (a new folder), or move those files away.")
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -121,6 +168,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m hf_ppo.cli.arithm
 
     start = time.perf_counter()
     out = Path(args.output_dir).resolve()
+    check_output_files(out)  # before anything is built or written: a user's file of these names is kept
     sft_dir = out / "cache" / CACHE_VERSION / "sft"
     cached(lambda d: build_sft_policy(d, verbose=args.verbose), sft_dir, args.rebuild, "1/3 SFT policy")
     train_pairs, held_out_pairs = split_pairs()
@@ -143,7 +191,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m hf_ppo.cli.arithm
     summary = {"seed": args.seed, "accuracy_before": before, "accuracy_after": after,
                "held_out_questions": len(test_records), "optimizer_steps": trainer.state.global_step,
                "seconds": round(total_s, 1), "policy": str(out / "ppo")}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     return summary
 
 

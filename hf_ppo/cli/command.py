@@ -56,17 +56,33 @@ def evaluate_parser() -> argparse.ArgumentParser:
     add("--dataset", required=True, help="Prompts: a local .json/.jsonl/.csv/.parquet file or a Hub dataset id.")
     add("--dataset_config", default=None, help="Hub dataset configuration (subset) name.")
     add("--dataset_split", default="train", help="Split of a Hub dataset.")
-    add("--prompt_column", default="prompt", help="Column of the prompts (text, or chat messages).")
+    add("--prompt_column", default=None,
+        help="Column of the prompts (text, or chat messages). Default: the run's (its hf_ppo_run.json), else "
+             "'prompt'.")
+    add("--system_prompt", default=None,
+        help="A system message put first in every prompt, as PPOConfig's system_prompt. Default: the run's system "
+             "prompt (its hf_ppo_run.json), else none; --system_prompt '' evaluates without one.")
+    add("--apply_chat_template_to_text", choices=("true", "false"), default=None, type=str.lower,
+        help="Text prompts through the chat template as one user turn each (true) or as they are (false). Default: "
+             "as the run's prompts went in (its hf_ppo_run.json), else as they are, with a warning when the tokenizer "
+             "has a chat template.")
     add("--num_prompts", type=int, default=None, help="Evaluate on the first N prompts (default: all).")
     add("--output_dir", default="hf_ppo_eval", help="Where eval_report.md and metrics.json go.")
-    add("--response_length", type=int, default=53, help="Tokens sampled per response (as in training).")
-    add("--temperature", type=float, default=0.7, help="Sampling temperature (as in training).")
-    add("--top_p", type=float, default=1.0, help="Nucleus sampling (as in training).")
+    add("--response_length", type=int, default=None,
+        help=f"Tokens sampled per response. Default: the run's (its hf_ppo_run.json), else "
+             f"{SAMPLING_DEFAULTS['response_length']}.")
+    add("--temperature", type=float, default=None,
+        help=f"Sampling temperature. Default: the run's, else {SAMPLING_DEFAULTS['temperature']}.")
+    add("--top_k", type=int, default=None, help="Top-k sampling (0: off). Default: the run's, else off.")
+    add("--top_p", type=float, default=None, help="Nucleus sampling. Default: the run's, else 1.0 (off).")
     add("--batch_size", type=int, default=16, help="Prompts per sampling batch.")
     add("--num_samples", type=int, default=1,
         help="Responses sampled per prompt (k): with k > 1, pass@k of each 0/1 reward function (PPOConfig's "
              "num_eval_samples).")
     add("--seed", type=int, default=0, help="Sampling and bootstrap seed.")
+    add("--rollout_engine", choices=("kv_cache", "static", "vllm"), default="kv_cache",
+        help="What samples the responses (PPOConfig's name): 'vllm' samples the policy on vLLM (pip install "
+             "\"hf_ppo[vllm]\"; docs/guides/vllm.md).")
     for flag, what in (("policy", "the policy (a LoRA policy's base)"), ("ref", "the reference"),
                        ("reward", "the reward models and judges")):
         add(f"--{flag}_quantization", choices=QUANTIZATIONS, default=None,
@@ -75,11 +91,73 @@ def evaluate_parser() -> argparse.ArgumentParser:
     add("--precision", choices=PRECISIONS, default=None,
         help="Compute dtype of every model: bf16, fp16 or fp32. Default: the one the run that trained the policy used "
              "(its hf_ppo_run.json), else fp32.")
+    add("--disable_tqdm", action="store_true", help="No progress bar and no sampling status line while it samples.")
     return parser
 
 
 QUANTIZATIONS = ("4bit", "8bit", "none")
 PRECISIONS = ("bf16", "fp16", "fp32")
+# What `hf-ppo evaluate` samples with when neither an option nor the run record says (PPOConfig's defaults).
+SAMPLING_DEFAULTS = {"response_length": 53, "temperature": 0.7, "top_k": None, "top_p": 1.0}
+# The settings `recorded_prompting` resolves, and the option that overrides each.
+PROMPTING = ("prompt_column", "system_prompt", "apply_chat_template_to_text", *SAMPLING_DEFAULTS)
+
+
+def recorded_prompting(policy: str, args: argparse.Namespace) -> tuple[dict, list[str]]:
+    """(settings, recorded): how this evaluation prompts and samples, keyed as PPOConfig's fields (`PROMPTING`):
+    each option when given, else what the run that trained `policy` recorded beside it (the `prompts` and `sampling`
+    of its `hub.publish.RUN_RECORD_FILE`), else the defaults ('prompt', no system prompt, the text as it is,
+    `SAMPLING_DEFAULTS`); and the names of the settings taken from the record. A record written before these keys
+    existed records none of them. `--system_prompt ''` means none; the prompt format follows the run's: prompts that
+    went through the chat template there (`format` 'chat') do here."""
+    from ..hub.publish import read_run_record
+
+    record = (read_run_record(policy) if os.path.isdir(policy) else None) or {}
+    prompts, sampling = record.get("prompts") or {}, record.get("sampling") or {}
+    formats = {"chat": True, "text": False}
+    recorded = {"prompt_column": prompts.get("column"), "system_prompt": prompts.get("system_prompt"),
+                "apply_chat_template_to_text": formats.get(prompts.get("format"),
+                                                           prompts.get("apply_chat_template_to_text")),
+                **{name: sampling[name] for name in SAMPLING_DEFAULTS if name in sampling}}
+    recorded = {name: value for name, value in recorded.items() if value is not None or name in sampling}
+    given = {name: getattr(args, name) for name in PROMPTING if getattr(args, name) is not None}
+    if "apply_chat_template_to_text" in given:
+        given["apply_chat_template_to_text"] = given["apply_chat_template_to_text"] == "true"
+    if given.get("system_prompt") == "":
+        given["system_prompt"] = None
+    settings = {"prompt_column": None, "system_prompt": None, "apply_chat_template_to_text": None,
+                **SAMPLING_DEFAULTS, **recorded, **given}
+    return settings, [name for name in PROMPTING if name in recorded and name not in given]
+
+
+def recorded_step(policy: str) -> int:
+    """The optimizer steps the saved `policy` was trained for: its run record's `global_step`, else the
+    trainer_state.json `hf-ppo train` saves beside it, else `Evaluator.UNKNOWN_STEP` (a Hub id, another tool's
+    folder)."""
+    from ..evaluation.evaluator import Evaluator
+    from ..hub.publish import read_run_record
+
+    if os.path.isdir(policy):
+        step = (read_run_record(policy) or {}).get("global_step")
+        if isinstance(step, int):
+            return step
+        try:
+            with open(os.path.join(policy, "trainer_state.json")) as f:
+                step = json.load(f).get("global_step")
+        except (OSError, ValueError, AttributeError):
+            step = None
+        if isinstance(step, int):
+            return step
+    return Evaluator.UNKNOWN_STEP
+
+
+def recorded_note(settings: dict, recorded: list[str]) -> str | None:
+    """The line that says which settings came from the run record, and how to override them; None when none did."""
+    if not recorded:
+        return None
+    shown = ", ".join(f"{name} {settings[name]!r}" for name in recorded)
+    return (f"prompting and sampling as the run trained (its hf_ppo_run.json): {shown}. Override with "
+            + ", ".join(f"--{name}" for name in recorded) + ".")
 
 
 def _cuda_available() -> bool:
@@ -207,52 +285,86 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     except RewardFuncsError as err:
         raise SystemExit(f"hf-ppo evaluate: {err}") from err
     reference = args.reference or default_reference(args.policy)
-    from ..evaluation.report import REPORT_FILE, metrics_markdown
+    from ..evaluation.report import metrics_markdown, write_metrics
     from ..models import gguf
     from ..models.tokenizers import load_policy_tokenizer
     from ..trainer import PPOConfig, PPOLMTrainer
-    from .train import load_split, prompts_from_column, silence_known_warnings
+    from .train import load_split, prompts_from_column, silence_known_warnings, with_system_prompt
 
     silence_known_warnings()
     quantization = recorded_quantization(args.policy, args)
     precision, note = recorded_precision(args.policy, args)
     if note:
         print(f"hf-ppo evaluate: {note}")
-    config = PPOConfig(output_dir=args.output_dir, per_device_eval_batch_size=args.batch_size,
-                       bf16=precision == "bf16", fp16=precision == "fp16",
-                       # Trainer takes bf16 without a GPU only when told to run on the CPU
-                       use_cpu=precision == "bf16" and not _cuda_available(),
-                       response_length=args.response_length, temperature=args.temperature, top_p=args.top_p,
-                       seed=args.seed, report_to=[], disable_tqdm=True, save_strategy="no",
-                       num_eval_samples=args.num_samples, policy_quantization=quantization["policy"],
-                       ref_quantization=quantization["ref"], reward_quantization=quantization["reward"])
+    prompting, recorded = recorded_prompting(args.policy, args)
+    note = recorded_note(prompting, recorded)
+    if note:
+        print(f"hf-ppo evaluate: {note}")
+    try:
+        config = PPOConfig(output_dir=args.output_dir, per_device_eval_batch_size=args.batch_size,
+                           bf16=precision == "bf16", fp16=precision == "fp16",
+                           # Trainer takes bf16 without a GPU only when told to run on the CPU
+                           use_cpu=precision == "bf16" and not _cuda_available(),
+                           **{k: v for k, v in prompting.items() if k != "prompt_column"},
+                           seed=args.seed, report_to=[], disable_tqdm=args.disable_tqdm, save_strategy="no",
+                           rollout_engine=args.rollout_engine,
+                           num_eval_samples=args.num_samples, policy_quantization=quantization["policy"],
+                           ref_quantization=quantization["ref"], reward_quantization=quantization["reward"])
+    except ValueError as err:  # an option out of range (--temperature 0, --top_p 2): its line, without the traceback
+        raise SystemExit(f"hf-ppo evaluate: {err}".replace("Invalid PPOConfig:\n- ", "").replace("\n- ", "; "))
     policy, policy_kwargs = gguf.split_gguf_path(args.policy, None)  # a .gguf file: its folder and name
     tokenizer = load_policy_tokenizer(*gguf.converted(policy, policy_kwargs, "policy"))
-    prompts = prompts_from_column(load_split(args.dataset, args.dataset_config, args.dataset_split), args.prompt_column,
-                              tokenizer, args.dataset)
-    if args.num_prompts is not None:
-        prompts = prompts.select(range(min(args.num_prompts, len(prompts))))
+    try:  # the prompts checked as the trainer reads them, before any model loads
+        prompts = prompts_from_column(load_split(args.dataset, args.dataset_config, args.dataset_split),
+                                      prompting["prompt_column"], tokenizer, args.dataset)
+        if args.num_prompts is not None:
+            prompts = prompts.select(range(min(args.num_prompts, len(prompts))))
+        checked = with_system_prompt(prompts, config.system_prompt, tokenizer, args.dataset)
+    except ValueError as err:
+        raise SystemExit(f"hf-ppo evaluate: {err}") from err
     try:
-        check_signatures(funcs, {"the --dataset prompts": prompts})
+        check_signatures(funcs, {"the --dataset prompts": checked})
     except RewardFuncsError as err:
         raise SystemExit(f"hf-ppo evaluate: {err}") from err
     rewards = list(args.reward_model or []) + [f.func for f in funcs]
     rewards = rewards if len(rewards) > 1 else rewards[0]
     trainer = PPOLMTrainer(model=args.policy, args=config, processing_class=tokenizer, reward_model=rewards,
                            ref_model=reference, eval_reward_model=args.judge, eval_dataset=prompts)
+    trainer.evaluator.policy_step = recorded_step(args.policy)  # the report's title: the policy's training step
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # the tables below say it all, once
     metrics = trainer.evaluate()
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
-        json.dump({"policy": args.policy, "reference": reference, "quantization": quantization,
-                   "precision": precision, **metrics}, f, indent=2)
+    # A metrics.json (or eval_report.md) of the user's is kept, with a warning: the last line says what was written.
+    metrics_path = write_metrics(args.output_dir, {"policy": args.policy, "reference": reference,
+                                                   "quantization": quantization, "precision": precision, **metrics})
     loaded = "quantization: " + ", ".join(f"{name} {q}" for name, q in quantization.items()) + f"; {precision}"
     print(f"{args.policy} against {reference} on {len(prompts)} prompts of {args.dataset} ({loaded}):\n")
     print(metrics_markdown(metrics, "eval_"))
-    print(f"\nSide by side: {os.path.join(args.output_dir, REPORT_FILE)}")
+    print("\n" + written_files_line(args.output_dir, metrics_path))
     return metrics
+
+
+def written_files_line(output_dir: str, metrics_path: str | None) -> str:
+    """The command's last lines: where the side-by-side report and metrics.json are, or that they were not written
+    because a file of the user's of that name is there (kept as it is, `evaluation.report`): never a user's file
+    pointed at as if it were the report."""
+    from ..evaluation.report import METRICS_FILE, REPORT_FILE, written_by_hf_ppo
+
+    report = os.path.join(output_dir, REPORT_FILE)
+    lines, kept = [], []
+    if os.path.isfile(report) and written_by_hf_ppo(report):
+        lines.append(f"Side by side: {report}")
+    else:
+        kept.append(report)
+    if metrics_path is not None:
+        lines.append(f"Metrics: {metrics_path}")
+    else:
+        kept.append(os.path.join(output_dir, METRICS_FILE))
+    if kept:
+        lines.append(f"Not written: {' and '.join(kept)} (a file hf_ppo did not write is there, kept as it is); pass "
+                     "another --output_dir to get " + ("them." if len(kept) > 1 else "it."))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:

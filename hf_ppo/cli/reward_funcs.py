@@ -10,6 +10,11 @@ An entry is one of
   `<path>(**kwargs)` is called once and what it returns is the reward function. On the command line it is written as
   a JSON object: `--reward_funcs '{"trl.rewards.get_soft_overlong_punishment": {"max_completion_len": 64,
   "soft_punish_cache": 16}}'`.
+
+Imports resolve as in `python their_script.py` and `python -m`, whichever way hf-ppo was started (the console
+script's `sys.path[0]` is its scripts folder, not the working directory): a file's own folder is importable while
+the file runs (`from helpers import ...` at its top finds `helpers.py` beside it), and the working directory while a
+dotted path imports (a package of the project one runs from). Neither stays on `sys.path` afterwards.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from ..rollout.reward_calls import PROMPT_COLUMNS, check_reward_function, data_columns
+from ..rollout.scoring import REWARD_FILE_MODULE
 
 __all__ = ["PROMPT_COLUMNS", "RewardFunc", "RewardFuncsError", "check_signatures", "load_reward_funcs",
            "parse_entries"]
@@ -116,12 +123,29 @@ def check_signatures(funcs: list[RewardFunc], datasets: dict) -> None:
         raise RewardFuncsError("\n".join(errors))
 
 
+@contextmanager
+def _importable(folder: str) -> Iterator[None]:
+    """`folder` first on `sys.path` inside the block (unless it is already there, or '' stands for it), as Python puts
+    a script's folder there; removed after, so nothing outlives the import."""
+    present = os.path.abspath(folder) in {os.path.abspath(p or os.curdir) for p in sys.path}
+    if not present:
+        sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if not present and folder in sys.path:
+            sys.path.remove(folder)
+
+
 def _load_entry(entry: Any, config_dir: str | None) -> Callable:
     if isinstance(entry, dict):
         return _call_factory(entry, config_dir)
     if not isinstance(entry, str) or not entry.strip():
         raise RewardFuncsError(f"reward_funcs entry {entry!r} is a {type(entry).__name__}: each entry is {FORMS}.")
     func = _resolve(entry.strip(), config_dir)
+    if inspect.ismodule(func):
+        raise RewardFuncsError(f"reward_funcs entry {entry!r} is a module, not a function: name a function in it, "
+                               f"{_functions_of(func, entry.strip())}.")
     if inspect.isclass(func):
         raise RewardFuncsError(
             f"reward_funcs entry {entry!r} is a class, not a reward function: write it as a factory, "
@@ -166,7 +190,13 @@ def _call_factory(entry: dict, config_dir: str | None) -> Callable:
 
 
 def _resolve(path: str, config_dir: str | None) -> Any:
-    """The object a path names: `file.py:name`, `package.module:name` or `package.module.name`."""
+    """The object a path names: `file.py:name`, `package.module:name` or `package.module.name`; a dotted path is
+    imported with the working directory importable (`_importable`), as `python -m` has it."""
+    with _importable(os.getcwd()):
+        return _resolve_path(path, config_dir)
+
+
+def _resolve_path(path: str, config_dir: str | None) -> Any:
     module_part, sep, name = path.rpartition(":")
     if sep and (module_part.endswith(".py") or "/" in module_part or os.sep in module_part):
         return _attribute(_load_file(module_part, path, config_dir), name, path, module_part)
@@ -180,8 +210,9 @@ def _resolve(path: str, config_dir: str | None) -> Any:
     parts = path.split(".")
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
         raise RewardFuncsError(f"reward_funcs entry {path!r} is not a path to a function: give {FORMS}.")
-    # The longest prefix that is a module; the rest are attributes (a function, or a class's static method).
-    for cut in range(len(parts) - 1, 0, -1):
+    # The longest prefix that is a module; the rest are attributes (a function, or a class's static method). The
+    # whole path is tried too: a module named where a function was meant is told so (`_load_entry`).
+    for cut in range(len(parts), 0, -1):
         module_name = ".".join(parts[:cut])
         try:
             module = importlib.import_module(module_name)
@@ -189,7 +220,7 @@ def _resolve(path: str, config_dir: str | None) -> Any:
             if cut > 1 and err.name is not None and (module_name + ".").startswith(err.name + "."):
                 continue  # not a module: maybe an attribute of a shorter prefix
             raise _import_error(path, module_name, err) from err
-        except Exception as err:  # the module's own code failed while importing
+        except (Exception, SystemExit) as err:  # the module's own code failed (or exited) while importing
             raise _import_error(path, module_name, err) from err
         obj = module
         for i, attr in enumerate(parts[cut:]):
@@ -201,7 +232,7 @@ def _resolve(path: str, config_dir: str | None) -> Any:
 def _import(module_name: str, path: str):
     try:
         return importlib.import_module(module_name)
-    except Exception as err:  # any import failure is reported with the entry
+    except (Exception, SystemExit) as err:  # any import failure (an exit too) is reported with the entry
         raise _import_error(path, module_name, err) from err
 
 
@@ -209,6 +240,9 @@ def _import_error(path: str, module_name: str, err: BaseException) -> RewardFunc
     missing = isinstance(err, ModuleNotFoundError)
     fix = ("install the package that provides it, or put its folder on PYTHONPATH; for a file of your own, write "
            "'path/to/rewards.py:<function name>'" if missing else f"fix the error in {module_name!r}")
+    if isinstance(err, SystemExit):
+        return RewardFuncsError(f"reward_funcs entry {path!r}: importing {module_name!r} called exit({err.code!r}) "
+                                f"(SystemExit). {_EXIT_FIX}.")
     return RewardFuncsError(f"reward_funcs entry {path!r}: cannot import {module_name!r}: {type(err).__name__}: "
                             f"{err}. To use it, {fix}.")
 
@@ -228,7 +262,7 @@ def _load_file(file: str, path: str, config_dir: str | None):
                                "Fix the path (relative paths are read from the working directory, then from the "
                                "config file's folder).")
     digest = hashlib.sha1(found.encode()).hexdigest()[:10]
-    module_name = f"_hf_ppo_reward_file_{digest}"
+    module_name = f"{REWARD_FILE_MODULE}{digest}"
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, found)
@@ -238,14 +272,33 @@ def _load_file(file: str, path: str, config_dir: str | None):
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickle look a module up by name while it runs
     try:
-        spec.loader.exec_module(module)
+        with _importable(os.path.dirname(found)):  # its own folder, as `python rewards.py` has it
+            spec.loader.exec_module(module)
     except BaseException as err:
         del sys.modules[module_name]
+        if isinstance(err, SystemExit):  # sys.exit() at import: the whole run would end, silently with exit(0)
+            raise RewardFuncsError(f"reward_funcs entry {path!r}: running {found} called exit({err.code!r}) "
+                                   f"(SystemExit) while it was imported. {_EXIT_FIX}.") from err
         if not isinstance(err, Exception):
             raise
         raise RewardFuncsError(f"reward_funcs entry {path!r}: running {found} failed: {type(err).__name__}: {err}. "
                                "Fix the error in that file.") from err
     return module
+
+
+# What a module that exits while it is imported is told (its script part would end the whole run).
+_EXIT_FIX = ("A reward file is imported, not run: put the code that runs it as a script under "
+             "`if __name__ == \"__main__\":`")
+
+
+def _functions_of(module, path: str) -> str:
+    """'e.g. path.f, path.g (its functions)' for a module named where a reward function was meant."""
+    functions = [n for n in getattr(module, "__all__", None) or dir(module) if not n.startswith("_")
+                 and inspect.isfunction(getattr(module, n, None))]
+    if not functions:
+        return "it defines no function"
+    listed = ", ".join(f"{path}.{n}" for n in functions[:8]) + (" ..." if len(functions) > 8 else "")
+    return f"e.g. {listed}"
 
 
 def _attribute(owner, name: str, path: str, owner_name: str) -> Any:

@@ -12,6 +12,7 @@ import difflib
 import os
 import re
 import sys
+import traceback
 import warnings
 from dataclasses import dataclass, field, fields
 
@@ -19,10 +20,19 @@ from datasets import Dataset, DatasetDict, load_dataset
 from transformers import AutoTokenizer, TrainingArguments
 from trl import TrlParser
 
+from ..hub.publish import pushed_policy_message
 from ..models import gguf
+from ..models.reward_model import reward_name
+from ..rollout.reward_calls import RewardFunctionError
+from ..rollout.scoring import probe_reward_callable, unique_names
+from ..trainer.checkpoint import CheckpointError
 from ..trainer.config import PPOConfig
+from ..trainer.data import prepare_prompts, select_prompt_column
+from ..trainer.data import with_system_prompt as system_prompt_first
 from ..trainer.ppo_trainer import PPOLMTrainer
-from .reward_funcs import PROMPT_COLUMNS, RewardFunc, RewardFuncsError, check_signatures, load_reward_funcs
+from ..trainer.run_lock import in_use_message
+from ..trainer.watch import CollapseWatch
+from .reward_funcs import RewardFunc, RewardFuncsError, check_signatures, load_reward_funcs
 
 HELP = """PPO (RLHF) on a Hub or local policy with a Hub or local reward model.
 
@@ -42,7 +52,8 @@ else it is an error before anything loads. `output_dir` is relative to the worki
 
 When it ends, the policy (LoRA adapter or full weights, tokenizer, model card) is in `output_dir`, with
 `trainer_state.json` (every logged metric); the last lines say how to load and push it. `push_to_hub: true`
-uploads the policy alone (never the value head, reference or reward model).
+uploads the policy alone (never the value head, reference or reward model). A run that `stop_on_collapse: true`
+stopped saves and pushes no policy (the collapsed one): the last lines name the last complete checkpoint instead.
 
 Quantization is per model and lives in PPOConfig: `policy_quantization` (4bit + use_peft = QLoRA),
 `ref_quantization`, `reward_quantization`. Prompts come from `prompt_column`: plain text, or chat conversations
@@ -78,17 +89,8 @@ class ScriptArguments:
     dataset_test_split: str | None = field(
         default=None, metadata={"help": "Split (or local file) to evaluate on; None: no eval dataset."}
     )
-    prompt_column: str = field(
-        default="prompt",
-        metadata={"help": "Column holding the prompts: text, or chat messages (e.g. 'messages') rendered with the "
-                  "tokenizer's chat template."},
-    )
-    system_prompt: str | None = field(
-        default=None,
-        metadata={"help": "A system message put first in every prompt: a text prompt becomes the chat [system, user] "
-                  "rendered with the chat template (e.g. 'give the final answer as #### <number>'); None: prompts as "
-                  "they are."},
-    )
+    # The prompt column and the system prompt are PPOConfig's (`prompt_column`, `system_prompt`): the trainer applies
+    # them, and records them beside the saved policy for `hf-ppo evaluate`.
 
 
 @dataclass
@@ -260,11 +262,18 @@ def parse_args(argv: list[str] | None = None, command: str = "python recipes/ppo
     test = script_args.dataset_test_split
     if test is not None and (os.sep in test or os.path.splitext(test)[1].lower() in LOCAL_BUILDERS):
         script_args.dataset_test_split = resolve_input(test, "dataset_test_split", config_dir, hub=False)
-    if isinstance(ppo_config.resume_from_checkpoint, str) and ppo_config.resume_from_checkpoint.lower() not in (
-            "true", "false"):
-        ppo_config.resume_from_checkpoint = resolve_input(ppo_config.resume_from_checkpoint, "resume_from_checkpoint",
-                                                          config_dir, hub=False)
+    resume = ppo_config.resume_from_checkpoint
+    if isinstance(resume, str) and resume.strip().lower() in ("true", "false"):
+        # What the YAML key takes (`resume_from_checkpoint: true`, a bool): the command line gives text, which
+        # Trainer would read as a folder named "true".
+        ppo_config.resume_from_checkpoint = resume.strip().lower() == "true"
+    elif isinstance(resume, str):
+        ppo_config.resume_from_checkpoint = resolve_input(resume, "resume_from_checkpoint", config_dir, hub=False)
     ppo_config.output_dir = os.path.abspath(ppo_config.output_dir)
+    if ppo_config.process_index == 0:  # another live run in output_dir: one line now, before any model loads
+        in_use = in_use_message(ppo_config.output_dir)
+        if in_use is not None:
+            raise ConfigError(in_use)
     return script_args, model_args, ppo_config
 
 
@@ -329,16 +338,23 @@ def load_split(name: str, config: str | None, split: str) -> Dataset:
     return dataset[split]
 
 
-def prompts_from_column(dataset: Dataset, column: str, tokenizer, source: str) -> Dataset:
-    """`column` renamed "prompt" (text, or chat messages the trainer renders with the chat template), and every other
-    column but the prompt's own names (prompt, messages, input_ids, attention_mask), which would compete with it:
-    reward functions receive those columns as keyword arguments.
+def prompt_column_of(dataset: Dataset, column: str | None) -> str:
+    """The column the prompts are read from: `column`, or with none given (or "prompt", the default name, where the
+    dataset has none) "prompt", else "messages", else "input_ids" (TRL 1.12's pre-tokenized prompts), as the trainer
+    reads a dataset; "prompt" when it has none of them (`prompts_from_column` then names the columns it has)."""
+    if column is not None and (column != "prompt" or column in dataset.column_names):
+        return column
+    return next((c for c in ("prompt", "messages", "input_ids") if c in dataset.column_names), "prompt")
 
-    Pre-tokenized prompts (TRL 1.12's format: token ids, used when `column` holds them or, by default, when the
-    dataset has "input_ids" and no "prompt") are kept as "input_ids", with their "attention_mask" when present.
-    """
-    if column == "prompt" and column not in dataset.column_names and "input_ids" in dataset.column_names:
-        column = "input_ids"
+
+def prompts_from_column(dataset: Dataset, column: str | None, tokenizer, source: str) -> Dataset:
+    """The dataset as the trainer reads it with `prompt_column=column` (`trainer.data.select_prompt_column`): the
+    prompt column (`prompt_column_of`) renamed "prompt" (text, or chat messages the trainer renders with the chat
+    template), or "input_ids" when it holds token ids, and every other column but the prompt's own names (prompt,
+    messages, input_ids, attention_mask), which would compete with it: reward functions receive those columns as
+    keyword arguments. Checked before any model loads: a missing column names the columns there are, chat messages
+    need a chat template."""
+    column = prompt_column_of(dataset, column)
     if column not in dataset.column_names:
         raise ValueError(
             f"Dataset {source!r} has no column {column!r}; its columns are {dataset.column_names}. Choose the prompt "
@@ -346,12 +362,8 @@ def prompts_from_column(dataset: Dataset, column: str, tokenizer, source: str) -
             "column of message lists, e.g. --prompt_column messages."
         )
     first = dataset[0][column] if len(dataset) else ""
-    others = [c for c in dataset.column_names if c != column and c not in PROMPT_COLUMNS]
-    if isinstance(first, list) and first and all(isinstance(t, int) for t in first):  # token ids
-        keep = [column] + (["attention_mask"] if "attention_mask" in dataset.column_names else []) + others
-        dataset = dataset.select_columns(keep)
-        return dataset.rename_column(column, "input_ids") if column != "input_ids" else dataset
-    if isinstance(first, list) and tokenizer.chat_template is None:  # chat: a list of {"role", "content"} dicts
+    token_ids = isinstance(first, list) and first and all(isinstance(t, int) for t in first)
+    if not token_ids and isinstance(first, list) and tokenizer.chat_template is None:  # chat: {"role", "content"}s
         raise ValueError(
             f"Column {column!r} of {source!r} holds chat messages, but the policy's tokenizer has no chat template. "
             "Use a chat/instruct model, save the tokenizer with a template (`tokenizer.chat_template = ...`), or "
@@ -359,46 +371,64 @@ def prompts_from_column(dataset: Dataset, column: str, tokenizer, source: str) -
         )
     if not isinstance(first, (str, list)):
         raise ValueError(f"Column {column!r} of {source!r} holds {type(first).__name__}, not text or chat messages.")
-    dataset = dataset.select_columns([column] + others)
-    return dataset.rename_column(column, "prompt") if column != "prompt" else dataset
+    return select_prompt_column(dataset, column, repr(source), "--prompt_column NAME")
 
 
 def with_system_prompt(dataset: Dataset, system_prompt: str | None, tokenizer, source: str) -> Dataset:
-    """`dataset` (as `prompts_from_column` returns it) with `system_prompt` as the first message of every prompt: a
-    text prompt becomes [system, user], a chat prompt gets the system message in front. Refused, before any model
-    loads, for token-id prompts, a tokenizer without a chat template, and chats that already open with a system
-    message (which of the two was meant is not ours to guess)."""
-    if system_prompt is None:
-        return dataset
-    if "prompt" not in dataset.column_names:
-        raise ValueError(f"system_prompt needs text or chat prompts, but {source!r} has token ids (input_ids): put the "
-                         "system message into the ids yourself, or drop system_prompt.")
-    if tokenizer.chat_template is None:
-        raise ValueError("system_prompt makes every prompt a chat, but the policy's tokenizer has no chat template: "
-                         "use a chat/instruct model, or drop system_prompt and write the instruction into the prompts.")
-    for i, prompt in enumerate(dataset["prompt"]):
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system":
-            raise ValueError(f"Row {i} of {source!r} already opens with a system message, and system_prompt gives "
-                             "another: drop system_prompt, or remove the dataset's own system messages.")
-
-    def add(row):
-        turns = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
-        return {"prompt": [{"role": "system", "content": system_prompt}, *turns]}
-
-    return dataset.map(add, desc="system_prompt")
+    """`dataset` (as `prompts_from_column` returns it) with `system_prompt` first in every prompt, as the trainer puts
+    it there (`trainer.data.with_system_prompt`), refused as it refuses it, before any model loads."""
+    return system_prompt_first(dataset, system_prompt, tokenizer, repr(source))
 
 
-def reward_list(reward_model: str | None, funcs: list[RewardFunc], datasets: dict):
+def load_prompts(source: str, config: str | None, split: str, ppo_config: PPOConfig, tokenizer) -> tuple[Dataset, Dataset]:
+    """(the split as loaded, the same as the trainer will read it): `ppo_config.prompt_column` resolved
+    (`prompt_column_of`) and its prompts checked, the system prompt put first. The trainer gets the first and prepares
+    it itself; the second is for the checks that must come before any model loads (reward functions)."""
+    loaded = load_split(source, config, split)
+    checked = prompts_from_column(loaded, ppo_config.prompt_column, tokenizer, source)
+    return loaded, with_system_prompt(checked, ppo_config.system_prompt, tokenizer, source)
+
+
+def reward_list(reward_model: str | None, funcs: list[RewardFunc], datasets: dict,
+                weights: list[float] | None = None):
     """The trainer's `reward_model`: [the reward model if any, *the reward functions], a single reward as itself.
 
     Each function is first checked against the columns of each dataset it will score (`datasets`: {name: dataset or
-    None}), so a signature that cannot take the call stops the run before any model loads (`ConfigError`)."""
+    None}), so a signature that cannot take the call stops the run before any model loads (`ConfigError`); so is a
+    `reward_weights` (`weights`) that does not hold one weight per reward."""
     try:
         check_signatures(funcs, datasets)
     except RewardFuncsError as err:
         raise ConfigError(str(err)) from err
     rewards = ([reward_model] if reward_model is not None else []) + [f.func for f in funcs]
+    if weights is not None and len(weights) != len(rewards):
+        names = ", ".join(unique_names([reward_name(r) for r in rewards]))
+        raise ConfigError(f"reward_weights has {len(weights)} weights but there {'are' if len(rewards) > 1 else 'is'} "
+                          f"{len(rewards)} reward{'s' if len(rewards) > 1 else ''} ({names}): give one weight per "
+                          "reward, in the order [reward_model_name_or_path, *reward_funcs], or leave reward_weights "
+                          "out for all 1.0.")
     return rewards[0] if len(rewards) == 1 else rewards
+
+
+def probe_reward_funcs(funcs: list[RewardFunc], prompts: Dataset, tokenizer, ppo_config: PPOConfig) -> None:
+    """Each reward function called once on the first two prompts (as `load_prompts` checked them, then prepared as
+    the trainer prepares them) with empty completions, as the trainer probes it (`rollout.scoring.
+    probe_reward_callable`), but before any model loads: a value it cannot use, or an exception inside it, stops the
+    run in one line (`ConfigError`; for an exception, with the file and line it came from)."""
+    if not funcs or not len(prompts):
+        return
+    try:
+        sample = prepare_prompts(prompts.select(range(min(2, len(prompts)))), tokenizer, "train_dataset",
+                                 max_prompt_length=None, response_length=ppo_config.response_length, context=None,
+                                 apply_chat_template_to_text=ppo_config.apply_chat_template_to_text)
+        for func in funcs:
+            probe_reward_callable(func.func, sample, tokenizer, reward_name(func.func))
+    except RewardFunctionError as err:
+        frames = traceback.extract_tb(err.__cause__.__traceback__) if err.__cause__ is not None else []
+        where = f" (raised at {frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+        raise ConfigError(f"{err}{where}") from err
+    except (TypeError, ValueError) as err:
+        raise ConfigError(str(err)) from err
 
 
 def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") -> PPOLMTrainer:
@@ -415,19 +445,24 @@ def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") 
                                            **(ppo_config.reward_model_init_kwargs or {})}
 
     policy_path, tokenizer_path, reward_path = resolve_model_paths(model_args, ppo_config)
-    tokenizer = load_tokenizer(tokenizer_path, ppo_config.model_init_kwargs, model_args)
-    train = load_split(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)
-    train = prompts_from_column(train, script_args.prompt_column, tokenizer, script_args.dataset_name)
-    train = with_system_prompt(train, script_args.system_prompt, tokenizer, script_args.dataset_name)
-    evaluation = None
-    if script_args.dataset_test_split is not None:
-        test = script_args.dataset_test_split
-        source = test if os.path.isfile(test) else script_args.dataset_name
-        evaluation = load_split(source, script_args.dataset_config, test)
-        evaluation = prompts_from_column(evaluation, script_args.prompt_column, tokenizer, source)
-        evaluation = with_system_prompt(evaluation, script_args.system_prompt, tokenizer, source)
+    try:  # the tokenizer (a GGUF file's name checked), the prompts read and checked as the trainer will read them,
+        # before any model loads
+        tokenizer = load_tokenizer(tokenizer_path, ppo_config.model_init_kwargs, model_args)
+        train, checked = load_prompts(script_args.dataset_name, script_args.dataset_config,
+                                      script_args.dataset_train_split, ppo_config, tokenizer)
+        evaluation, checked_evaluation = None, None
+        if script_args.dataset_test_split is not None:
+            test = script_args.dataset_test_split
+            source = test if os.path.isfile(test) else script_args.dataset_name
+            evaluation, checked_evaluation = load_prompts(source, script_args.dataset_config, test, ppo_config,
+                                                          tokenizer)
+    except ValueError as err:  # a wrong column, chat prompts without a template, a system prompt it cannot take
+        raise ConfigError(str(err)) from err
+    ppo_config.prompt_column = prompt_column_of(train, ppo_config.prompt_column)  # recorded beside the policy
     reward = reward_list(reward_path, model_args.loaded_reward_funcs,
-                         {"the training prompts": train, "the evaluation prompts": evaluation})
+                         {"the training prompts": checked, "the evaluation prompts": checked_evaluation},
+                         ppo_config.reward_weights)
+    probe_reward_funcs(model_args.loaded_reward_funcs, checked, tokenizer, ppo_config)
     if reward_path is not None and ppo_config.reward_model_path is not None and isinstance(reward, list):
         ppo_config.reward_model_path = None  # now in the list (the trainer would take a list for a second model)
 
@@ -454,25 +489,42 @@ def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") 
     )
     trainer.train(resume_from_checkpoint=ppo_config.resume_from_checkpoint)
     trainer.save_state()  # trainer_state.json: every logged metric, beside the policy
+    stop = next((c for c in trainer.callback_handler.callbacks if isinstance(c, CollapseWatch) and c.stopped), None)
+    if stop is not None:  # stop_on_collapse: the policy in memory is the collapsed one, never saved as the result
+        if trainer.is_world_process_zero():
+            print(collapse_stop_message(stop.last_checkpoint(), ppo_config.output_dir, ppo_config.push_to_hub))
+        return trainer
     if ppo_config.push_to_hub:  # saves the policy to output_dir, then uploads it with its card
         commit = trainer.push_to_hub(dataset_name=script_args.dataset_name)
-        if trainer.is_world_process_zero():
-            print(f"Pushed the policy to {trainer.hub_model_id} ({getattr(commit, 'commit_url', commit)}); "
-                  f"local copy in {ppo_config.output_dir}.\n  load it:   from peft import AutoPeftModelForCausalLM; "
-                  f"model = AutoPeftModelForCausalLM.from_pretrained({trainer.hub_model_id!r})")
+        if trainer.is_world_process_zero():  # an adapter, unless merged; full weights load with AutoModelForCausalLM
+            adapter = trainer.accelerator.unwrap_model(trainer.model).is_peft_model and not ppo_config.push_merged_model
+            print(pushed_policy_message(trainer.hub_model_id, commit, ppo_config.output_dir, adapter))
     else:
         trainer.save_model(ppo_config.output_dir)  # prints where the policy is, how to load and push it
+        trainer.create_model_card(dataset_name=script_args.dataset_name)  # the card names the dataset too
     return trainer
+
+
+def collapse_stop_message(checkpoint: str | None, output_dir: str, push: bool) -> str:
+    """What `hf-ppo train` prints instead of saving (and pushing) the policy after the collapse watch stopped the run."""
+    kept = (f"The last complete checkpoint is {checkpoint}: load the policy from it (from_pretrained), or fix the "
+            "settings and run again with --resume_from_checkpoint true to resume from it." if checkpoint else
+            "No checkpoint was saved before the stop (save_strategy='steps' with save_steps keeps some): fix the "
+            "settings and run again.")
+    return (f"Training stopped on a collapse signature (stop_on_collapse=True; the CollapseWarning above names it): the "
+            f"policy in memory is the collapsed one, so it is not saved to {output_dir}"
+            f"{' or pushed to the Hub' if push else ''}. {kept}")
 
 
 def run(argv: list[str] | None = None, command: str = "python recipes/ppo.py") -> None:
     """`main` as a command: a bad key or path exits with its message alone (the whole story, no traceback)."""
     try:
         trainer = main(argv, command)
-    except ConfigError as err:
+    except (ConfigError, CheckpointError) as err:  # a resume the checkpoint refuses is the user's to fix, too
         name = os.path.basename(command.split()[-1]) if command.endswith(".py") else command
         sys.exit(f"{name}: error: {err}")
     # The script's end (accelerate's end_training: trackers closed, the process group destroyed). Under `accelerate
     # launch` a process that exits with its gloo/NCCL group alive can abort in teardown ("terminate called without an
     # active exception"), after everything was saved, and the launcher then reports the run as failed.
+    trainer.rollout_engine.close()  # vLLM's engine first: its process groups go with it, before accelerate's
     trainer.accelerator.end_training()

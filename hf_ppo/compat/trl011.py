@@ -18,6 +18,7 @@ import torch
 from ..models.value_head import AutoModelForCausalLMWithValueHead
 from ..trainer.config import PPOConfig as _PPOConfig
 from ..trainer.ppo_trainer import PPOLMTrainer
+from ..trainer.step_api import STEP_VLLM_ERROR
 
 __all__ = ["AutoModelForCausalLMWithValueHead", "PPOConfig", "PPOTrainer"]
 
@@ -132,6 +133,8 @@ class PPOTrainer(PPOLMTrainer):
                              "max_steps instead.")
         if not isinstance(config, _PPOConfig):
             raise TypeError(f"config must come from hf_ppo.trl011.PPOConfig(...), got {type(config).__name__}.")
+        if config.rollout_engine == "vllm":  # TRL 0.11's loop samples itself and hands step() its samples
+            raise ValueError(STEP_VLLM_ERROR)
         super().__init__(model=model, args=config, processing_class=tokenizer, ref_model=ref_model,
                          optimizers=(optimizer, None))
         if optimizer is not None:

@@ -51,7 +51,7 @@ from ..models.adapters import adapter_parameters
 from ..rollout.scoring import RewardSet, decode_masked
 from ..rollout.steps import policy_forward, reference_context, reference_logprobs, sample_and_score
 from ..runtime.warn import warn_user
-from .report import CONFIDENCE, NUM_BOOTSTRAP, REPORT_ROWS, write_report
+from .report import CONFIDENCE, NUM_BOOTSTRAP, REPORT_ROWS, prompt_cell, system_prompt_of, write_report
 
 
 def win_rate(policy_scores: torch.Tensor, reference_scores: torch.Tensor, *, num_bootstrap: int = NUM_BOOTSTRAP,
@@ -190,10 +190,17 @@ class Evaluator:
     the report. `judges`: a `RewardSet` of the evaluation-only rewards, or None. Each call takes the run's
     `EvalSettings` as they are then (a setting changed between evaluations is read at the next)."""
 
+    # `policy_step` when the evaluated policy's training step is not known (a folder saved without a record of it).
+    UNKNOWN_STEP = -1
+
     def __init__(self, judges: RewardSet | None = None):
         self.judges = judges
         self._reference: dict[tuple, Side] = {}  # per eval batch: sampled once, reused
         self._batches: list[tuple[list[str], Side, Side, dict]] = []
+        self._system_prompts: set[str | None] = set()  # the system message of each prompt seen (None: none)
+        # The training step the report's title names: None, the trainer's own global_step (an evaluation during
+        # training); `hf-ppo evaluate` sets the saved policy's, or UNKNOWN_STEP.
+        self.policy_step: int | None = None
 
     def clear_reference_cache(self) -> None:
         """Forget the reference's cached responses (another reference, or other sampling settings)."""
@@ -233,7 +240,10 @@ class Evaluator:
                                           batch_size=settings.forward_batch_size, ref_adapter=trainer.ref_adapter,
                                           memory_bytes=settings.memory_bytes)
         kl = masked_sum(kl_estimate(logprobs, ref_logprobs, settings.kl_estimator), samples.response_mask, dim=1)
-        prompts = decode_masked(trainer.processing_class, inputs["queries"], inputs["query_mask"])
+        # The report's prompt cells: the last user turn of a chat (its system prompt is shown once), else the text.
+        decoded = decode_masked(trainer.processing_class, inputs["queries"], inputs["query_mask"])
+        prompts = [prompt_cell(raw, text) for raw, text in zip(inputs["prompts"], decoded)]
+        self._system_prompts.update(system_prompt_of(raw) for raw in inputs["prompts"])
         # Gathered here, inside Trainer's loop, as it gathers its losses: the padding of a last uneven batch drops out
         # (its rows are prompts: each tensor is (prompts, k)).
         gathered = trainer.gather_function(_tensors(self._reference[key], side, kl, k))
@@ -279,6 +289,7 @@ class Evaluator:
         """The metrics of the batches seen since the last `finish` (gathered over processes), each named
         `{prefix}_...`; the report written to `output_dir` on the main process. {} when no batch was seen."""
         batches, self._batches = self._batches, []
+        systems, self._system_prompts = self._system_prompts, set()
         if not batches:
             return {}
         merged = {k: torch.cat([b[3][k].float().cpu() for b in batches]) for k in batches[0][3]}
@@ -289,8 +300,10 @@ class Evaluator:
             num_samples = merged["kl"].shape[1]
             rows = [row for prompts, ref, pol, _ in batches
                     for row in _rows(prompts, ref, pol, num_samples)][:REPORT_ROWS]
-            write_report(settings.output_dir, metrics, rows, step=trainer.state.global_step,
-                         num_prompts=len(merged["kl"]), num_samples=num_samples)
+            step = trainer.state.global_step if self.policy_step is None else self.policy_step
+            write_report(settings.output_dir, metrics, rows, step=None if step == self.UNKNOWN_STEP else step,
+                         num_prompts=len(merged["kl"]), num_samples=num_samples,
+                         system_prompt=next(iter(systems)) if len(systems) == 1 else None)
         return {f"{prefix}_{k}": v for k, v in metrics.items()}
 
 

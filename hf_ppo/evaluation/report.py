@@ -1,11 +1,14 @@
 """The evaluation report apart from the sampling: `eval_report-step<N>.md` per evaluation and `eval_report.md`, the
 latest (metrics, then prompt / reference / policy side by side), the metrics as Markdown tables (`metrics_markdown`, also what `hf-ppo evaluate` prints), and
-`final_evaluation`, which publishing reads from the log history. Nothing here samples, so the Hub code can use it."""
+`final_evaluation`, which publishing reads from the log history; and `hf-ppo evaluate`'s `metrics.json`
+(`write_metrics`). A report or metrics.json hf_ppo did not write is never replaced. Nothing here samples, so the Hub
+code can use it."""
 
 from __future__ import annotations
 
-import math
 import itertools
+import json
+import math
 import os
 
 from ..runtime.warn import warn_user
@@ -19,6 +22,9 @@ STEP_REPORT_FILE = "eval_report-step{step}.md"  # each evaluation's, kept
 REPORT_MARK = "<!-- hf_ppo evaluation report: written by hf_ppo, which rewrites it -->"
 _MARK_START = "<!-- hf_ppo evaluation report"
 REPORT_ROWS = 16  # samples shown side by side in the report
+METRICS_FILE = "metrics.json"  # what `hf-ppo evaluate` writes beside the report
+# The stamp of a metrics.json hf_ppo wrote (an earlier version's is recognised by its keys: `_our_metrics`).
+METRICS_STAMP = {"written_by": "hf-ppo evaluate"}
 
 
 def score_names(metrics: dict[str, float], prefix: str = "") -> list[str]:
@@ -91,6 +97,29 @@ def pass_at_k_lines(metrics: dict[str, float], prefix: str, k: int) -> list[str]
     return lines[:-1] if lines[-1] == "" else lines
 
 
+def prompt_cell(raw, decoded: str) -> str:
+    """What a table shows of a prompt: of a chat prompt its last user turn (the template's markup and system prompt
+    are the same on every row), of a text prompt the text. `raw` is the dataset's prompt (text or messages) and
+    `decoded` the prompt's tokens as text; `raw` is shown only when that text holds it (so a row the refill replaced,
+    or a prompt truncated through its last turn, shows its tokens instead)."""
+    if isinstance(raw, list):
+        turns = [t for t in raw if isinstance(t, dict) and t.get("role") == "user"]
+        content = turns[-1].get("content") if turns else None
+        if isinstance(content, list):  # content parts: their text
+            content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+        raw = content
+    return raw if isinstance(raw, str) and raw.strip() and raw.strip() in decoded else decoded
+
+
+def system_prompt_of(raw) -> str | None:
+    """The system message a chat prompt (`raw`: the dataset's prompt, text or messages) opens with; None for a text
+    prompt or a chat without one."""
+    if isinstance(raw, list) and raw and isinstance(raw[0], dict) and raw[0].get("role") == "system":
+        content = raw[0].get("content")
+        return content if isinstance(content, str) else None
+    return None
+
+
 def _cell(text: str) -> str:
     """Text made safe for one Markdown table cell."""
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
@@ -113,13 +142,47 @@ def written_by_hf_ppo(path: str) -> bool:
         return False
 
 
-def write_report(output_dir: str, metrics: dict[str, float], rows: list, *, step: int, num_prompts: int,
-                 num_samples: int = 1) -> str | None:
+def _our_metrics(path: str) -> bool:
+    """True when `path` does not exist or is a metrics.json hf_ppo wrote: stamped (`METRICS_STAMP`), or, from before
+    the stamp, holding what `hf-ppo evaluate` always wrote (the policy, the reference and eval_ metrics)."""
+    if not os.path.lexists(path):
+        return True
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):  # a folder, a binary file, not JSON: not ours
+        return False
+    if not isinstance(saved, dict):
+        return False
+    return all(saved.get(k) == v for k, v in METRICS_STAMP.items()) or (
+        {"policy", "reference", "precision"} <= set(saved) and any(k.startswith("eval_") for k in saved))
+
+
+def write_metrics(output_dir: str, record: dict) -> str | None:
+    """Write `record` (stamped `METRICS_STAMP`) to `output_dir/metrics.json`; return its path, or None when a file of
+    that name that hf_ppo did not write is there: it is kept as it is, and a warning names it."""
+    path = os.path.join(output_dir, METRICS_FILE)
+    if not _our_metrics(path):
+        warn_user(f"{path} exists and was not written by hf_ppo: it was left as it is, and the metrics were not "
+                  "written there (they are printed below). Move that file, or pass another --output_dir.")
+        return None
+    os.makedirs(output_dir, exist_ok=True)
+    _write_atomically(path, json.dumps({**METRICS_STAMP, **record}, indent=2) + "\n")
+    return path
+
+
+def write_report(output_dir: str, metrics: dict[str, float], rows: list, *, step: int | None, num_prompts: int,
+                 num_samples: int = 1, system_prompt: str | None = None) -> str | None:
     """Write the report (the metrics, then `rows` side by side) to `output_dir/eval_report-step<step>.md`, kept, and
     to `output_dir/eval_report.md`, the latest; return the path of the step's report, or None when it was not
-    written. A file of either name that hf_ppo did not write is never replaced (a warning names it). `num_samples`:
-    responses per prompt and side."""
+    written. A file of either name that hf_ppo did not write is never replaced (a warning names it). `step`: the
+    training step of the evaluated policy (None: not known, as for a policy saved without a record of it: the title
+    says so, and only eval_report.md is written). `num_samples`: responses per prompt and side. `system_prompt`: the
+    system message every prompt opens with, shown once above the rows (whose prompt cells show the last user turn,
+    `prompt_cell`)."""
     paths = [os.path.join(output_dir, STEP_REPORT_FILE.format(step=step)), os.path.join(output_dir, REPORT_FILE)]
+    if step is None:
+        paths = paths[1:]
     foreign = [p for p in paths if not written_by_hf_ppo(p)]
     for path in foreign:
         warn_user(f"{path} exists and was not written by hf_ppo: it was left as it is, and the evaluation report was "
@@ -127,7 +190,8 @@ def write_report(output_dir: str, metrics: dict[str, float], rows: list, *, step
     each = "one response each" if num_samples == 1 else f"{num_samples} responses each"
     paired = "" if num_samples == 1 else " (sample j of the policy paired with sample j of the reference)"
     pairs = "prompts" if num_samples == 1 else "(prompt, sample) pairs"
-    lines = [REPORT_MARK, f"# The policy against its reference (step {step})", "",
+    title = f"step {step}" if step is not None else "training step not recorded"
+    lines = [REPORT_MARK, f"# The policy against its reference ({title})", "",
              f"{num_prompts} eval prompts, {each} from the policy and from the reference{paired}, sampled with "
              "the training sampling settings and scored by every training reward (`reward/...`) and judge "
              f"(`judge/...`). Win rate: the fraction of {pairs} where the policy's response scores higher, ties "
@@ -135,6 +199,7 @@ def write_report(output_dir: str, metrics: dict[str, float], rows: list, *, step
              "the prompts).", "",
              metrics_markdown(metrics), "",
              f"## Samples (the first {len(rows)})", "",
+             *([f"Every prompt opens with the system prompt: {_cell(system_prompt)}", ""] if system_prompt else []),
              "| prompt | reference response | reference score | policy response | policy score |",
              "|---|---|---|---|---|"]
     for prompt, ref_text, ref_scores, pol_text, pol_scores in rows:

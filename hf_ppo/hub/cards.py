@@ -82,13 +82,22 @@ def method_texts(hyperparameters: dict) -> tuple[str, str]:
 class PublishSettings:
     """What the card and the run record say of the run's settings (`PPOConfig.publish_settings` builds it): the
     card's table of `hyperparameters` (`CARD_HYPERPARAMETERS`, the per-device rollout batch and the world size), the
-    policy's `model_init_kwargs` (a GGUF file among them), `hub_base_model_id` (the base a pushed adapter names) and
-    the compute `precision` ('bf16', 'fp16' or 'fp32')."""
+    policy's `model_init_kwargs` (a GGUF file among them), `hub_base_model_id` (the base a pushed adapter names), the
+    compute `precision` ('bf16', 'fp16' or 'fp32'), and how the prompts were made and answered, so that an evaluation
+    can prompt and sample as training did: `system_prompt`, `prompt_column`, `apply_chat_template_to_text` and the
+    sampling settings `response_length`, `temperature`, `top_k`, `top_p`."""
 
     hyperparameters: dict
     model_init_kwargs: dict | None = None
     hub_base_model_id: str | None = None
     precision: str = "fp32"
+    system_prompt: str | None = None
+    prompt_column: str | None = None
+    apply_chat_template_to_text: bool | None = None
+    response_length: int = 53
+    temperature: float = 0.7
+    top_k: int | None = None
+    top_p: float = 1.0
 
 
 def model_sources(model, reward_model, ref_model, policy_model, trained_adapter: str | None,
@@ -151,7 +160,7 @@ def write_policy_card(folder, peft_config: dict | None, sources: dict, settings:
                      hyperparameters=settings.hyperparameters, log_history=log_history,
                      merged=merged or (saved_locally and peft_config is None), saved_locally=saved_locally,
                      chat_prompts=chat_prompts, gguf_file=gguf_file,
-                     gguf_repo=_hub_id(sources["model"]) if gguf_file else None)
+                     gguf_repo=_hub_id(sources["model"]) if gguf_file else None, system_prompt=settings.system_prompt)
     return peft_config is not None
 
 
@@ -194,6 +203,7 @@ def write_model_card(
     chat_prompts: bool = False,
     gguf_file: str | None = None,
     gguf_repo: str | None = None,
+    system_prompt: str | None = None,
 ) -> Path:
     """Render the policy's model card into `folder/README.md` and its plot into `folder/training_curves.png`.
 
@@ -209,8 +219,10 @@ def write_model_card(
     never saw). `gguf_file`: the name of the GGUF file the base was converted from, `gguf_repo` the Hub repo
     holding it (None: a local file); the card names them instead of "a local model", and its example loads the base
     with `gguf_file` when `base_model` is that repo (a `base_model` of its own, the Hub id of the original model,
-    loads as it is). The plot has the four panels of `plots.DEFAULT_PANELS` against PPO iterations. Returns the
-    path of README.md.
+    loads as it is). `system_prompt`: the system message training put first in every prompt, which the example puts
+    first too. The card names the rewards as what they were: reward models ("reinforcement learning from human
+    feedback"), reward functions, or both. The plot has the four panels of `plots.DEFAULT_PANELS` against PPO
+    iterations. Returns the path of README.md.
     """
     import jinja2
     from huggingface_hub import ModelCard, ModelCardData
@@ -239,6 +251,7 @@ def write_model_card(
         )
     base_id, ref_id = _hub_id(base_model), _hub_id(ref_model)
     rewards = reward_model if isinstance(reward_model, (list, tuple)) else [reward_model]
+    reward_words = reward_texts(rewards)
     hub_datasets = [d for d in (_hub_id(name) for name in dataset_names) if d]
     card_data = ModelCardData(
         base_model=base_id,
@@ -269,6 +282,8 @@ def write_model_card(
                                                                 if gguf_file and base_id and base_id == gguf_repo
                                                                 else ""),
         chat_prompts=chat_prompts,
+        system_prompt_literal=json.dumps(system_prompt) if system_prompt else None,  # a Python string literal too
+        **reward_words,
         max_new_tokens=hyperparameters.get("response_length") or 32,
         reward_model_text=", ".join(dict.fromkeys(_model_text(_hub_id(r), r) for r in rewards)),
         reference_text=reference_text,
@@ -287,6 +302,25 @@ def write_model_card(
     )
     ModelCard(content).save(path)  # parsing it here fails fast on broken YAML metadata
     return path
+
+
+def reward_texts(rewards: list) -> dict[str, str]:
+    """How the card names the run's rewards (`rewards`: their names as `model_sources` gives them): reward models
+    (RLHF proper: "from human feedback"), reward functions (`REWARD_FUNCTION` names: no human feedback, no reward
+    model), or both. Keys: the template's `reward_source_text`, `reward_label`, `reward_label_the`, `left_out_text`."""
+    functions = [r for r in rewards if isinstance(r, str) and r.startswith(REWARD_FUNCTION)]
+    if rewards and len(functions) == len(rewards):
+        many = len(functions) > 1
+        return {"reward_source_text": "with reward functions",
+                "reward_label": "reward functions" if many else "reward function",
+                "reward_label_the": "the reward functions" if many else "the reward function",
+                "left_out_text": "The critic and the reference"}
+    if functions:
+        return {"reward_source_text": "from a reward model and reward functions", "reward_label": "rewards",
+                "reward_label_the": "the rewards (weighted sum)",
+                "left_out_text": "The critic, the reference and the reward model"}
+    return {"reward_source_text": "from human feedback", "reward_label": "reward model",
+            "reward_label_the": "the reward model", "left_out_text": "The critic, the reference and the reward model"}
 
 
 def is_hf_ppo_card(path) -> bool:

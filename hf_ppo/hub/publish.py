@@ -169,21 +169,33 @@ def make_base_path_absolute(folder) -> str | None:
     return base
 
 
+def load_lines(source: str, is_adapter: bool) -> list[str]:
+    """How to load a policy saved or pushed to `source` (a folder or a Hub id): a LoRA adapter with peft's
+    `AutoPeftModelForCausalLM` (its base read from adapter_config.json), full weights (a run without LoRA, or an
+    adapter merged by `push_merged_model`) with transformers' `AutoModelForCausalLM`."""
+    if is_adapter:
+        return [f"  load it:   from peft import AutoPeftModelForCausalLM; "
+                f"model = AutoPeftModelForCausalLM.from_pretrained({source!r})",
+                "             (the base model is read from adapter_config.json; the tokenizer is in the same place)",
+                "  merged:    model = AutoPeftModelForCausalLM.from_pretrained(...).merge_and_unload(); "
+                "model.save_pretrained('merged')"]
+    return [f"  load it:   from transformers import AutoModelForCausalLM; "
+            f"model = AutoModelForCausalLM.from_pretrained({source!r})"]
+
+
+def pushed_policy_message(repo_id: str, commit, local_folder, is_adapter: bool) -> str:
+    """What `hf-ppo train` prints after `push_to_hub`: the repo and commit, the local copy, how to load what was
+    pushed (`load_lines`: an adapter, or full weights)."""
+    return "\n".join([f"Pushed the policy to {repo_id} ({getattr(commit, 'commit_url', commit)}); local copy in "
+                      f"{local_folder}.", *load_lines(repo_id, is_adapter)])
+
+
 def saved_policy_message(folder, is_adapter: bool) -> str:
     """What `save_model()` prints: where the policy is, how to load it (adapter or merged), how to push it."""
     folder = os.path.abspath(folder)
     name = Path(folder).name
-    if is_adapter:
-        load = [f"  load it:   from peft import AutoPeftModelForCausalLM; "
-                f"model = AutoPeftModelForCausalLM.from_pretrained({folder!r})",
-                "             (the base model is read from adapter_config.json; the tokenizer is in the same folder)",
-                "  merged:    model = AutoPeftModelForCausalLM.from_pretrained(...).merge_and_unload(); "
-                "model.save_pretrained('merged')"]
-        what = "LoRA adapter, tokenizer"
-    else:
-        load = [f"  load it:   from transformers import AutoModelForCausalLM; "
-                f"model = AutoModelForCausalLM.from_pretrained({folder!r})"]
-        what = "weights, tokenizer"
+    load = load_lines(folder, is_adapter)
+    what = "LoRA adapter, tokenizer" if is_adapter else "weights, tokenizer"
     # A README.md of the user's own is kept, and no card written (cards.write_model_card says so).
     what += " and model card" if is_hf_ppo_card(os.path.join(folder, "README.md")) else ""
     push = ["  push it:   trainer.push_to_hub() in the training script (push_to_hub: true in a recipe config), or "
@@ -355,7 +367,7 @@ RUN_RECORD_FILE = "hf_ppo_run.json"
 
 
 def run_record(settings: PublishSettings, sources: dict, policy_model, ref_model, ref_adapter: str | None,
-               reward_model) -> dict:
+               reward_model, *, chat_prompts: bool | None = None, global_step: int | None = None) -> dict:
     """What `save_model()` records beside the policy (`RUN_RECORD_FILE`):
 
     - `quantization`: {"policy", "reference", "reward"} as the run loaded them ('4bit', '8bit', 'none'; the
@@ -364,7 +376,13 @@ def run_record(settings: PublishSettings, sources: dict, policy_model, ref_model
     - `reference`: the reference model as given (id or path), or None when it lives inside the policy;
     - `base_model`: the policy's origin: `source` (the id or path given), `gguf_file` (None unless it is a GGUF
       checkpoint), `hub_id` (PPOConfig.hub_base_model_id: what a pushed adapter names as its base);
-    - `precision`: the compute dtype the run loaded its models in: 'bf16', 'fp16' or 'fp32' (`bf16` / `fp16`).
+    - `precision`: the compute dtype the run loaded its models in: 'bf16', 'fp16' or 'fp32' (`bf16` / `fp16`);
+    - `prompts`: how the prompts were made: `column` (PPOConfig.prompt_column; None: the dataset's 'prompt',
+      'messages' or 'input_ids'), `system_prompt`, `apply_chat_template_to_text`, and `format`, 'chat' when they went
+      through the chat template (`chat_prompts`), else 'text' (None: not known);
+    - `sampling`: `response_length`, `temperature`, `top_k`, `top_p`;
+    - `global_step`: the optimizer steps the saved policy was trained for (None: not known).
+    A record written before a key existed lacks it: readers take that as "not recorded".
     """
     policy_q = _quantization_of(policy_model)
     rewards = reward_model if isinstance(reward_model, (list, tuple)) else [reward_model]
@@ -379,6 +397,12 @@ def run_record(settings: PublishSettings, sources: dict, policy_model, ref_model
         "base_model": {"source": source, "gguf_file": (init or {}).get("gguf_file"),
                        "hub_id": settings.hub_base_model_id},
         "precision": settings.precision,
+        "prompts": {"column": settings.prompt_column, "system_prompt": settings.system_prompt,
+                    "apply_chat_template_to_text": settings.apply_chat_template_to_text,
+                    "format": None if chat_prompts is None else "chat" if chat_prompts else "text"},
+        "sampling": {"response_length": settings.response_length, "temperature": settings.temperature,
+                     "top_k": settings.top_k, "top_p": settings.top_p},
+        "global_step": global_step,
     }
 
 

@@ -146,3 +146,13 @@ def save_policy(policy: nn.Module, folder: str, trained_adapter: str | None, sta
         for entry in os.listdir(nested):
             os.replace(os.path.join(nested, entry), os.path.join(folder, entry))
         shutil.rmtree(nested)
+
+
+def adapters_enabled(peft_model: nn.Module) -> bool:
+    """False inside `peft_model.disable_adapter()` (every tuner layer bypassed: the bare base model runs)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in peft_model.modules():
+        if isinstance(module, BaseTunerLayer):
+            return not module.disable_adapters
+    return True

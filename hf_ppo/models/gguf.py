@@ -64,17 +64,36 @@ def split_gguf_path(name_or_path: str, init_kwargs: dict | None) -> tuple[str, d
 def converted(name_or_path: str, init_kwargs: dict | None, role: str) -> tuple[str, dict | None]:
     """(folder, init_kwargs without `gguf_file`) for a GGUF checkpoint (a folder or Hub repo with `gguf_file`, or a
     local `.gguf` file given as the model itself); the arguments unchanged otherwise."""
+    given = os.path.expanduser(name_or_path) if isinstance(name_or_path, str) else ""
+    if given.lower().endswith(".gguf") and not os.path.exists(given):  # a file that is not there: what is?
+        check_local_gguf(os.path.dirname(given) or ".", os.path.basename(given), None, role)
     name_or_path, init_kwargs = split_gguf_path(name_or_path, init_kwargs)
     gguf_file = (init_kwargs or {}).get("gguf_file")
     if not gguf_file:
         return name_or_path, init_kwargs
     source = {k: v for k, v in init_kwargs.items() if k in _SOURCE_KWARGS}
+    check_local_gguf(name_or_path, gguf_file, source.get("subfolder"), role)
     rest = {k: v for k, v in init_kwargs.items() if k != "gguf_file"}
     folder = cache_root() / _key(name_or_path, gguf_file, source)
     remove_dead_partials(folder.parent)
     if not (folder / "config.json").is_file():
         _convert(name_or_path, gguf_file, source, rest.get("trust_remote_code", False), folder, role)
     return str(folder), rest
+
+
+def check_local_gguf(name_or_path: str, gguf_file: str, subfolder: str | None, role: str) -> None:
+    """A ValueError listing the `.gguf` files a local folder has when `gguf_file` is not one of them (from_pretrained
+    would take the folder for a Hub id and answer with a Hub URL and login advice); nothing for a Hub id, or for an
+    absolute `gguf_file` that exists."""
+    folder = os.path.join(os.path.expanduser(name_or_path), subfolder or "")
+    if not os.path.isdir(folder) or os.path.isfile(os.path.join(folder, gguf_file)) or (
+            os.path.isabs(gguf_file) and os.path.isfile(gguf_file)):
+        return
+    found = sorted(p.name for p in Path(folder).iterdir() if p.name.lower().endswith(".gguf") and p.is_file())
+    has = (f"its GGUF files are {found}: set gguf_file to one of them" if found else
+           "it has no .gguf file: pass the folder (or the .gguf file itself) that holds the checkpoint")
+    raise ValueError(f"The {role}'s folder {folder} has no GGUF file {gguf_file!r}; {has} (gguf_file in "
+                     "model_init_kwargs, or the file's path as the model).")
 
 
 def _key(name_or_path: str, gguf_file: str, source: dict) -> str:

@@ -7,6 +7,7 @@ frozen, or a reward function `(prompts, completions) -> floats` passed through a
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -82,8 +83,10 @@ def load_rewards(reward_model, reward_processing_class, loading: RewardLoading):
 
 
 def reward_name(reward) -> str:
-    """How the logs name a reward: an id/path's last part, a callable's `__name__`, a model's `name_or_path`'s last
-    part, else the class name."""
+    """How the logs name a reward, as TRL names it: an id/path's last part, a callable's `__name__` (a
+    `functools.partial`'s function's), a model's `name_or_path`'s last part, else the class name."""
+    while isinstance(reward, functools.partial):
+        reward = reward.func
     source = reward if isinstance(reward, str) else getattr(reward, "name_or_path", None)
     if isinstance(source, str) and source.strip("/\\"):
         return source.replace("\\", "/").rstrip("/").split("/")[-1]

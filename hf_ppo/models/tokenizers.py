@@ -60,11 +60,18 @@ def tokenizer_size(tokenizer: PreTrainedTokenizerBase) -> int:
     return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
 
 
+# The largest multiple real vocabularies are padded to (DeepSeek LLM: 4096).
+_LARGEST_PADDING_MULTIPLE = 4096
+
+
 def spare_rows_expected(rows: int) -> int:
-    """How many embedding rows beyond the tokenizer's ids a model may have without looking like another model's:
-    vocabularies are padded for speed (to a multiple of 64 or 128; Qwen2.5 by up to 399 rows, Phi-2 by 905,
-    DeepSeek LLM by 2,385 of 102,400), so a tenth of the rows, and at least 1024."""
-    return max(1024, rows // 10)
+    """How many embedding rows beyond the tokenizer's ids a model may have without looking like another model's.
+
+    Vocabularies are padded for speed: to a multiple of a power of two (Phi-2's 50,295 tokens to 51,200, a multiple
+    of 1024; DeepSeek LLM's 100,015 to 102,400, of 4096), or with some slack besides (Qwen2.5 by up to 399 rows). So:
+    a tenth of the rows, or fewer rows than the largest power of two (up to 4096) that divides `rows`, whichever is
+    more. A fixed floor (1024, before) exceeds a small embedding whole: 417 rows would have accepted any tokenizer."""
+    return max(rows // 10, min(rows & -rows, _LARGEST_PADDING_MULTIPLE) - 1)
 
 
 def check_vocab(model, tokenizer: PreTrainedTokenizerBase, role: str, fix: str, warn_unused: bool = False) -> bool:
@@ -221,6 +228,33 @@ def _resize_fix() -> str:
             "`model.resize_token_embeddings(len(tokenizer))`, then pass both. With LoRA/QLoRA the resized embedding "
             "rows are new weights: train and save them (e.g. LoraConfig(trainable_token_indices=...) or "
             "modules_to_save=['embed_tokens', 'lm_head'], which stores the full embeddings in every adapter).")
+
+
+def ends_with_prefill(messages) -> bool:
+    """Whether a chat prompt ends with an assistant turn: a prefill ("The answer is") or an empty one, which the
+    model continues (TRL's `continue_final_message`) instead of answering in a new turn."""
+    return (isinstance(messages, list) and bool(messages) and isinstance(messages[-1], dict)
+            and messages[-1].get("role") == "assistant")
+
+
+def render_chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: list, tokenize: bool = True):
+    """A chat prompt through the tokenizer's chat template, as TRL renders one: a final assistant turn (a prefill,
+    `ends_with_prefill`) is left open for the model to continue (`continue_final_message=True`, no generation prompt);
+    any other prompt ends with the generation prompt that opens the assistant's turn. Token ids, or the text with
+    `tokenize=False`."""
+    prefill = ends_with_prefill(messages)
+    return tokenizer.apply_chat_template(messages, tokenize=tokenize, add_generation_prompt=not prefill,
+                                         continue_final_message=prefill, return_dict=False)
+
+
+def with_completion(messages: list, completion: str) -> tuple[list, dict]:
+    """(the prompt's turns before the answer, the answer as one assistant message) for a chat prompt and the text
+    the model generated after it: a prefill's text leads the answer, which continues it (TRL's convention for the
+    completions reward functions get); otherwise the answer is the generated text alone."""
+    if ends_with_prefill(messages):
+        prefill = messages[-1].get("content")
+        return messages[:-1], {"role": "assistant", "content": (prefill if isinstance(prefill, str) else "") + completion}
+    return messages, {"role": "assistant", "content": completion}
 
 
 def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:

@@ -34,10 +34,14 @@ class RolloutBatch:
     returns: torch.Tensor  # (B, R) float32: the critic's targets (gae); logged only for critic-free estimators
     policy_mask: torch.Tensor | None = None  # (B, R) bool: True = a token the policy sampled; None (a checkpoint
     #                                          written before environments): every response token is the policy's
+    sampling_logprobs: torch.Tensor | None = None  # (B, R) float32: the log-prob the engine drew each token with
+    #                                                (vLLM's); None (an engine that samples the policy): `logprobs`
 
     def __post_init__(self):
         if self.policy_mask is None:  # a copy: checkpoints (safetensors) refuse tensors that share memory
             self.policy_mask = self.response_mask.clone()
+        if self.sampling_logprobs is None:
+            self.sampling_logprobs = self.logprobs.clone()
 
     def __len__(self) -> int:
         return self.queries.shape[0]

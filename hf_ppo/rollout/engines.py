@@ -1,15 +1,19 @@
 """The rollout engine: what samples responses to left-padded prompts, behind a small interface.
 
 `RolloutEngine` is the interface: `generate(model, queries, query_mask) -> responses` and `weights_changed()`, the
-hook an engine that keeps its own copy of the weights (a vLLM server, say) needs after each optimizer step.
-`KVCacheSampler`, the default, samples with the policy's own KV cache in a lean decode loop (`generate`);
-`StaticCacheSampler` (`rollout_engine="static"`) samples the same way with a preallocated cache and a compiled,
-fixed-shape decode step, for a GPU.
+hook an engine that keeps its own copy of the weights (vLLM's, `rollout/vllm_engine.py`) needs after each optimizer
+step, plus what such an engine reports (`last_logprobs`, `metrics`). `KVCacheSampler`, the default, samples with the
+policy's own KV cache in a lean decode loop (`generate`); `StaticCacheSampler` (`rollout_engine="static"`) samples the
+same way with a preallocated cache and a compiled, fixed-shape decode step, for a GPU. `rollout/engine_choice.py`
+builds the one a run names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +22,28 @@ from transformers import TrainerCallback
 
 from ..runtime.versions import CACHE
 from ..runtime.warn import warn_user
+
+# Where sampling reports its progress (`sampling_progress`): report(first_row, end_row, rows, token, response_length),
+# set around a rollout or an evaluation batch by whoever shows it (the trainer's progress bar); None: nobody.
+_PROGRESS: ContextVar[Callable | None] = ContextVar("hf_ppo_sampling_progress", default=None)
+
+
+@contextlib.contextmanager
+def sampling_progress(report: Callable | None):
+    """Inside, the engines report to `report(first_row, end_row, rows, token, response_length)` after each decoded
+    token: rows `first_row`..`end_row - 1` of `rows` are being sampled, `token` tokens of `response_length` so far.
+    The loop calls it with numbers it holds on the host already (no device sync); `report` decides how often it shows
+    anything. An engine of one's own may call `progress_reporter()` likewise, or not at all."""
+    previous = _PROGRESS.set(report)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(previous)
+
+
+def progress_reporter() -> Callable | None:
+    """The function the sampling in progress reports to (`sampling_progress`), or None: read once per `generate`."""
+    return _PROGRESS.get()
 
 
 class RolloutEngine:
@@ -36,6 +62,21 @@ class RolloutEngine:
         """Called after every optimizer step and after a checkpoint load (resume), once the policy's new weights are
         in place: an engine with its own copy of the weights (a vLLM server, say) refreshes it here. The default
         engine samples from the live model and needs nothing."""
+
+    def last_logprobs(self) -> torch.Tensor | None:
+        """The log-probs (B, R) fp32 with which the last `generate` call drew its tokens (0 after a row's stop), from
+        an engine that samples with weights of its own (vLLM); step 9 logs their gap to the policy's
+        (`rollout/vllm_logprob_diff_mean`, `_max`). None (the default): the engine samples from the policy itself."""
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        """What the engine measured since it was last asked ({name: number}, e.g. the vLLM engine's
+        `time/weight_sync`), logged with the rollout's statistics. {} by default."""
+        return {}
+
+    def close(self) -> None:
+        """Release what the engine holds beyond the policy (the vLLM engine: its engine core and process groups) at
+        the end of a run, before the process group is torn down (`hf-ppo train` calls it). Nothing by default."""
 
 
 class KVCacheSampler(RolloutEngine):
@@ -65,13 +106,6 @@ class SamplingSettings:
     rollout_engine: str = "kv_cache"
 
 
-def make_rollout_engine(s: SamplingSettings, pad_token_id: int, stop_token_ids) -> RolloutEngine:
-    """The engine `s.rollout_engine` names ('kv_cache' or 'static'), sampling as `s` says."""
-    engine = StaticCacheSampler if s.rollout_engine == "static" else KVCacheSampler
-    return engine(response_length=s.response_length, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                  pad_token_id=pad_token_id, stop_token_ids=stop_token_ids, batch_size=s.forward_batch_size)
-
-
 class StaticCacheSampler(KVCacheSampler):
     """The same sampling as `KVCacheSampler`, built for a GPU: a preallocated KV cache (transformers' `StaticCache`,
     prompt + `response_length` slots, made once per micro-batch) and a fixed-shape single-token decode step, compiled
@@ -89,14 +123,16 @@ class StaticCacheSampler(KVCacheSampler):
         super().__init__(**settings)
         self.compile, self.check_every, self.prompt_bucket = compile, check_every, prompt_bucket
         self._compiled = None
+        self._report, self._rows = None, (0, 0, 0)  # `sampling_progress`'s reporter, the rows of the current pass
 
     def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
         pad = -queries.shape[1] % self.prompt_bucket  # left padding up to the bucket: masked, so nothing changes
         if pad:
             queries = torch.cat([queries.new_full((queries.shape[0], pad), self.settings["pad_token_id"]), queries], 1)
             query_mask = torch.cat([query_mask.new_zeros((query_mask.shape[0], pad)), query_mask], 1)
-        outputs = []
+        outputs, self._report = [], progress_reporter()
         for rows in chunks(queries.shape[0], self.settings["batch_size"]):
+            self._rows = (rows.start, rows.stop, queries.shape[0])
             if self.compile:
                 try:
                     outputs.append(self._sample(model, queries[rows], query_mask[rows], self._compiled_step()))
@@ -134,6 +170,8 @@ class StaticCacheSampler(KVCacheSampler):
         for t in range(R):
             token = sample_token(logits, s["temperature"], s["top_k"], s["top_p"]).masked_fill(done, s["pad_token_id"])
             response[:, t] = token
+            if self._report is not None:
+                self._report(*self._rows, t + 1, R)
             if stops.numel():
                 done |= torch.isin(token, stops)
             if t == R - 1 or ((t + 1) % self.check_every == 0 and bool(done.all())):
@@ -152,6 +190,22 @@ def decode_step(model: nn.Module, token: torch.Tensor, attention: torch.Tensor, 
 def _is_compile_error(error: Exception) -> bool:
     """An error raised by torch.compile's tracing or code generation (not by the model's own computation)."""
     return type(error).__module__.startswith(("torch._dynamo", "torch._inductor", "torch.fx"))
+
+
+def engine_stats(engine: RolloutEngine, logprobs: torch.Tensor | None, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Step 9's statistics of the engine: what it measured (`engine.metrics()`, e.g. `time/weight_sync`) and, when it
+    drew the tokens with weights of its own (`engine.last_logprobs()`), the gap between its log-probs and the policy's
+    old log-probs `logprobs` (B, R) of step 5: the mean and the max of |difference| over the real tokens `mask`
+    (B, R) (`rollout/vllm_logprob_diff_mean`, `rollout/vllm_logprob_diff_max`); 0 when both computed the same
+    distribution, up to floating-point noise. `logprobs` None (an environment's episodes, sampled in several calls):
+    no gap."""
+    stats = {name: torch.tensor(float(value), device=mask.device) for name, value in engine.metrics().items()}
+    sampled = engine.last_logprobs() if logprobs is not None else None
+    if sampled is not None and sampled.shape == logprobs.shape:
+        gap = (logprobs.float() - sampled.to(logprobs.device)).abs().masked_fill(~mask.bool(), 0.0)
+        stats["rollout/vllm_logprob_diff_mean"] = gap.sum() / mask.sum().clamp(min=1)
+        stats["rollout/vllm_logprob_diff_max"] = gap.max()
+    return stats
 
 
 def sequence_inputs(queries, query_mask, responses, response_mask) -> dict[str, torch.Tensor]:
@@ -209,6 +263,7 @@ def generate(
     generation-config machinery runs per token.
     """
     stops = stop_tensor(stop_token_ids, queries.device)
+    report = progress_reporter()
     outputs = []
     for rows in chunks(queries.shape[0], batch_size):
         attention = query_mask[rows].long()
@@ -221,6 +276,8 @@ def generate(
         for t in range(response_length):
             token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)
             response[:, t] = token
+            if report is not None:
+                report(rows.start, rows.stop, queries.shape[0], t + 1, response_length)
             if stops.numel():
                 done |= torch.isin(token, stops)
             if t == response_length - 1 or bool(done.all()):

@@ -3,24 +3,87 @@
 - `keyword_style`: which of the two a function takes, from its signature (`check_reward_function` checks, before any
   model loads or at trainer construction, that it can take the call);
 - `call_reward`: the call itself, with the dataset's other columns aligned with the completions, and an exception
-  inside the function re-raised naming the function and the first row it fails on (`RewardFunctionError`);
+  inside the function re-raised naming the function and the first row it fails on (`RewardFunctionError`). Each
+  function gets its own copy of the prompts and columns (an edit it makes in place never reaches the next one), and
+  what TRL passes besides them (`RewardHooks`: `trainer_state`, `log_metric`, `log_extra`) when it accepts them;
+- `async def` functions (TRL awaits them) are awaited, several of them concurrently (`start_reward_call`,
+  `finish_reward_calls`), on an event loop of their own in a daemon thread, so a notebook's running loop is no
+  obstacle;
 - a returned None means "this reward does not apply to this row" (TRL's meaning): `reward_values` turns the returned
   values into scores and a mask of the rows that apply.
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import inspect
 import numbers
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from transformers import TrainerState
+
+from ..models.tokenizers import with_completion
 
 # Columns that are the prompt itself; every other column of a prompt dataset reaches the reward functions.
 PROMPT_COLUMNS = ("prompt", "messages", "input_ids", "attention_mask")
 # What TRL passes besides the dataset's columns; a column of one of these names would be shadowed.
 CALL_NAMES = ("prompts", "completions", "completion_ids")
+# ... and what it passes from the trainer (`RewardHooks`): given to a function that accepts them.
+HOOK_NAMES = ("trainer_state", "log_extra", "log_metric")
 KEYWORD_FIX = ("add **kwargs to its signature (def f(prompts, completions, **kwargs)), or name each parameter after "
-               "a dataset column or one of prompts, completions, completion_ids")
+               "a dataset column or one of prompts, completions, completion_ids, trainer_state, log_metric, log_extra")
+
+
+def _ignore(*args, **kwargs) -> None:
+    """A `log_metric` / `log_extra` that keeps nothing (a call outside training: the construction probe)."""
+
+
+@dataclass(frozen=True)
+class RewardHooks:
+    """What TRL's GRPO trainer passes every reward function besides the batch: `trainer_state` (Trainer's
+    `TrainerState`: `global_step`, `max_steps`, ... for shaping by progress), `log_metric(name, value)` (a scalar,
+    averaged over the iteration and logged under `name`) and `log_extra(column, values)` (one value per completion, a
+    column of the sample tables). The trainer hands its own over at each rollout (`RolloutParts.hooks`); the default
+    (a fresh state, loggers that keep nothing) serves calls outside training."""
+
+    trainer_state: Any = field(default_factory=TrainerState)
+    log_metric: Callable[[str, float], None] = _ignore
+    log_extra: Callable[[str, list], None] = _ignore
+
+    def kwargs(self) -> dict:
+        return {"trainer_state": self.trainer_state, "log_extra": self.log_extra, "log_metric": self.log_metric}
+
+
+class RewardLogs:
+    """What reward functions log through TRL's `log_metric` and `log_extra`, kept until the trainer takes it: the
+    metrics' means (`take_metrics`: {name: mean of the values logged since}) and the extra columns (`take_extra`:
+    {column: values, one per completion}). `hooks(state)` gives the `RewardHooks` that log here."""
+
+    def __init__(self):
+        self.metrics: dict[str, list[float]] = {}
+        self.extra: dict[str, list] = {}
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics.setdefault(str(name), []).append(float(value))
+
+    def log_extra(self, column: str, values: list) -> None:
+        self.extra.setdefault(str(column), []).extend(list(values))
+
+    def hooks(self, trainer_state) -> RewardHooks:
+        return RewardHooks(trainer_state, self.log_metric, self.log_extra)
+
+    def take_metrics(self) -> dict[str, float]:
+        metrics, self.metrics = self.metrics, {}
+        return {name: sum(values) / len(values) for name, values in metrics.items() if values}
+
+    def take_extra(self) -> dict[str, list]:
+        extra, self.extra = self.extra, {}
+        return extra
 
 
 def data_columns(column_names) -> list[str]:
@@ -56,7 +119,7 @@ def keyword_style(func, columns=None) -> bool:
         sig.bind(None, None)
     except TypeError:
         return True
-    known = set(CALL_NAMES) | set(columns or ())
+    known = set(CALL_NAMES) | set(HOOK_NAMES) | set(columns or ())
     positional = {0: "prompts", 1: "completions"}
     return any(p.name in known and positional.get(i) != p.name for i, p in enumerate(params)
                if p.kind is not p.VAR_POSITIONAL)
@@ -70,7 +133,7 @@ def check_reward_function(func, columns: list[str] | None, name: str) -> None:
     if not callable(func):
         raise TypeError(f"The reward function {name!r} is a {type(func).__name__}, not callable: give a function "
                         "(prompts, completions, **kwargs) -> list[float].")
-    clash = sorted(set(columns or ()) & set(CALL_NAMES))
+    clash = sorted(set(columns or ()) & (set(CALL_NAMES) | set(HOOK_NAMES)))
     if clash:
         raise TypeError(f"The prompt dataset has a column named {clash[0]!r}, which the reward function {name!r} is "
                         f"given as the call's own {clash[0]!r}: rename the column, e.g. "
@@ -78,7 +141,7 @@ def check_reward_function(func, columns: list[str] | None, name: str) -> None:
     if not keyword_style(func, columns):
         return
     params = _signature(func).parameters.values()
-    available = set(CALL_NAMES) | set(columns or ())
+    available = set(CALL_NAMES) | set(HOOK_NAMES) | set(columns or ())
     shown = f"the dataset's columns are {sorted(columns)}" if columns is not None else "the columns are not known yet"
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -89,68 +152,186 @@ def check_reward_function(func, columns: list[str] | None, name: str) -> None:
                             f"a normal parameter (drop the '/'), or {KEYWORD_FIX}.")
         if p.default is p.empty and p.name not in available and columns is not None:
             raise TypeError(f"The reward function {name!r} needs a parameter {p.name!r}, which hf_ppo cannot give it: "
-                            f"it is called with prompts, completions, completion_ids and one keyword per dataset "
-                            f"column, and {shown}. Rename the parameter after the column it means, add a {p.name!r} "
-                            "column to the prompt dataset, or give the parameter a default.")
+                            f"it is called with prompts, completions, completion_ids, trainer_state, log_metric, "
+                            f"log_extra and one keyword per dataset column, and {shown}. Rename the parameter after "
+                            f"the column it means, add a {p.name!r} column to the prompt dataset, or give the "
+                            "parameter a default.")
 
 
 def trl_completions(prompts: list, texts: list[str]) -> list:
     """Completions in TRL's form: for a chat prompt (a list of messages) a list holding one assistant message, for
-    a text prompt the text."""
-    return [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(prompts, texts)]
+    a text prompt the text. A chat prompt's final assistant turn (a prefill the policy continued) leads the message,
+    as in TRL (`with_completion`)."""
+    return [[with_completion(p, t)[1]] if isinstance(p, list) else t for p, t in zip(prompts, texts)]
 
 
-def call_reward(func, name: str, *, prompts: list, prompt_texts: list[str], texts: list[str],
-                completion_ids: list[list[int]], columns: dict[str, list] | None) -> list:
-    """What `func` returns for the batch, called in its style (`keyword_style`): positional f(prompt_texts, texts);
-    keyword with prompts (as the dataset gives them), completions (`trl_completions`), completion_ids and each
-    column, a function without **kwargs getting only the names it declares. An exception inside it is re-raised as
-    `RewardFunctionError` naming the function and the first row that fails alone (the original chained)."""
+def trl_prompts(prompts: list) -> list:
+    """The prompts in TRL's form: a chat prompt without its final assistant turn, which the completion carries
+    (`trl_completions`); new lists, so the dataset's own prompts are left as they are."""
+    return [with_completion(p, "")[0] if isinstance(p, list) else p for p in prompts]
+
+
+_loop_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """The event loop async reward functions run on, in a daemon thread of its own (started at the first use): the
+    caller may itself be inside a running loop (a notebook), where `asyncio.run` is refused. One loop serves the
+    whole run, so a client a function keeps between calls stays on the loop it was made on."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop.is_closed():
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="hf_ppo-async-rewards", daemon=True).start()
+        return _loop
+
+
+def _await_all(awaitables: list) -> list:
+    """The results of `awaitables`, run concurrently; an exception is returned in place of its result."""
+    async def together():
+        return await asyncio.gather(*awaitables, return_exceptions=True)
+
+    return asyncio.run_coroutine_threadsafe(together(), _event_loop()).result()
+
+
+def _own_copy(value):
+    """A value a function may edit in place without the next function seeing it: lists and dicts (chat prompts,
+    nested columns) deep-copied; strings, numbers and other immutables as they are."""
+    return copy.deepcopy(value) if isinstance(value, (list, dict, set)) else value
+
+
+class RewardCall:
+    """One reward function's call on a batch (`start_reward_call`): done when the function is synchronous, else its
+    awaitable waits for `finish_reward_calls`, which awaits every pending call together."""
+
+    def __init__(self, func, name: str, arguments: Callable[[slice], tuple[tuple, dict]], rows: int,
+                 prompt_texts: list[str], texts: list[str]):
+        self.func, self.name, self.arguments, self.rows = func, name, arguments, rows
+        self.prompt_texts, self.texts = prompt_texts, texts
+        self.value, self.error, self.pending = None, None, None
+        try:
+            self.value = self._invoke(slice(None))
+        except Exception as err:  # noqa: BLE001 - any exception of user code, re-raised naming the row
+            self.error = err
+            return
+        if inspect.isawaitable(self.value):
+            self.pending, self.value = self.value, None
+
+    def _invoke(self, rows: slice):
+        args, kwargs = self.arguments(rows)
+        return self.func(*args, **kwargs)
+
+    def _alone(self, i: int) -> None:
+        """Call the function on row `i` alone (awaited when it is async); raises what it raises."""
+        value = self._invoke(slice(i, i + 1))
+        if inspect.isawaitable(value):
+            (value,) = _await_all([value])
+            if isinstance(value, BaseException):
+                raise value
+
+    def result(self):
+        """What the function returned; its exception re-raised as `RewardFunctionError` naming the function and the
+        first row that fails alone (the original chained)."""
+        if self.error is None:
+            return self.value
+        failing = None
+        for i in range(self.rows):
+            try:
+                self._alone(i)
+            except Exception:  # noqa: BLE001
+                failing = i
+                break
+        err = self.error
+        where = (f"first on row {failing} alone (prompt {self.prompt_texts[failing]!r:.200}, completion "
+                 f"{self.texts[failing]!r:.200})" if failing is not None else
+                 f"on the batch of {self.rows} rows, though each row alone passes")
+        raise RewardFunctionError(f"The reward function {self.name!r} raised {type(err).__name__}: {err} - {where}. "
+                                  "Fix the function (or return None for rows it does not apply to); checkpoints "
+                                  "already saved are kept.") from err
+
+
+def start_reward_call(func, name: str, *, prompts: list, prompt_texts: list[str], texts: list[str],
+                      completion_ids: list[list[int]], columns: dict[str, list] | None,
+                      hooks: RewardHooks | None = None) -> RewardCall:
+    """Call `func` on the batch in its style (`keyword_style`): positional f(prompt_texts, texts); keyword with
+    prompts (as the dataset gives them), completions (`trl_completions`), completion_ids, each column and the
+    `hooks` (`RewardHooks`; default: outside training), a function without **kwargs getting only the names it
+    declares. Every call gets its own copy of the prompts, completions and columns. An `async def` function's
+    coroutine is left pending for `finish_reward_calls`."""
     columns = columns or {}
     for column, values in columns.items():
         if len(values) != len(texts):  # a misaligned column would score completions against other rows' data
             raise ValueError(f"The column {column!r} has {len(values)} values for {len(texts)} completions: each "
                              "batch's columns must be aligned with its prompts.")
     if keyword_style(func, columns):
-        kwargs = {"prompts": list(prompts), "completions": trl_completions(prompts, texts),
-                  "completion_ids": completion_ids, **{c: list(v) for c, v in columns.items()}}
         params = _signature(func).parameters
-        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            kwargs = {k: v for k, v in kwargs.items() if k in params}
-        row = lambda i: {k: v[i:i + 1] for k, v in kwargs.items()}  # noqa: E731
-        call = lambda args: func(**args)  # noqa: E731
-        everything = kwargs
+        takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        given = {"prompts": trl_prompts(prompts), "completions": None, "completion_ids": completion_ids, **columns}
+        hook_values = (hooks or RewardHooks()).kwargs()
+        names = [k for k in [*given, *hook_values] if takes_all or k in params]
+
+        def arguments(rows: slice) -> tuple[tuple, dict]:
+            kwargs = {}
+            for k in names:
+                if k == "completions":
+                    kwargs[k] = trl_completions(prompts[rows], texts[rows])
+                elif k in hook_values:
+                    kwargs[k] = hook_values[k]  # the trainer's own objects, never copied
+                else:
+                    kwargs[k] = [_own_copy(v) for v in given[k][rows]]
+            return (), kwargs
     else:
-        everything = (prompt_texts, texts)
-        row = lambda i: (prompt_texts[i:i + 1], texts[i:i + 1])  # noqa: E731
-        call = lambda args: func(*args)  # noqa: E731
-    try:
-        return call(everything)
-    except Exception as err:  # noqa: BLE001 - any exception of user code, re-raised with the row it fails on
-        failing = None
-        for i in range(len(texts)):
-            try:
-                call(row(i))
-            except Exception:  # noqa: BLE001
-                failing = i
-                break
-        where = (f"first on row {failing} alone (prompt {prompt_texts[failing]!r:.200}, completion "
-                 f"{texts[failing]!r:.200})" if failing is not None else
-                 f"on the batch of {len(texts)} rows, though each row alone passes")
-        raise RewardFunctionError(f"The reward function {name!r} raised {type(err).__name__}: {err} - {where}. Fix "
-                                  "the function (or return None for rows it does not apply to); checkpoints already "
-                                  "saved are kept.") from err
+        def arguments(rows: slice) -> tuple[tuple, dict]:
+            return (list(prompt_texts[rows]), list(texts[rows])), {}
+    return RewardCall(func, name, arguments, len(texts), prompt_texts, texts)
 
 
-def reward_values(values, expected: int, name: str = "The reward function") -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores (B,) float32, applies (B,) bool) from what a reward function returned: a sequence, 1-D tensor or 1-D
-    array of `expected` numbers, None entries meaning "does not apply to this row" (score 0.0, applies False).
+def finish_reward_calls(calls: list[RewardCall]) -> list:
+    """What each call's function returned, in order: the pending (async) ones awaited together, concurrently; the
+    first call that raised re-raised as `RewardFunctionError` (`RewardCall.result`)."""
+    pending = [call for call in calls if call.pending is not None]
+    if pending:
+        for call, outcome in zip(pending, _await_all([call.pending for call in pending])):
+            call.pending = None
+            if isinstance(outcome, Exception):
+                call.error = outcome
+            elif isinstance(outcome, BaseException):  # KeyboardInterrupt, SystemExit: not the function's error
+                raise outcome
+            else:
+                call.value = outcome
+    return [call.result() for call in calls]
 
-    Anything else (a dict, a 2-D tensor, strings, a single number) is an error that says what came back. NaN/inf
-    pass through: the trainer drops such a rollout (see trainer/guard.py).
+
+def call_reward(func, name: str, *, prompts: list, prompt_texts: list[str], texts: list[str],
+                completion_ids: list[list[int]], columns: dict[str, list] | None,
+                hooks: RewardHooks | None = None) -> list:
+    """What `func` returns for the batch (`start_reward_call`, awaited when async: `finish_reward_calls`). An
+    exception inside it is re-raised as `RewardFunctionError` naming the function and the first row that fails
+    alone (the original chained)."""
+    call = start_reward_call(func, name, prompts=prompts, prompt_texts=prompt_texts, texts=texts,
+                             completion_ids=completion_ids, columns=columns, hooks=hooks)
+    return finish_reward_calls([call])[0]
+
+
+def reward_values(values, expected: int, name: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores (B,) float32, applies (B,) bool) from what the reward function `name` returned: a sequence, 1-D tensor
+    or 1-D array of `expected` numbers, None entries meaning "does not apply to this row" (score 0.0, applies False).
+
+    Anything else (a dict, a 2-D tensor, strings, a single number) is an error that names the function and says what
+    came back. NaN/inf pass through: scoring leaves such a row out of the update (`RewardSet.combine`).
     """
+    name = "The reward function" if name is None else f"The reward function {name!r}"
     fix = (f"return one number (or None: does not apply) per (prompt, completion) pair: a list of {expected} floats "
            "or a 1-D tensor/array")
+    if getattr(values, "dtype", None) is not None and getattr(values.dtype, "kind", None) == "O" \
+            and getattr(values, "ndim", None) == 1:
+        values = values.tolist()  # a numpy array of Python objects (numbers and None): read as the list it holds
+    if getattr(values, "dtype", None) is not None and getattr(values.dtype, "kind", None) in ("U", "S"):
+        first = values.flat[0] if values.size else ""
+        raise TypeError(f"{name} returned a numpy array of strings (dtype {values.dtype}, shape "
+                        f"{tuple(values.shape)}, first {str(first)!r:.60}): {fix}; convert the strings with "
+                        "float(...) if they hold numbers.")
     if hasattr(values, "ndim") and hasattr(values, "shape"):  # torch tensor or numpy array
         if values.ndim != 1:
             raise TypeError(f"{name} returned a {type(values).__name__} of shape {tuple(values.shape)}: "
@@ -178,9 +359,15 @@ def reward_values(values, expected: int, name: str = "The reward function") -> t
 
 
 def _is_number(value) -> bool:
-    """A real number: int/float/bool, a numpy scalar, or a one-element tensor/array (not a string, not None)."""
+    """A real number: int/float/bool, a numpy scalar, or a one-element tensor/array of numbers (not a string, not
+    None)."""
     if isinstance(value, (str, bytes)) or value is None:
         return False
     if isinstance(value, numbers.Real):
         return True
-    return getattr(value, "ndim", None) == 0 or getattr(value, "shape", None) in ((), (1,))
+    dtype = getattr(value, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        numeric = not dtype.is_complex
+    else:
+        numeric = getattr(dtype, "kind", None) in ("b", "i", "u", "f")
+    return numeric and (getattr(value, "ndim", None) == 0 or getattr(value, "shape", None) in ((), (1,)))

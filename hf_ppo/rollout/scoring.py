@@ -17,6 +17,9 @@ through. (The rewards are loaded in `models/reward_model.py`; ready-made reward 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
+import sys
 from dataclasses import dataclass, replace
 from typing import Callable, ContextManager
 
@@ -27,10 +30,19 @@ from transformers import PreTrainedModel
 from ..algorithms.ppo_math import RunningMoments, last_token_index, overlong_penalty
 from ..models.pretrained import pools_itself
 from ..models.reward_model import RewardLoading, load_rewards, naming_reward, reward_name
-from ..models.tokenizers import load_reward_tokenizer, same_checkpoint, same_tokenizer, with_scoring_pad
+from ..models.tokenizers import (load_reward_tokenizer, render_chat_prompt, same_checkpoint, same_tokenizer,
+                                 with_completion, with_scoring_pad)
 from ..runtime.warn import warn_user
 from .engines import chunks, sequence_inputs
-from .reward_calls import call_reward, check_reward_function, data_columns, reward_values
+from .reward_calls import (
+    RewardHooks,
+    call_reward,
+    check_reward_function,
+    data_columns,
+    finish_reward_calls,
+    reward_values,
+    start_reward_call,
+)
 
 
 @dataclass(frozen=True)
@@ -43,26 +55,28 @@ class RewardSettings:
     normalize_each_reward: bool = False  # each reward normalised by its own running statistics before the sum
 
 
-def reward_set(loaded, given, tokenizer, settings: RewardSettings, chat: set[bool], train_dataset) -> RewardSet:
+def reward_set(loaded, given, tokenizer, settings: RewardSettings, chat: set[bool], train_dataset,
+               eval_datasets: dict | None = None) -> RewardSet:
     """The run's `RewardSet`: each reward's tokenizer and input format resolved and checked as for a single reward
-    (`reward_tokenizer`), each callable probed (`probe_reward_callable`), names for the logs, and `reward_weights`
-    checked against the number of rewards. `loaded`: the `LoadedModels` of `trainer/assembly.py` (its rewards, their
-    tokenizers, and the context they score as loaded in); `given`: the trainer's `reward_model` argument (a list or
-    one reward)."""
+    (`reward_tokenizer`), each callable probed on the training prompts and on each evaluation set (`eval_datasets`:
+    {name: dataset}; `probe_reward_callable`), names for the logs, and `reward_weights` checked against the number
+    of rewards. `loaded`: the `LoadedModels` of `trainer/assembly.py` (its rewards, their tokenizers, and the context
+    they score as loaded in); `given`: the trainer's `reward_model` argument (a list or one reward)."""
     is_list = isinstance(given, (list, tuple))
     rewards = loaded.reward_model if is_list else [loaded.reward_model]
     classes = loaded.reward_processing_class if is_list else [loaded.reward_processing_class]
     names = unique_names([reward_name(r) for r in (given if is_list else [given])])
     return _reward_set(rewards, classes, names, is_list, tokenizer, chat, train_dataset, settings,
-                       loaded.reward_scoring_context)
+                       loaded.reward_scoring_context, eval_datasets)
 
 
 def judge_set(given, tokenizer, settings: RewardSettings, loading: RewardLoading, chat: set[bool], train_dataset,
-              scoring_context: Callable[[], ContextManager] = contextlib.nullcontext) -> RewardSet | None:
+              scoring_context: Callable[[], ContextManager] = contextlib.nullcontext,
+              eval_datasets: dict | None = None) -> RewardSet | None:
     """The evaluation-only rewards (the trainer's `eval_reward_model`: one or a list, in the forms of
-    `reward_model`), loaded (`loading`) and checked as the training rewards are, in their `reward_input_format`,
-    scored each on its own (weights 1.0, never normalised) in `scoring_context` (see `RewardSet`); None when none is
-    given."""
+    `reward_model`), loaded (`loading`) and checked as the training rewards are (on `eval_datasets` too), in their
+    `reward_input_format`, scored each on its own (weights 1.0, never normalised) in `scoring_context` (see
+    `RewardSet`); None when none is given."""
     if given is None:
         return None
     given = list(given) if isinstance(given, (list, tuple)) else [given]
@@ -71,11 +85,12 @@ def judge_set(given, tokenizer, settings: RewardSettings, loading: RewardLoading
     judges, classes = load_rewards(given, None, loading)
     names = unique_names([reward_name(r) for r in given])
     alone = replace(settings, reward_weights=None, normalize_each_reward=False)
-    return _reward_set(judges, classes, names, True, tokenizer, chat, train_dataset, alone, scoring_context)
+    return _reward_set(judges, classes, names, True, tokenizer, chat, train_dataset, alone, scoring_context,
+                       eval_datasets)
 
 
 def _reward_set(rewards, classes, names, is_list, tokenizer, chat, train_dataset, settings: RewardSettings,
-                scoring_context) -> RewardSet:
+                scoring_context, eval_datasets: dict | None = None) -> RewardSet:
     weights = settings.reward_weights if settings.reward_weights is not None else [1.0] * len(rewards)
     if len(weights) != len(rewards):
         raise ValueError(f"reward_weights has {len(weights)} weights but there {'are' if len(rewards) > 1 else 'is'} "
@@ -90,6 +105,8 @@ def _reward_set(rewards, classes, names, is_list, tokenizer, chat, train_dataset
         with naming_reward(name if is_list else None, i):
             tokenizers.append(reward_tokenizer(reward, tokenizer, processing_class, input_format, chat))
             probe_reward_callable(reward, train_dataset, tokenizer, name)
+            for source, dataset in (eval_datasets or {}).items():  # a column only an evaluation set lacks: now
+                probe_reward_callable(reward, dataset, tokenizer, name, source)
     return RewardSet(rewards, tokenizers, names, [float(w) for w in weights],
                      input_format=settings.reward_input_format, normalize_each=settings.normalize_each_reward,
                      is_list=is_list, scoring_context=scoring_context)
@@ -226,27 +243,31 @@ def scores_given(prompts, completions):
                      "the environment (EnvSample.score), or pass reward_model= to PPOLMTrainer.")
 
 
-def probe_reward_callable(reward, train_dataset, tokenizer, name: str | None = None) -> None:
-    """Check a reward callable at construction: its signature against the dataset's columns
-    (`check_reward_function`), then one call on the first two rows (their prompts and columns) with empty
-    completions: a wrong return type, NaN/inf or an exception fails now, naming the function and the fix, not at the
-    first rollout. Models are skipped; without a dataset only the signature is checked."""
+def probe_reward_callable(reward, dataset, tokenizer, name: str | None = None, source: str = "train_dataset") -> None:
+    """Check a reward callable at construction: its signature against the columns of `dataset` (the prompts named
+    `source` in errors: train_dataset, or an evaluation set) (`check_reward_function`), then one call on its first two
+    rows (their prompts and columns) with empty completions, outside training (`RewardHooks()`): a wrong return
+    type, NaN/inf or an exception fails now, naming the function and the fix, not at the first rollout or
+    evaluation. Models are skipped; without a dataset only the signature is checked."""
     if not callable(reward) or isinstance(reward, nn.Module) or reward is scores_given:
         return
     name = name or reward_name(reward)
-    check_reward_function(reward, None if train_dataset is None else data_columns(train_dataset.column_names), name)
-    if train_dataset is None:
+    try:
+        check_reward_function(reward, None if dataset is None else data_columns(dataset.column_names), name)
+    except TypeError as err:
+        raise TypeError(f"{err} (on {source})" if source != "train_dataset" else str(err)) from None
+    if dataset is None or not len(dataset) or "prompt" not in dataset.column_names:
         return
-    rows = [train_dataset[i] for i in range(min(2, len(train_dataset)))]
+    rows = [dataset[i] for i in range(min(2, len(dataset)))]
     prompts = [row["prompt"] for row in rows]
-    texts = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False) for p in prompts]
+    texts = [p if isinstance(p, str) else render_chat_prompt(tokenizer, p, tokenize=False) for p in prompts]
     columns = {c: [row[c] for row in rows] for c in data_columns(rows[0])}
     values = call_reward(reward, name, prompts=prompts, prompt_texts=texts, texts=[""] * len(rows),
-                         completion_ids=[[] for _ in rows], columns=columns)
-    scores, applies = reward_values(values, len(rows))
+                         completion_ids=[[] for _ in rows], columns=columns, hooks=RewardHooks())
+    scores, applies = reward_values(values, len(rows), name)
     if not torch.isfinite(scores[applies]).all():
-        raise ValueError(f"The reward function {name!r} returned NaN/inf for the probe (the first prompts, empty "
-                         "completions): return finite floats (or None where it does not apply).")
+        raise ValueError(f"The reward function {name!r} returned NaN/inf for the probe (the first prompts of "
+                         f"{source}, empty completions): return finite floats (or None where it does not apply).")
 
 
 def decode_masked(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -316,13 +337,14 @@ def score_responses(
 def score_applicable(
     reward, *, queries, query_mask, responses, response_mask, tokenizer, prompts: list, batch_size: int,
     reward_tokenizer=None, input_format: str = "auto", columns: dict[str, list] | None = None,
-    name: str | None = None,
+    name: str | None = None, hooks: RewardHooks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(one score per response (B,) fp32, whether the reward applies to each row (B,) bool).
 
     `reward` is a reward function called on text in its convention (`reward_calls.call_reward`: TRL's keywords with
-    the dataset's `columns`, or positional `(prompts, completions)`; a returned None: does not apply), or a frozen
-    reward model (applies to every row). `name`: the function's name in errors.
+    the dataset's `columns` and the trainer's `hooks`, or positional `(prompts, completions)`; a returned None: does
+    not apply; an `async def` one awaited), or a frozen reward model (applies to every row). `name`: the function's
+    name in errors.
     With `reward_tokenizer=None` the reward model shares the policy's tokenizer and reads prompt + response as token
     ids (no decode: the 'concat' format's fast path). Otherwise prompt and response are decoded and given in
     `input_format` (see `reward_input_format`, resolved per batch): the conversation rendered with the reward
@@ -335,8 +357,8 @@ def score_applicable(
         prompt_texts = decode_masked(tokenizer, queries, query_mask)
         ids = [row[keep].tolist() for row, keep in zip(responses, response_mask.bool())]
         values = call_reward(reward, name, prompts=list(prompts), prompt_texts=prompt_texts, columns=columns,
-                             texts=decode_masked(tokenizer, responses, response_mask), completion_ids=ids)
-        scores, applies = reward_values(values, len(prompt_texts))
+                             texts=decode_masked(tokenizer, responses, response_mask), completion_ids=ids, hooks=hooks)
+        scores, applies = reward_values(values, len(prompt_texts), name)
         return scores.to(queries.device), applies.to(queries.device)
     everywhere = torch.ones(len(queries), dtype=torch.bool, device=queries.device)
     if reward_tokenizer is None:
@@ -347,8 +369,9 @@ def score_applicable(
     prompt_texts = decode_masked(tokenizer, queries, query_mask)
     completions = decode_masked(tokenizer, responses, response_mask)
     if kind == "chat":
-        texts = [reward_tokenizer.apply_chat_template(p + [{"role": "assistant", "content": c}], tokenize=False)
-                 for p, c in zip(prompts, completions)]
+        # A prefill (a final assistant turn) and its continuation are one answer (`with_completion`).
+        texts = [reward_tokenizer.apply_chat_template([*turns, answer], tokenize=False)
+                 for turns, answer in (with_completion(p, c) for p, c in zip(prompts, completions))]
         encoded = reward_tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
     elif kind == "pair":
         questions = [_question_text(p, t) for p, t in zip(prompts, prompt_texts)]
@@ -362,6 +385,32 @@ def score_applicable(
     token_types = encoded.get("token_type_ids") if kind == "pair" else None
     return reward_model_scores(reward, encoded["input_ids"].to(device), encoded["attention_mask"].to(device),
                                batch_size, None if token_types is None else token_types.to(device)), everywhere
+
+
+def reward_identity(reward) -> dict[str, str]:
+    """What a reward is, for a checkpoint to compare on resume: a model's `name_or_path` ({"model": ...}), a
+    function's import path ({"function": "module.qualname"}; for a file loaded by `reward_funcs`, "path/to/file.py:
+    qualname"; a `functools.partial` as the function it wraps, a callable object as its class)."""
+    if isinstance(reward, nn.Module):
+        config = getattr(reward, "config", None)
+        return {"model": str(getattr(config, "_name_or_path", None) or getattr(reward, "name_or_path", None)
+                             or type(reward).__name__)}
+    if reward is scores_given:
+        return {"function": "none (scores from an environment or step())"}
+    while isinstance(reward, functools.partial):
+        reward = reward.func
+    target = reward if inspect.isfunction(reward) or inspect.ismethod(reward) or inspect.isbuiltin(reward) \
+        else type(reward)
+    module = getattr(target, "__module__", None) or "?"
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if module.startswith(REWARD_FILE_MODULE) and file:  # a file `reward_funcs` loaded: its path is its import path
+        return {"function": f"{file}:{qualname}"}
+    return {"function": f"{module}.{qualname}"}
+
+
+# The module-name prefix `cli/reward_funcs.py` gives a reward file it loads (its path's digest follows).
+REWARD_FILE_MODULE = "_hf_ppo_reward_file_"
 
 
 def unique_names(names: list[str]) -> list[str]:
@@ -404,6 +453,7 @@ class RewardSet:
         self.rewards, self.tokenizers, self.names, self.weights = list(rewards), list(tokenizers), names, weights
         self.input_format, self.is_list, self.scoring_context = input_format, is_list, scoring_context
         self.moments = [RunningMoments() for _ in rewards] if normalize_each else None
+        self.warned_nonfinite: set[str] = set()  # the rewards already warned about a NaN/inf score
 
     @classmethod
     def single(cls, reward, reward_tokenizer=None, input_format: str = "auto") -> "RewardSet":
@@ -418,44 +468,70 @@ class RewardSet:
 
     @torch.no_grad()
     def score(self, *, queries, query_mask, responses, response_mask, tokenizer, prompts: list, batch_size: int,
-              gather: Callable | None = None, columns: dict[str, list] | None = None
-              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              gather: Callable | None = None, columns: dict[str, list] | None = None,
+              hooks: RewardHooks | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(the combined score (B,), {name: the reward's raw score (B,), 0.0 where it returned None} for a list, else
-        {}): `score_each`, then `combine`. `columns`: the dataset's other columns, one value per row."""
+        {}): `score_each`, then `combine`. `columns`: the dataset's other columns, one value per row; `hooks`: what
+        the trainer passes reward functions (`reward_calls.RewardHooks`)."""
         each = self.score_each(queries=queries, query_mask=query_mask, responses=responses,
                                response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
-                               batch_size=batch_size, columns=columns)
+                               batch_size=batch_size, columns=columns, hooks=hooks)
         combined = self.combine(each, prompts, gather)
         return combined, ({name: scores for name, (scores, _) in each.items()} if self.is_list else {})
 
     @torch.no_grad()
     def score_each(self, *, queries, query_mask, responses, response_mask, tokenizer, prompts: list,
-                   batch_size: int, columns: dict[str, list] | None = None
+                   batch_size: int, columns: dict[str, list] | None = None, hooks: RewardHooks | None = None
                    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{name: (raw scores (B,), applies (B,) bool)} for every reward (`score_applicable`; a reward function's
-        None: applies False, score 0.0)."""
-        each = {}
+        """{name: (raw scores (B,), applies (B,) bool)} for every reward, in order (`score_applicable`; a reward
+        function's None: applies False, score 0.0). The reward functions are all called first, each on its own copy
+        of the batch; the `async def` ones are then awaited together, concurrently
+        (`reward_calls.finish_reward_calls`)."""
+        each, calls = {}, {}
+        texts = prompt_texts = ids = None
         for i, (reward, reward_tokenizer, name) in enumerate(zip(self.rewards, self.tokenizers, self.names)):
+            if callable(reward) and not isinstance(reward, nn.Module) and reward is not scores_given:
+                if texts is None:  # decoded once for every function
+                    prompt_texts = decode_masked(tokenizer, queries, query_mask)
+                    texts = decode_masked(tokenizer, responses, response_mask)
+                    ids = [row[keep].tolist() for row, keep in zip(responses, response_mask.bool())]
+                calls[name] = start_reward_call(reward, name, prompts=list(prompts), prompt_texts=prompt_texts,
+                                                texts=texts, completion_ids=ids, columns=columns, hooks=hooks)
+                continue
             as_loaded = self.scoring_context() if isinstance(reward, nn.Module) else contextlib.nullcontext()
             with naming_reward(name if self.is_list else None, i), as_loaded:
                 each[name] = score_applicable(reward, queries=queries, query_mask=query_mask, responses=responses,
                                               response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
                                               batch_size=batch_size, reward_tokenizer=reward_tokenizer,
                                               input_format=self.input_format, columns=columns, name=name)
-        return each
+        for (name, call), values in zip(calls.items(), finish_reward_calls(list(calls.values()))):
+            scores, applies = reward_values(values, len(texts), name)
+            each[name] = (scores.to(queries.device), applies.to(queries.device))
+        return {name: each[name] for name in self.names}
+
+    def identities(self) -> list[dict[str, str]]:
+        """What a checkpoint records of the rewards, so that a resume with others is noticed: per reward, the name
+        its metrics use and what it is (`reward_identity`)."""
+        return [{"name": name, **reward_identity(reward)} for name, reward in zip(self.names, self.rewards)]
 
     def combine(self, each: dict[str, tuple[torch.Tensor, torch.Tensor]], prompts: list,
                 gather: Callable | None = None) -> torch.Tensor:
         """sum_i w_i * r_i over the rewards that apply to each row (TRL's None), each r_i first normalised by its own
-        running statistics when `normalize_each` (updated from the rows it applies to, over all processes through
-        `gather`; None (evaluation): unchanged). A row no reward applies to is an error naming it."""
+        running statistics when `normalize_each` (updated from the finite scores of the rows it applies to, over all
+        processes through `gather`; None (evaluation): unchanged). A row no reward applies to is an error naming it.
+
+        A reward's NaN/inf score of a row it applies to leaves that row's combined score NaN/inf: the rollout leaves
+        the row out of the update (`steps.unscored_rows`), and a one-time warning per reward names it and the row."""
         combined = None
         for i, (name, (scores, applies)) in enumerate(each.items()):
+            nonfinite = applies & ~torch.isfinite(scores)
+            if nonfinite.any():
+                self.warn_nonfinite(name, scores, nonfinite, prompts)
             if self.moments is not None:
                 if gather is not None:
-                    gathered_scores, gathered_applies = gather(scores), gather(applies.float()) > 0
-                    if gathered_applies.any():
-                        self.moments[i].update(gathered_scores[gathered_applies])
+                    gathered_scores, gathered_usable = gather(scores), gather((applies & ~nonfinite).float()) > 0
+                    if gathered_usable.any():
+                        self.moments[i].update(gathered_scores[gathered_usable])
                 scores = self.moments[i].normalize(scores)
             term = torch.where(applies, self.weights[i] * scores, torch.zeros_like(scores))
             combined = term if combined is None else combined + term
@@ -470,15 +546,40 @@ class RewardSet:
                              "those rows from the dataset.")
         return combined
 
+    def warn_nonfinite(self, name: str, scores: torch.Tensor, rows: torch.Tensor, prompts: list,
+                       who: str | None = None) -> None:
+        """Once per reward `name`: it scored NaN/inf (`rows` (B,) bool); the row is left out of the update, not the
+        rollout. `who`: what gave the score, when it is no reward of the set (an environment's own scores)."""
+        if name in self.warned_nonfinite:
+            return
+        self.warned_nonfinite.add(name)
+        row = int(rows.nonzero()[0])
+        prompt = prompts[row] if row < len(prompts) else None
+        more = int(rows.sum()) - 1
+        warn_user(f"{who or f'The reward {name!r}'} returned {float(scores[row])} for row {row} of the batch (prompt "
+                  f"{prompt!r:.200}){f' and {more} more row(s)' if more else ''}. In training, a row without a "
+                  "finite score is left out of the update (with the group estimators rloo, grpo and reinforce_pp "
+                  "with num_generations > 1, its prompt's whole group, whose baseline it would spoil) and the rest of "
+                  "the rollout trains; `nonfinite/unscored_rows` in the logs counts them. In an evaluation, the pair "
+                  "is left out of that score's means and win rate. Fix the reward (or return None for rows it does "
+                  "not apply to); this warning is shown once per reward.")
+
     def state_dict(self) -> dict | None:
         """The per-reward running statistics by name (None without `normalize_each`): JSON-able, for checkpoints."""
         if self.moments is None:
             return None
         return {name: m.state_dict() for name, m in zip(self.names, self.moments)}
 
-    def load_state_dict(self, state: dict | None) -> None:
-        """Restore `state_dict()`; the checkpoint's rewards must be this run's (same names)."""
+    def load_state_dict(self, state: dict | None, matching_only: bool = False) -> None:
+        """Restore `state_dict()`; the checkpoint's rewards must be this run's (same names), unless `matching_only`
+        (other rewards allowed on resume): then each reward the checkpoint has a statistic for by name gets it, and
+        the others start afresh."""
         if self.moments is None or state is None:
+            return
+        if matching_only:
+            for name, m in zip(self.names, self.moments):
+                if name in state:
+                    m.load_state_dict(state[name])
             return
         if list(state) != self.names:
             raise ValueError(f"The checkpoint normalised the rewards {list(state)}, this run has {self.names}: resume "
@@ -502,9 +603,11 @@ def penalize(scores: torch.Tensor, contains_stop: torch.Tensor, response_mask: t
 
 def shape_scores(scores: torch.Tensor, *, reward_moments, reward_clip: float | None, gather) -> torch.Tensor:
     """Step 7: running normalisation of the scores (`reward_moments`, statistics over all processes through
-    `gather`) and clipping to [-reward_clip, reward_clip], when configured."""
+    `gather`, from the finite scores: a NaN/inf row leaves the update, `steps.unscored_rows`) and clipping to
+    [-reward_clip, reward_clip], when configured."""
     if reward_moments is not None:
-        reward_moments.update(gather(scores))
+        gathered = gather(scores)
+        reward_moments.update(gathered[torch.isfinite(gathered)])
         return reward_moments.normalize(scores, reward_clip)
     if reward_clip is not None:
         return scores.clamp(-reward_clip, reward_clip)

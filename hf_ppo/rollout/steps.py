@@ -44,8 +44,9 @@ from ..algorithms.ppo_math import (
 from ..models.adapters import adapter_active
 from ..runtime.sharding import gathered
 from .batch import RolloutBatch
-from .engines import RolloutEngine, SamplingSettings, chunks, sequence_inputs, stop_tensor
+from .engines import RolloutEngine, SamplingSettings, chunks, engine_stats, sequence_inputs, stop_tensor
 from .environments import Prompt, check_sequences, collate, embedding_rows
+from .reward_calls import RewardHooks
 from .scoring import RewardSet, penalize
 
 
@@ -144,11 +145,17 @@ ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_rewar
 CRITIC_STATS = {"val/explained_variance"}  # absent from the logs of a run without a critic
 
 
+def _rows_mean(values: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """The mean of `values` (B,) over `rows` (B,) bool (None: all of them)."""
+    return values.mean() if rows is None else values[rows].mean()
+
+
 @torch.no_grad()
 def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, stop_token_ids,
-                  has_critic: bool = True) -> dict:
+                  has_critic: bool = True, scored: torch.Tensor | None = None) -> dict:
     """Step 9: the metrics named in `ROLLOUT_STATS` (a dict, in that order; stack it for one all-reduce), without
-    the critic's (`CRITIC_STATS`) when `has_critic` is False.
+    the critic's (`CRITIC_STATS`) when `has_critic` is False. `scored` (B,) bool: the rows whose score entered the
+    update (`unscored_rows`; None: all): the score means are over them.
 
     Sequence-level sums as the removed TRL trainer logged them (KL, -logp "entropy", non-score reward per response),
     then means over the batch; `policy/entropy_avg` is the per-token entropy of the temperature-scaled policy
@@ -161,7 +168,8 @@ def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, 
     non_score = masked_sum(batch.non_score_rewards, mask, dim=1)
     stats = dict(zip(ROLLOUT_STATS, [
         masked_sum(kl, mask, dim=1).mean(), masked_sum(-batch.logprobs, mask, dim=1).mean(), non_score.mean(),
-        (batch.scores + non_score).mean(), batch.scores.mean(), batch.response_mask.sum(1).float().mean(),
+        _rows_mean(batch.scores + non_score, scored), _rows_mean(batch.scores, scored),
+        batch.response_mask.sum(1).float().mean(),
         batch.contains_stop.float().mean(), num_stop_tokens,
         explained_variance(batch.values, batch.returns, mask), masked_mean(entropy, mask),
         masked_mean(batch.advantages, mask), masked_mean(batch.returns, mask),
@@ -169,19 +177,74 @@ def rollout_stats(batch: RolloutBatch, kl: torch.Tensor, entropy: torch.Tensor, 
     return stats if has_critic else {k: v for k, v in stats.items() if k not in CRITIC_STATS}
 
 
+def combined_reward_stats(scores: torch.Tensor, gather: Callable | None = None) -> dict[str, torch.Tensor]:
+    """`reward` and `reward_std` (TRL's names): the mean and std of the combined score (step 3's weighted sum, before
+    step 4's penalties) over the finite rows of all processes (`gather`); NaN when no row is finite."""
+    if gather is not None:
+        scores = gather(scores)
+    kept = scores[torch.isfinite(scores)].float()
+    nan = torch.full((), float("nan"), device=scores.device)
+    return {"reward": kept.mean() if kept.numel() else nan,
+            "reward_std": kept.std() if kept.numel() > 1 else (nan if not kept.numel() else torch.zeros_like(nan))}
+
+
+def unscored_rows(scores: torch.Tensor, s: EstimatorSettings) -> torch.Tensor:
+    """The rows (B,) bool whose score is NaN/inf (a reward scored them so), and for an estimator that compares the
+    responses of one prompt (rloo, grpo, reinforce_pp with `num_generations` k > 1) every row of their group: a
+    group baseline with a NaN/inf in it is no baseline. The rollout leaves them out of the update (their masks
+    cleared), so the rest of it trains."""
+    bad = ~torch.isfinite(scores)
+    k = s.num_generations
+    if k > 1 and not ESTIMATORS[s.advantage_estimator].needs_critic and bad.any():
+        bad = bad.reshape(-1, k).any(1, keepdim=True).expand(-1, k).reshape(bad.shape)
+    return bad
+
+
 def reward_stats(each_reward: dict, gather: Callable | None = None) -> dict[str, torch.Tensor]:
     """`rewards/<name>/mean` and `rewards/<name>/std` (TRL's names) of each reward's raw scores over the rows it
-    applies to (a reward function's None rows left out), over all processes (`gather`); a reward that applied to no
-    row anywhere has none."""
+    applies to with a finite score (a reward function's None rows left out, and NaN/inf ones), over all processes
+    (`gather`); a reward that applied to no row anywhere has none."""
     stats = {}
     for name, (scores, applies) in each_reward.items():
         if gather is not None:
             scores, applies = gather(scores), gather(applies.float()) > 0
-        kept = scores[applies].float()
+        kept = scores[applies & torch.isfinite(scores)].float()  # a NaN/inf row left the update (`unscored_rows`)
         if kept.numel():
             stats[f"rewards/{name}/mean"] = kept.mean()
             stats[f"rewards/{name}/std"] = kept.std() if kept.numel() > 1 else torch.zeros((), device=kept.device)
     return stats
+
+
+def frac_reward_zero_std(scores: torch.Tensor, k: int, gather: Callable | None = None) -> torch.Tensor:
+    """TRL's `frac_reward_zero_std`: the fraction of prompt groups (k consecutive rows, `num_generations`) whose
+    combined scores (B,) are all equal, over all processes (`gather`): groups with no signal for a group baseline.
+    With k = 1 a group of one has no spread by definition, so the whole rollout batch counts as one group: 1.0 when
+    every sample of the iteration got the same score, else 0.0. A NaN/inf score equals nothing (its group counts
+    as having spread: it leaves the update anyway). TRL tests the group std against 0 with `isclose`; here the scores
+    must be exactly equal; a single sample in all has no spread (1.0). Example: k = 2, scores [1, 1, 0, 2] -> 0.5."""
+    if gather is not None:
+        scores = gather(scores)
+    scores = scores.float()
+    size = k if k > 1 else scores.numel()
+    if size < 2:  # one sample in all: nothing to compare it with, so no spread
+        return torch.ones((), device=scores.device)
+    return uniform_groups(scores, size).float().mean()
+
+
+def uniform_rewards(scores: torch.Tensor, each_reward: dict, gather: Callable | None = None) -> dict:
+    """{reward name: the value every sample got} for each reward that gave every row it applies to (finite scores
+    only) one and the same value over all processes (`gather`), and {None: value} when the combined score (B,) did:
+    no signal from it in this iteration (the trainer warns, `trainer/watch.py`). Fewer than two scored rows prove
+    nothing and are left out."""
+    found = {}
+    for name, (values, applies) in [(None, (scores, None)), *each_reward.items()]:
+        if gather is not None:
+            values, applies = gather(values), None if applies is None else gather(applies.float()) > 0
+        kept = values.float() if applies is None else values[applies].float()
+        kept = kept[torch.isfinite(kept)]
+        if kept.numel() > 1 and bool(kept.max() == kept.min()):
+            found[name] = kept[0].item()
+    return found
 
 
 @dataclass(frozen=True)
@@ -220,8 +283,9 @@ class RolloutParts:
     reward model or callable is wrapped as `RewardSet.single(reward, None, "auto")`), the policy's tokenizer and
     stop ids, the reference (a frozen `ref_model`, or with None the policy with its `ref_adapter` active or its
     adapter disabled), an `environment` whose episodes replace steps 1-3 (None: the engine samples), accelerate's
-    `gather` across processes (None: one process) and step 7's `shape_scores` (the penalised scores (B,) -> the
-    scores the rewards use). The trainer hands them over at each rollout, so an engine assigned after construction
+    `gather` across processes (None: one process), step 7's `shape_scores` (the penalised scores (B,) -> the
+    scores the rewards use) and the `hooks` reward functions are given (`reward_calls.RewardHooks`: the trainer's
+    state and its `log_metric` / `log_extra`; None: outside training). The trainer hands them over at each rollout, so an engine assigned after construction
     is the one used."""
 
     engine: RolloutEngine
@@ -233,6 +297,7 @@ class RolloutParts:
     environment: object = None
     gather: Callable | None = None
     shape_scores: Callable[[torch.Tensor], torch.Tensor] = _unchanged
+    hooks: RewardHooks | None = None  # what reward functions get from the trainer (TRL's trainer_state, log_metric...)
 
     def __post_init__(self):
         if self.reward is not None and not isinstance(self.reward, RewardSet):
@@ -274,7 +339,7 @@ def sample_and_score(parts: RolloutParts, policy: nn.Module, queries, query_mask
         generated = time.perf_counter()
         every = reward.score_each(queries=queries, query_mask=query_mask, responses=responses,  # 3.
                                   response_mask=response_mask, tokenizer=tokenizer, prompts=prompts,
-                                  batch_size=batch_size, columns=columns)
+                                  batch_size=batch_size, columns=columns, hooks=parts.hooks)
         scores = reward.combine(every, prompts, parts.gather)
     each = {name: raw for name, (raw, _) in every.items()} if reward.is_list else {}
     return Samples(responses, response_mask, contains_stop, scores, generated - start, each, each_reward=every)
@@ -308,10 +373,13 @@ def environment_samples(parts: RolloutParts, policy: nn.Module, queries, query_m
     contains_stop = (torch.isin(out.responses, stop_tensor(stop_token_ids, queries.device)) & out.policy_mask).any(1)
     generated = time.perf_counter()
     scores, each, every = out.scores, {}, None
+    given_nonfinite = out.given & ~torch.isfinite(out.scores)
+    if given_nonfinite.any():  # the row leaves the update (`unscored_rows`): said once, naming who gave the score
+        parts.reward.warn_nonfinite(f"<{source}>", out.scores, given_nonfinite, prompts, who=f"{source} (its score)")
     if not out.given.all():  # 3. the trainer's rewards score the episodes that came back without a score
         every = parts.reward.score_each(queries=queries, query_mask=query_mask, responses=out.responses,
                                         response_mask=out.response_mask, tokenizer=tokenizer, prompts=prompts,
-                                        batch_size=batch_size, columns=columns)
+                                        batch_size=batch_size, columns=columns, hooks=parts.hooks)
         scored = parts.reward.combine(every, prompts, parts.gather)
         each = {name: raw for name, (raw, _) in every.items()} if parts.reward.is_list else {}
         scores = torch.where(out.given, scores, scored.to(scores.dtype))
@@ -337,7 +405,8 @@ class Rollout:
     `drop_uniform_groups` masked, the number of tokens the policy sampled (dropped rows included), and the seconds of
     the policy's no-grad pass (step 5: old log-probs and values) and of the reference's (step 6). The trainer logs
     the four times apart (`time/generate`, `time/score`, `time/policy_forward`, `time/reference`): a reward that
-    looks slow is then the reward, not the forwards after it."""
+    looks slow is then the reward, not the forwards after it. `unscored`: the rows left out of the update because a
+    reward scored them NaN/inf (`unscored_rows`)."""
 
     batch: RolloutBatch
     stats: dict[str, torch.Tensor]
@@ -348,6 +417,8 @@ class Rollout:
     generated_tokens: int = 0
     policy_forward_seconds: float = 0.0
     reference_seconds: float = 0.0
+    unscored: torch.Tensor | None = None  # (B,) bool: the rows left out of the update for a NaN/inf score
+    uniform: dict = field(default_factory=dict)  # `uniform_rewards`: the rewards every sample got one value of
 
 
 def _clock(device: torch.device) -> float:
@@ -404,25 +475,47 @@ def rollout(policy: nn.Module, queries, query_mask, prompts: list, parts: Rollou
                                           temperature=temperature, batch_size=batch_size,
                                           ref_adapter=parts.ref_adapter, memory_bytes=settings.memory_bytes)
         referenced = _clock(queries.device)
-    # 7-8. Shaped scores -> rewards and advantages (the advantage estimator).
-    shaped = parts.shape_scores(scores)
-    kl, rewards = compute_advantages(logprobs, ref_logprobs, values, policy_mask, shaped, estimator,
+    # 7-8. Shaped scores -> rewards and advantages (the advantage estimator). A row a reward scored NaN/inf (with a
+    # group estimator, its whole group) leaves the update: its masks are cleared and its NaN/inf a placeholder 0
+    # (`unscored_rows`), so the rest of the rollout trains. With no row left, the scores stay as they are and the
+    # trainer's guard drops the whole rollout (trainer/guard.py).
+    shaped = parts.shape_scores(scores)  # the running statistics read the finite scores alone
+    finite = torch.isfinite(scores)
+    unscored = unscored_rows(scores, estimator)
+    left_out = bool(unscored.any()) and not bool(unscored.all())
+    update_mask = policy_mask
+    if left_out:
+        scores = torch.where(finite, scores, torch.zeros_like(scores))
+        shaped = torch.where(torch.isfinite(shaped), shaped, torch.zeros_like(shaped))
+        update_mask = policy_mask & ~unscored.unsqueeze(1)
+    kl, rewards = compute_advantages(logprobs, ref_logprobs, values, update_mask, shaped, estimator,
                                      step_rewards=samples.step_rewards)
     values = values if has_critic else torch.zeros_like(logprobs)
+    sampled = parts.engine.last_logprobs() if parts.environment is None else None  # vLLM's, for its correction
     batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
-                         contains_stop, **rewards, policy_mask=policy_mask)
-    # 9. Statistics.
-    stats = rollout_stats(batch, kl, entropy, parts.stop_token_ids, has_critic)
+                         contains_stop, **rewards, policy_mask=policy_mask,
+                         sampling_logprobs=sampled if sampled is not None and sampled.shape == logprobs.shape else None)
+    # 9. Statistics (of everything sampled; the score means over the finite scores).
+    stats = rollout_stats(batch, kl, entropy, parts.stop_token_ids, has_critic, finite if left_out else None)
+    stats.update(combined_reward_stats(samples.scores, parts.gather))
+    if left_out:
+        kept = ~unscored.unsqueeze(1)
+        batch = replace(batch, response_mask=batch.response_mask & kept, policy_mask=batch.policy_mask & kept)
     each = samples.reward_scores or {}
     per_reward = reward_stats(samples.each_reward or {}, parts.gather)
     # A reward's None rows are no score of 0: its mean is over the rows it applies to.
     stats.update({f"objective/scores/{name}": per_reward.get(f"rewards/{name}/mean", raw.mean())
                   for name, raw in each.items()})
     stats.update(per_reward)
+    stats.update(engine_stats(parts.engine, logprobs if parts.environment is None else None, policy_mask))
+    stats["frac_reward_zero_std"] = frac_reward_zero_std(samples.scores, k, parts.gather)
+    uniform = uniform_rewards(samples.scores, samples.each_reward or {}, parts.gather)
     dropped = None
     if settings.drop_uniform_groups:
         dropped = uniform_groups(shaped, k)
         batch, stats["rollout/groups_dropped"] = without_uniform_groups(batch, shaped, k)
+        dropped = dropped | (unscored if left_out else torch.zeros_like(dropped))  # the refill fills them too
     return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds, each, dropped,
                    int(policy_mask.sum().item()), policy_forward_seconds=forwarded - scored,
-                   reference_seconds=referenced - forwarded)
+                   reference_seconds=referenced - forwarded,
+                   unscored=unscored if left_out else torch.zeros_like(unscored), uniform=uniform)

@@ -10,13 +10,16 @@ A checkpoint is complete or invisible:
   JSON, safetensors or torch zip). `hide_incomplete` moves incomplete checkpoints newer than the last complete one
   to `incomplete-checkpoint-N`, so `resume_from_checkpoint=True` (which takes the highest `checkpoint-N`) resumes
   from the last complete one; `load_ppo_state` refuses an incomplete folder naming the missing file.
-- The checkpoint records the PPO settings (`settings`); a resume with other values is an error listing each
-  difference unless `allow_config_change_on_resume` is set.
+- The checkpoint records the PPO settings (`settings`) and the rewards (`scoring.RewardSet.identities`: each one's
+  name, and a function's import path or a model's name); a resume with other values or other rewards is an error
+  listing each difference unless `allow_config_change_on_resume` is set.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -24,6 +27,7 @@ import shutil
 from dataclasses import dataclass
 
 import torch
+from safetensors import SafetensorError
 from transformers import TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -51,8 +55,14 @@ _NOT_COMPARED = {"model_init_kwargs", "ref_model_init_kwargs", "reward_model_ini
                  # may change (a longer run), and never what one iteration does.
                  "total_episodes", "num_total_batches", "dataset_num_proc", "ds3_gather_for_generation", "exp_name",
                  "print_metrics",
+                 # The prompts, like the dataset itself, may change on resume (a checkpoint written before these were
+                 # PPOConfig fields never recorded them); max_completion_length is response_length, compared.
+                 "prompt_column", "system_prompt", "max_completion_length",
                  # The collapse watch reads the logs: when it warns or stops, never what a step computes.
-                 "watch_collapse", "stop_on_collapse", "collapse_kl_threshold"}
+                 "watch_collapse", "stop_on_collapse", "collapse_kl_threshold",
+                 # How vLLM holds its copy of the policy: it samples the policy either way, and the old log-probs
+                 # stay the policy's own (rollout_engine itself is compared).
+                 "vllm_gpu_memory_utilization", "vllm_max_model_len", "vllm_dtype", "vllm_enable_sleep_mode"}
 # TrainingArguments fields that fix the batch geometry (and the prompt order): compared like the PPO fields.
 _GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed")
 _TRAINING_ARGUMENTS_FIELDS = {f.name for f in dataclasses.fields(TrainingArguments)}
@@ -144,6 +154,7 @@ def save_trainer_state(folder: str, *, args, iteration: int, kl_controller, rewa
              "each_reward_moments": rewards.state_dict() if rewards is not None else None,
              "nonfinite": guard.state_dict(), "peft": peft,
              "optimizer_saved": not args.save_only_model, "settings": settings(args),
+             "rewards": rewards.identities() if rewards is not None else None,
              "sharded": args.fsdp_version is not None,
              "pending_metrics": {k: [v.item() for v in vs] for k, vs in metrics.items()}}
     save_ppo_state(folder, state=state, value_head=critic_state, rollout_buffer=rollout_buffer)
@@ -164,6 +175,105 @@ def _atomic_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
     # A copy: under FSDP the tensors are views into the gathered weights, whose storage safetensors cannot read.
     _atomic_write(path, save({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()},
                              metadata={"format": "pt"}))
+
+
+# ---- a failed write (a full disk) ----------------------------------------------------------------------------------
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (no space left, a quota, a permission): the message names the cause, the
+    folder, the free space on its disk and the last complete checkpoint, which is intact (`write_failures_named`)."""
+
+
+# torch's zip writer reports a failed write as a bare RuntimeError ("[enforce fail at inline_container.cc] ...
+# unexpected pos"), safetensors as a SafetensorError ("I/O error: ... (os error 28)"): neither is an OSError.
+_FAILED_WRITE = re.compile(r"unexpected pos|inline_container|PytorchStreamWriter|file write failed|I/O error|"
+                           r"os error \d+|No space left|quota", re.IGNORECASE)
+_OS_ERROR = re.compile(r"os error (\d+)")
+_SPACE_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+_MIN_FREE = 64 * 2**20  # below this (or below one checkpoint's size) the disk counts as full
+
+
+def _failed_write(err: BaseException) -> tuple[bool, int | None]:
+    """(whether `err` is a write that failed, its errno when it carries one)."""
+    if isinstance(err, CheckpointWriteError) or not isinstance(err, (OSError, RuntimeError, SafetensorError)):
+        return False, None
+    if isinstance(err, OSError):
+        return True, err.errno
+    match = _OS_ERROR.search(str(err))
+    return bool(_FAILED_WRITE.search(str(err))), int(match.group(1)) if match else None
+
+
+def _disk_of(path: str) -> tuple[str, int | None]:
+    """(the mount point of the disk holding `path`, its free bytes; None when it cannot be read)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        free = None
+    while not os.path.ismount(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path, free
+
+
+def _folder_bytes(folder: str | None) -> int:
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(folder or "") for name in names
+               if os.path.isfile(os.path.join(root, name)))
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def write_failure_message(err: BaseException, code: int | None, folder: str, run_dir: str) -> str:
+    """The cause of a failed checkpoint write (no space left when the errno says so or the disk has less room than
+    one checkpoint takes), the folder, the disk and its free space, what is intact, and how to go on."""
+    mount, free = _disk_of(run_dir)
+    last = last_complete(run_dir)
+    one_checkpoint = _folder_bytes(last) if last else 0
+    short = free is not None and free < max(_MIN_FREE, one_checkpoint)
+    if code == getattr(errno, "EDQUOT", None):
+        cause = "disk quota exceeded"
+    elif code == errno.ENOSPC or (short and code in (None, *_SPACE_ERRNOS)):
+        cause = "no space left on device"
+    else:
+        cause = os.strerror(code).lower() if code else "the write failed"
+    said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    room = f"{_human(free)} free" if free is not None else "free space unknown"
+    intact = (f"{last} is the last complete checkpoint: it is intact, and a resume starts from it" if last else
+              f"No checkpoint of this run in {run_dir} is complete yet, so there is nothing to resume from")
+    size = f" (a checkpoint of this run takes {_human(one_checkpoint)})" if one_checkpoint else ""
+    partial = (f" {folder} is incomplete ({_human(_folder_bytes(folder))}): the next train() moves it aside to "
+               f"{_hidden_name(folder)}; delete it to free that space." if os.path.isdir(folder) else "")
+    if cause in ("no space left on device", "disk quota exceeded"):
+        fix = (f"Free space on that disk{size}, keep fewer checkpoints (save_total_limit), or train into an output_dir "
+               "on a disk with room")
+    elif code is None:
+        fix = "Check that disk (space, quota, errors: the writer gave no reason)"
+    else:
+        fix = f"Fix the cause ({cause})"
+    then = ("then resume: trainer.train(resume_from_checkpoint=True), or with hf-ppo train, the same command with "
+            "--resume_from_checkpoint true." if last else "then start the run again.")
+    return (f"Could not write checkpoint {folder}: {cause} ({room} on the disk mounted at {mount}, which holds "
+            f"{run_dir}; {type(err).__name__}: {said}). Training stopped. {intact}.{partial} {fix}, {then}")
+
+
+@contextlib.contextmanager
+def write_failures_named(folder: str, run_dir: str):
+    """Around the writing of checkpoint `folder` of the run in `run_dir`: a write that fails (an OSError, or torch's
+    and safetensors' errors for one) becomes a `CheckpointWriteError` saying why, where, and what is intact
+    (`write_failure_message`), the original chained. Any other error passes through unchanged."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - only failed writes are turned into CheckpointWriteError; others re-raise
+        failed, code = _failed_write(err)
+        if not failed:
+            raise
+        raise CheckpointWriteError(write_failure_message(err, code, folder, run_dir)) from err
 
 
 # ---- checking ----------------------------------------------------------------------------------------------------
@@ -306,11 +416,30 @@ class SavedPPOState:
     changed: dict[str, str]
 
 
-def load_ppo_state(folder: str, args, device) -> SavedPPOState:
-    """Check that `folder` is complete and was written with this run's settings, then read its PPO part.
+def describe_rewards(identities: list[dict[str, str]]) -> str:
+    """'[exact (function my_pkg.rewards.exact), rm (model org/rm)]' for `RewardSet.identities()`."""
+    return "[" + ", ".join(f"{r.get('name')} ({', '.join(f'{k} {v}' for k, v in r.items() if k != 'name')})"
+                           for r in identities) + "]"
+
+
+def compare_rewards(saved: list | None, rewards) -> dict[str, str]:
+    """{"rewards": "checkpoint [...], now [...]"} when this run's rewards (a `RewardSet`) are not the ones the
+    checkpoint recorded (names, order, and what each is); {} when they are, or when either side has none recorded
+    (a checkpoint written before rewards were recorded)."""
+    if saved is None or rewards is None:
+        return {}
+    now = rewards.identities()
+    if saved == now:
+        return {}
+    return {"rewards": f"checkpoint {describe_rewards(saved)}, now {describe_rewards(now)}"}
+
+
+def load_ppo_state(folder: str, args, device, rewards=None) -> SavedPPOState:
+    """Check that `folder` is complete and was written with this run's settings and rewards (`rewards`: the run's
+    `RewardSet`; `compare_rewards`), then read its PPO part.
 
     Raises `CheckpointError` for an incomplete folder (naming the missing file), another format, or changed settings
-    (listing each) unless `args.allow_config_change_on_resume`.
+    or rewards (listing each) unless `args.allow_config_change_on_resume`.
     """
     from safetensors.torch import load_file
 
@@ -321,6 +450,7 @@ def load_ppo_state(folder: str, args, device) -> SavedPPOState:
         raise CheckpointError(f"{os.path.join(folder, PPO_STATE_FILE)} has format {state.get('format')!r}; this "
                               f"hf_ppo reads format {FORMAT_VERSION}. Resume with the hf_ppo version that wrote it.")
     changed = compare_settings(state["settings"], settings(args), default_settings(args))
+    changed.update(compare_rewards(state.get("rewards"), rewards))
     if changed and not args.allow_config_change_on_resume:
         raise CheckpointError(
             f"{folder} was written with other settings:\n- " + describe_changes(changed) + "\nResume with the "
@@ -347,8 +477,8 @@ def restore_trainer_state(saved: SavedPPOState, *, kl_controller, reward_moments
     if reward_moments is not None and state["reward_moments"]:
         reward_moments.load_state_dict(state["reward_moments"])
     if rewards is not None:
-        try:
-            rewards.load_state_dict(state.get("each_reward_moments"))
+        try:  # other rewards (allowed on resume): those of the same name keep their statistics, the others start afresh
+            rewards.load_state_dict(state.get("each_reward_moments"), matching_only="rewards" in saved.changed)
         except ValueError as err:
             raise CheckpointError(str(err)) from err
     guard.load_state_dict(state["nonfinite"])

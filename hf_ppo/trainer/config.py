@@ -37,9 +37,17 @@ from ..models.reward_model import RewardLoading
 from ..rollout.engines import SamplingSettings
 from ..rollout.scoring import RewardSettings
 from ..rollout.steps import RolloutSettings
+from ..rollout.vllm_engine import VLLMSettings
 from ..runtime.sharding import environment_restored_on_error, fsdp_version, sharding_problems
 from ..runtime.warn import warn_user
-from .config_checks import _TRL_ONLY_NAMES, _range_errors, critic_repo_problems, mixed_reward_errors, no_op_errors
+from .config_checks import (
+    _TRL_ONLY_NAMES,
+    _range_errors,
+    critic_and_estimator_errors,
+    mixed_reward_errors,
+    no_op_errors,
+    vllm_errors,
+)
 
 Quantization = Literal["4bit", "8bit", "none"]
 _HUB_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'namespace/name' or 'name'
@@ -102,6 +110,18 @@ class PPOConfig(TrainingArguments):
                   "None (default) feeds it as it is and warns once, since a chat model given raw text often answers "
                   "with empty turns."},
     )
+    prompt_column: str | None = field(
+        default=None,
+        metadata={"help": "The dataset column holding the prompts (text, chat messages or token ids), used as the "
+                  "'prompt' column; the dataset's other prompt-named columns are then left out. None: 'prompt', "
+                  "else 'messages', else 'input_ids'."},
+    )
+    system_prompt: str | None = field(
+        default=None,
+        metadata={"help": "A system message put first in every prompt (train and eval): a text prompt becomes the "
+                  "chat [system, user] rendered with the chat template, a chat prompt gets it in front. Recorded "
+                  "beside the saved policy, so `hf-ppo evaluate` prompts as training did. None: prompts as they are."},
+    )
 
     # ---- Steps 1-2, sampling: the engine, the response budget, the stop tokens -------------------------------------
     response_length: int = field(
@@ -115,13 +135,32 @@ class PPOConfig(TrainingArguments):
     )
     top_k: int | None = field(default=None, metadata={"help": "Top-k sampling (None: off)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0: off)."})
-    rollout_engine: Literal["kv_cache", "static"] = field(
+    rollout_engine: Literal["kv_cache", "static", "vllm"] = field(
         default="kv_cache",
         metadata={"help": "How responses are sampled. 'kv_cache': hf_ppo's eager decode loop with a growing KV cache "
                   "(the default). 'static': a preallocated KV cache and a torch.compile'd fixed-shape decode step "
                   "(CUDA graphs on a GPU); the same tokens, for GPUs, where the eager loop is bound by kernel "
-                  "launches. Its first rollout pays the compilation."},
+                  "launches. Its first rollout pays the compilation. 'vllm': an in-process vLLM engine holding a copy "
+                  "of the policy (a LoRA policy sends it only the adapter), synced once per rollout after an "
+                  "update; needs `pip install \"hf_ppo[vllm]\"` (docs/guides/vllm.md)."},
     )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "rollout_engine='vllm': the share of the GPU's memory vLLM takes for its "
+                               "weights and KV cache (training uses the rest)."})
+    vllm_max_model_len: int | None = field(
+        default=None, metadata={"help": "rollout_engine='vllm': the longest prompt + response vLLM holds. None: "
+                                "max_prompt_length + response_length (without max_prompt_length, the policy's "
+                                "context)."})
+    vllm_dtype: Literal["auto", "bfloat16", "float16", "float32"] = field(
+        default="auto", metadata={"help": "rollout_engine='vllm': the dtype of vLLM's weights. 'auto': the "
+                                  "policy's (a 4-bit base's compute dtype)."})
+    vllm_enable_sleep_mode: bool = field(
+        default=False, metadata={"help": "rollout_engine='vllm': vLLM frees its GPU memory (weights to the CPU, KV "
+                                 "cache dropped) between rollouts, for the update's memory. GPU only."})
+    vllm_importance_sampling_cap: float | None = field(
+        default=None, metadata={"help": "rollout_engine='vllm': truncated importance sampling: each token's policy "
+                                "loss times min(pi_old / pi_vLLM, cap), pi_vLLM the probability vLLM drew it with "
+                                "(TRL: 2.0). None: off."})
     stop_token: Literal["eos"] | None = field(
         default="eos",
         metadata={"help": "'eos': responses end at the tokenizer's EOS or any id of the policy's "
@@ -408,6 +447,9 @@ class PPOConfig(TrainingArguments):
                   "(recipes/accelerate/fsdp.yaml) to shard the policy."},
     )
     exp_name: str | None = field(default=None, metadata={"help": "TRL's experiment name: used as run_name."})
+    max_completion_length: int | None = field(
+        default=None, metadata={"help": "TRL GRPOConfig's name for response_length: sets it (give one of the two)."}
+    )
     # Sizes TRL derived itself (and overwrote); here they derive from per_device_train_batch_size,
     # gradient_accumulation_steps and num_mini_batches, so setting one is an error that says which to set.
     local_batch_size: int | None = field(default=None, metadata={"help": "Derived in hf_ppo: do not set."})
@@ -498,7 +540,8 @@ class PPOConfig(TrainingArguments):
         if sharded:
             raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(sharded))
         super().__post_init__()
-        errors = _range_errors(self) + self._map_trl_names()
+        trl_errors = self._map_trl_names()
+        errors = _range_errors(self) + trl_errors
         if self.stop_token_ids is not None and self.stop_token_id is not None:
             errors.append("stop_token_id and stop_token_ids are both set: put every id in stop_token_ids.")
         if self.stop_token_ids is not None and not all(isinstance(i, int) and i >= 0 for i in self.stop_token_ids):
@@ -508,8 +551,10 @@ class PPOConfig(TrainingArguments):
         if never_stops and self.missing_eos_penalty is not None:
             errors.append("missing_eos_penalty needs a stop token: set stop_token='eos', stop_token_ids or "
                           "stop_token_id.")
-        if self.rollout_engine not in ("kv_cache", "static"):
-            errors.append(f"rollout_engine={self.rollout_engine!r}: choose 'kv_cache' (the default) or 'static'.")
+        if self.rollout_engine not in ("kv_cache", "static", "vllm"):
+            errors.append(f"rollout_engine={self.rollout_engine!r}: choose 'kv_cache' (the default), 'static' or "
+                          "'vllm'.")
+        errors += vllm_errors(self)
         if self.loss_aggregation not in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
             errors.append(f"loss_aggregation={self.loss_aggregation!r}: choose 'token_mean', 'seq_mean_token_mean' "
                           "or 'seq_mean_token_sum_norm'.")
@@ -530,74 +575,21 @@ class PPOConfig(TrainingArguments):
         if self.ref_adapter_name is not None and self.ref_adapter_name == self.model_adapter_name:
             errors.append(f"model_adapter_name and ref_adapter_name are both {self.ref_adapter_name!r}: the reference "
                           "adapter must be another adapter than the trained one.")
-        errors += self._critic_and_estimator_errors()
+        errors += critic_and_estimator_errors(self)
         errors += mixed_reward_errors(self)
         errors += no_op_errors(self)
         if errors:
             raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(errors))
 
-    def _critic_and_estimator_errors(self) -> list[str]:
-        """Check the critic and estimator choices."""
-        errors = []
-        if self.critic not in ("shared", "separate", "reward_lora"):
-            errors.append(f"critic={self.critic!r}: choose 'shared', 'separate' or 'reward_lora'.")
-        if self.critic_quantization not in ("4bit", "8bit", "none"):
-            errors.append(f"critic_quantization={self.critic_quantization!r}: choose '4bit', '8bit' or 'none'.")
-        if self.advantage_estimator not in ("gae", "rloo", "grpo", "reinforce_pp"):
-            errors.append(f"advantage_estimator={self.advantage_estimator!r}: choose 'gae', 'rloo', 'grpo' or "
-                          "'reinforce_pp'.")
-        elif self.advantage_estimator != "gae" and self.critic != "shared":
-            errors.append(f"critic={self.critic!r} with advantage_estimator={self.advantage_estimator!r}: the "
-                          "critic-free estimators use no critic. Set advantage_estimator='gae' or leave critic unset.")
-        elif self.advantage_estimator != "gae":
-            # Options that only act through a critic or GAE: set, they would be silently ignored.
-            for name, is_set in (("critic_learning_rate", self.critic_learning_rate is not None),
-                                 ("critic_warmup_steps", bool(self.critic_warmup_steps)),
-                                 ("critic_updates_per_step", self.critic_updates_per_step != 1),
-                                 ("critic_hub_model_id", self.critic_hub_model_id is not None),
-                                 ("lam_critic", self.lam_critic is not None),
-                                 ("lam_length_alpha", self.lam_length_alpha is not None),
-                                 ("whiten_rewards", self.whiten_rewards is True)):
-                if is_set:
-                    errors.append(f"{name} is set, but advantage_estimator={self.advantage_estimator!r} has no critic "
-                                  f"and no GAE: unset {name}, or use advantage_estimator='gae'.")
-        if self.lam_length_alpha is not None and self.lam != type(self).__dataclass_fields__["lam"].default:
-            errors.append(f"lam={self.lam} and lam_length_alpha={self.lam_length_alpha} both set the actor's GAE "
-                          "lambda (lam_length_alpha replaces lam there): leave lam at its default, or unset "
-                          "lam_length_alpha. The critic's lambda is lam_critic (VAPO: 1.0).")
-        # Settings another choice would read: set with this one, they would be silently ignored.
-        if self.critic != "separate":
-            for name, is_set in (("critic_quantization", self.critic_quantization != "none"),
-                                 ("critic_model_init_kwargs", self.critic_model_init_kwargs is not None)):
-                if is_set:
-                    errors.append(f"{name} is set, but it applies to critic='separate' only (critic={self.critic!r} "
-                                  f"loads no critic model): unset {name}, or set critic='separate'.")
-        errors += critic_repo_problems(self.critic_hub_model_id, self.hub_model_id, self.fsdp_version)
-        if self.scale_rewards is False and self.advantage_estimator != "grpo":
-            errors.append(f"scale_rewards=False applies to advantage_estimator='grpo' only (Dr. GRPO), not "
-                          f"{self.advantage_estimator!r}: unset it, or set advantage_estimator='grpo'.")
-        if isinstance(self.critic_warmup_steps, int) and self.critic_warmup_steps > 0 and (
-                self.vf_coef == 0):
-            errors.append(f"critic_warmup_steps={self.critic_warmup_steps} trains only the critic, so it needs a value "
-                          "loss: vf_coef > 0 and advantage_estimator='gae'. Set critic_warmup_steps=0 otherwise.")
-        if isinstance(self.critic_updates_per_step, int) and self.critic_updates_per_step > 1 and self.vf_coef == 0:
-            errors.append(f"critic_updates_per_step={self.critic_updates_per_step} adds critic-only passes, so it "
-                          "needs a value loss: vf_coef > 0. Set critic_updates_per_step=1 otherwise.")
-        if self.advantage_estimator in ("rloo", "grpo") and isinstance(self.num_generations, int) \
-                and self.num_generations < 2:
-            errors.append(f"advantage_estimator={self.advantage_estimator!r} compares the responses to one prompt: "
-                          f"set num_generations >= 2 (it is {self.num_generations}).")
-        if isinstance(self.num_generations, int) and self.num_generations >= 1 \
-                and self.per_device_train_batch_size * self.gradient_accumulation_steps * self.num_mini_batches \
-                % self.num_generations:
-            errors.append(f"The rollout batch (per_device_train_batch_size x gradient_accumulation_steps x "
-                          f"num_mini_batches = {self.rollout_batch_size} responses per device) must be a multiple of "
-                          f"num_generations={self.num_generations}: each prompt's responses stay on one device.")
-        return errors
-
     def _map_trl_names(self) -> list[str]:
         """Turn TRL 1.12's names into hf_ppo's fields; return the errors for names that cannot apply."""
         errors = []
+        if self.max_completion_length is not None:  # TRL GRPO's name: one setting, two names
+            unset = self.__dataclass_fields__["response_length"].default
+            if self.response_length not in (self.max_completion_length, unset):
+                errors.append(f"max_completion_length={self.max_completion_length} and response_length="
+                              f"{self.response_length} both set the response budget: give one of them.")
+            self.response_length = self.max_completion_length
         derived = {
             "local_batch_size": "rollout_batch_size (prompts per iteration per device)",
             "batch_size": "rollout_batch_size x world_size (prompts per iteration)",
@@ -674,6 +666,14 @@ class PPOConfig(TrainingArguments):
                                 rollout_engine=self.rollout_engine)
 
     @property
+    def vllm_settings(self) -> VLLMSettings:
+        """The vLLM engine's settings (`rollout.VLLMSettings`), its seed this process's."""
+        length = self.vllm_max_model_len or (self.max_prompt_length and self.max_prompt_length + self.response_length)
+        return VLLMSettings(gpu_memory_utilization=self.vllm_gpu_memory_utilization, max_model_len=length or None,
+                            dtype=self.vllm_dtype, enable_sleep_mode=self.vllm_enable_sleep_mode, seed=self.seed,
+                            process_index=self.process_index, world_size=self.world_size)
+
+    @property
     def estimator_settings(self) -> EstimatorSettings:
         """Step 8's settings (`algorithms.EstimatorSettings`), with `kl_coef` the starting coefficient."""
         return EstimatorSettings(kl_coef=self.kl_coef, num_generations=self.num_generations, gamma=self.gamma,
@@ -701,7 +701,8 @@ class PPOConfig(TrainingArguments):
                             loss_aggregation=self.loss_aggregation, response_length=self.response_length,
                             cliprange_low=self.cliprange_low, cliprange_high=self.cliprange_high,
                             dual_clip=self.dual_clip, importance_sampling_level=self.importance_sampling_level,
-                            use_bias_correction_kl=self.use_bias_correction_kl, memory_bytes=self.logits_memory_bytes)
+                            use_bias_correction_kl=self.use_bias_correction_kl, memory_bytes=self.logits_memory_bytes,
+                            importance_sampling_cap=self.vllm_importance_sampling_cap)
 
     @property
     def eval_settings(self) -> EvalSettings:
@@ -715,7 +716,11 @@ class PPOConfig(TrainingArguments):
         """What the card and the run record say of the run (`hub.PublishSettings`)."""
         return PublishSettings(hyperparameters=self.card_hyperparameters,
                                model_init_kwargs=self.model_init_kwargs if isinstance(self.model_init_kwargs, dict)
-                               else None, hub_base_model_id=self.hub_base_model_id, precision=self.precision)
+                               else None, hub_base_model_id=self.hub_base_model_id, precision=self.precision,
+                               system_prompt=self.system_prompt, prompt_column=self.prompt_column,
+                               apply_chat_template_to_text=self.apply_chat_template_to_text,
+                               response_length=self.response_length, temperature=self.temperature, top_k=self.top_k,
+                               top_p=self.top_p)
 
     @property
     def precision(self) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from ..runtime.warn import warn_user
 
 # Fields only a config written for TRL 1.12 sets (hf_ppo has its own ways to say the same).
@@ -18,6 +20,7 @@ _RANGES = [
     ("num_ppo_epochs", False, lambda v: v >= 1, "an integer >= 1"),
     ("num_mini_batches", False, lambda v: v >= 1, "an integer >= 1"),
     ("response_length", False, lambda v: v >= 1, "an integer >= 1"),
+    ("max_completion_length", True, lambda v: v >= 1, "None or an integer >= 1 (TRL GRPO's name for response_length)"),
     ("local_rollout_forward_batch_size", False, lambda v: v >= 1, "an integer >= 1"),
     ("max_prompt_length", True, lambda v: v >= 1, "None (no limit) or an integer >= 1"),
     ("temperature", False, lambda v: 0 < v < math.inf, "> 0 (log-probs divide the logits by it)"),
@@ -54,6 +57,10 @@ _RANGES = [
      "an integer >= 1 (responses per eval prompt and side; 1: one each)"),
     ("max_consecutive_nonfinite", False, lambda v: v >= 1, "an integer >= 1"),
     ("collapse_kl_threshold", True, lambda v: 0 < v < math.inf, "None (3 x kl_target with adaptive_kl) or > 0 (nats)"),
+    ("vllm_gpu_memory_utilization", False, lambda v: 0 < v <= 1, "in (0, 1] (a share of the GPU's memory, e.g. 0.3)"),
+    ("vllm_max_model_len", True, lambda v: isinstance(v, int) and v >= 2,
+     "None (max_prompt_length + response_length) or an integer >= 2 (tokens)"),
+    ("vllm_importance_sampling_cap", True, lambda v: 1 <= v < math.inf, "None (off) or >= 1 (TRL uses 2.0)"),
 ]
 
 
@@ -61,7 +68,7 @@ _RANGES = [
 _BOOL_FIELDS = ("disable_dropout", "whiten_advantages", "whiten_rewards", "scale_rewards", "adaptive_kl",
                 "use_kl_loss", "use_bias_correction_kl", "drop_uniform_groups",
                 "normalize_rewards", "normalize_each_reward", "push_merged_model", "allow_config_change_on_resume",
-                "print_metrics", "watch_collapse", "stop_on_collapse")
+                "print_metrics", "watch_collapse", "stop_on_collapse", "vllm_enable_sleep_mode")
 
 
 def _range_errors(config) -> list[str]:
@@ -115,6 +122,11 @@ def no_op_errors(config) -> list[str]:
     if not (config.apply_chat_template_to_text is None or isinstance(config.apply_chat_template_to_text, bool)):
         errors.append(f"apply_chat_template_to_text={config.apply_chat_template_to_text!r}: must be True, False or "
                       "None.")
+    for name in ("prompt_column", "system_prompt"):  # a name, a message: None or text
+        value = getattr(config, name)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            errors.append(f"{name}={value!r}: must be None or a non-empty string"
+                          + (" (the column of the prompts)." if name == "prompt_column" else " (the system message)."))
     if config.stop_token not in (None, "eos"):
         errors.append(f"stop_token={config.stop_token!r}: choose 'eos' or None (other stop tokens: stop_token_ids).")
     if config.kl_estimator not in ("k1", "k2", "k3"):
@@ -188,4 +200,92 @@ def mixed_reward_errors(config) -> list[str]:
                                or not 1 <= buffer <= config.response_length):
         errors.append(f"overlong_buffer_length={buffer!r}: must be None (off) or an integer in [1, "
                       f"response_length={config.response_length}].")
+    return errors
+
+
+def critic_and_estimator_errors(config) -> list[str]:
+    """Check the critic and estimator choices."""
+    errors = []
+    if config.critic not in ("shared", "separate", "reward_lora"):
+        errors.append(f"critic={config.critic!r}: choose 'shared', 'separate' or 'reward_lora'.")
+    if config.critic_quantization not in ("4bit", "8bit", "none"):
+        errors.append(f"critic_quantization={config.critic_quantization!r}: choose '4bit', '8bit' or 'none'.")
+    if config.advantage_estimator not in ("gae", "rloo", "grpo", "reinforce_pp"):
+        errors.append(f"advantage_estimator={config.advantage_estimator!r}: choose 'gae', 'rloo', 'grpo' or "
+                      "'reinforce_pp'.")
+    elif config.advantage_estimator != "gae" and config.critic != "shared":
+        errors.append(f"critic={config.critic!r} with advantage_estimator={config.advantage_estimator!r}: the "
+                      "critic-free estimators use no critic. Set advantage_estimator='gae' or leave critic unset.")
+    elif config.advantage_estimator != "gae":
+        # Options that only act through a critic or GAE: set, they would be silently ignored.
+        for name, is_set in (("critic_learning_rate", config.critic_learning_rate is not None),
+                             ("critic_warmup_steps", bool(config.critic_warmup_steps)),
+                             ("critic_updates_per_step", config.critic_updates_per_step != 1),
+                             ("critic_hub_model_id", config.critic_hub_model_id is not None),
+                             ("lam_critic", config.lam_critic is not None),
+                             ("lam_length_alpha", config.lam_length_alpha is not None),
+                             ("whiten_rewards", config.whiten_rewards is True)):
+            if is_set:
+                errors.append(f"{name} is set, but advantage_estimator={config.advantage_estimator!r} has no critic "
+                              f"and no GAE: unset {name}, or use advantage_estimator='gae'.")
+    if config.lam_length_alpha is not None and config.lam != type(config).__dataclass_fields__["lam"].default:
+        errors.append(f"lam={config.lam} and lam_length_alpha={config.lam_length_alpha} both set the actor's GAE "
+                      "lambda (lam_length_alpha replaces lam there): leave lam at its default, or unset "
+                      "lam_length_alpha. The critic's lambda is lam_critic (VAPO: 1.0).")
+    # Settings another choice would read: set with this one, they would be silently ignored.
+    if config.critic != "separate":
+        for name, is_set in (("critic_quantization", config.critic_quantization != "none"),
+                             ("critic_model_init_kwargs", config.critic_model_init_kwargs is not None)):
+            if is_set:
+                errors.append(f"{name} is set, but it applies to critic='separate' only (critic={config.critic!r} "
+                              f"loads no critic model): unset {name}, or set critic='separate'.")
+    errors += critic_repo_problems(config.critic_hub_model_id, config.hub_model_id, config.fsdp_version)
+    if config.scale_rewards is False and config.advantage_estimator != "grpo":
+        errors.append(f"scale_rewards=False applies to advantage_estimator='grpo' only (Dr. GRPO), not "
+                      f"{config.advantage_estimator!r}: unset it, or set advantage_estimator='grpo'.")
+    if isinstance(config.critic_warmup_steps, int) and config.critic_warmup_steps > 0 and (
+            config.vf_coef == 0):
+        errors.append(f"critic_warmup_steps={config.critic_warmup_steps} trains only the critic, so it needs a value "
+                      "loss: vf_coef > 0 and advantage_estimator='gae'. Set critic_warmup_steps=0 otherwise.")
+    if isinstance(config.critic_updates_per_step, int) and config.critic_updates_per_step > 1 and config.vf_coef == 0:
+        errors.append(f"critic_updates_per_step={config.critic_updates_per_step} adds critic-only passes, so it "
+                      "needs a value loss: vf_coef > 0. Set critic_updates_per_step=1 otherwise.")
+    if config.advantage_estimator in ("rloo", "grpo") and isinstance(config.num_generations, int) \
+            and config.num_generations < 2:
+        errors.append(f"advantage_estimator={config.advantage_estimator!r} compares the responses to one prompt: "
+                      f"set num_generations >= 2 (it is {config.num_generations}).")
+    if isinstance(config.num_generations, int) and config.num_generations >= 1 \
+            and config.per_device_train_batch_size * config.gradient_accumulation_steps * config.num_mini_batches \
+            % config.num_generations:
+        errors.append(f"The rollout batch (per_device_train_batch_size x gradient_accumulation_steps x "
+                      f"num_mini_batches = {config.rollout_batch_size} responses per device) must be a multiple of "
+                      f"num_generations={config.num_generations}: each prompt's responses stay on one device.")
+    return errors
+
+
+_VLLM_FIELDS = ("vllm_gpu_memory_utilization", "vllm_max_model_len", "vllm_dtype", "vllm_enable_sleep_mode",
+                "vllm_importance_sampling_cap")
+
+
+def vllm_errors(config) -> list[str]:
+    """rollout_engine='vllm' with what it cannot work with (FSDP shards, an 8-bit base, sleep mode without a GPU), or
+    a vllm_* setting given to another engine, where it would be silently ignored (docs/guides/vllm.md)."""
+    if config.rollout_engine != "vllm":
+        return [f"{name}={getattr(config, name)!r} applies to rollout_engine='vllm' only (it is "
+                f"{config.rollout_engine!r}): unset it, or set rollout_engine='vllm'." for name in _VLLM_FIELDS
+                if getattr(config, name) != config.__dataclass_fields__[name].default]
+    errors = []
+    if config.fsdp_version is not None:
+        errors.append("rollout_engine='vllm' holds a whole copy of the policy in each process, and FSDP shards it: "
+                      "use DDP (recipes/accelerate/ddp.yaml; a 4-bit QLoRA policy fits where a sharded one would), "
+                      "or leave rollout_engine at 'kv_cache' with FSDP.")
+    if config.policy_quantization == "8bit":
+        errors.append("rollout_engine='vllm' with policy_quantization='8bit': vLLM cannot load the base in 8-bit as "
+                      "the policy holds it. Use policy_quantization='4bit' (QLoRA: vLLM loads the base in 4-bit too) "
+                      "or 'none'.")
+    if config.vllm_dtype not in ("auto", "bfloat16", "float16", "float32"):
+        errors.append(f"vllm_dtype={config.vllm_dtype!r}: choose 'auto', 'bfloat16', 'float16' or 'float32'.")
+    if config.vllm_enable_sleep_mode is True and (config.use_cpu or not torch.cuda.is_available()):
+        errors.append("vllm_enable_sleep_mode=True frees vLLM's GPU memory between rollouts, and this run has no GPU "
+                      "(vLLM's CPU build cannot sleep): set vllm_enable_sleep_mode=False.")
     return errors

@@ -8,6 +8,7 @@ import math
 import torch
 from torch.utils.data import Sampler
 
+from ..models.tokenizers import render_chat_prompt
 from ..rollout.reward_calls import data_columns
 from ..runtime.warn import warn_user
 
@@ -41,31 +42,96 @@ def _pretokenized_rows(batch: dict, tokenizer) -> tuple[list[list[int]], list[st
     return ids, tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
+def select_prompt_column(dataset, column: str, name: str, how: str = "set prompt_column to it"):
+    """`dataset` with `column` as its prompts: renamed "prompt" (text or chat messages), or "input_ids" when it holds
+    token ids (with the dataset's "attention_mask"), and the dataset's other prompt-named columns (`PROMPT_COLUMNS`,
+    which would compete with it) left out; every other column stays (the reward functions' keyword arguments). A
+    missing column is an error listing the columns there are; `how` says how to choose another."""
+    if column not in dataset.column_names:
+        raise ValueError(f"{name} has no column {column!r}; its columns are {dataset.column_names}. Name the column "
+                         f"of the prompts: {how}.")
+    first = dataset[0][column] if len(dataset) else ""
+    ids = isinstance(first, list) and bool(first) and all(isinstance(t, int) for t in first)
+    others = [c for c in data_columns(dataset.column_names) if c != column]
+    mask = ["attention_mask"] if ids and "attention_mask" in dataset.column_names and column != "attention_mask" else []
+    dataset = dataset.select_columns([column, *mask, *others])
+    target = "input_ids" if ids else "prompt"
+    return dataset.rename_column(column, target) if column != target else dataset
+
+
+def with_system_prompt(dataset, system_prompt: str | None, tokenizer, name: str, key: str = "prompt"):
+    """`dataset` with `system_prompt` as the first message of every prompt (column `key`): a text prompt becomes
+    [system, user], a chat prompt gets the system message in front. Refused for token-id prompts, a tokenizer without
+    a chat template, and chats that already open with a system message (which of the two was meant is not ours to
+    guess)."""
+    if system_prompt is None:
+        return dataset
+    if key == "input_ids" or key not in dataset.column_names:
+        raise ValueError(f"system_prompt needs text or chat prompts, but {name} has token ids (input_ids): put the "
+                         "system message into the ids yourself, or drop system_prompt.")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("system_prompt makes every prompt a chat, but the policy's tokenizer has no chat template: "
+                         "use a chat/instruct model, or drop system_prompt and write the instruction into the prompts.")
+    for i, prompt in enumerate(dataset[key]):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system":
+            raise ValueError(f"Row {i} of {name} already opens with a system message, and system_prompt gives "
+                             "another: drop system_prompt, or remove the dataset's own system messages.")
+
+    def add(row):
+        turns = row[key] if isinstance(row[key], list) else [{"role": "user", "content": row[key]}]
+        return {key: [{"role": "system", "content": system_prompt}, *turns]}
+
+    return dataset.map(add, desc="system_prompt")
+
+
+def prompt_key(columns: list[str], name: str) -> str:
+    """The column a prompt dataset's prompts are read from: "prompt" (text), else "messages" (chat), else "input_ids"
+    (token ids); an error naming the columns there are and the rename (or `prompt_column`) when it has none."""
+    key = next((c for c in ("prompt", "messages", "input_ids") if c in columns), None)
+    if key is None:
+        raise ValueError(f"{name} needs a 'prompt' column (text), a 'messages' column (chat) or an 'input_ids' column "
+                         f"(token ids from the policy's tokenizer); it has {columns}. Rename yours, e.g. "
+                         f"{name}.rename_column('{columns[0] if columns else 'text'}', 'prompt'), or name it with "
+                         "prompt_column.")
+    return key
+
+
+def check_prompt_columns(args, **datasets) -> None:
+    """Before any model loads: every prompt dataset given has the column its prompts are read from (`prompt_column`,
+    else `prompt_key`'s), or the construction stops here, naming the columns it has (`prepare_prompts` checks the rest
+    once the tokenizer is loaded)."""
+    for name, dataset in datasets.items():
+        columns = getattr(dataset, "column_names", None)
+        if columns is None:
+            continue
+        if args.prompt_column is None:
+            prompt_key(columns, name)
+        elif args.prompt_column not in columns:
+            raise ValueError(f"{name} has no column {args.prompt_column!r}; its columns are {columns}. Name the column "
+                             "of the prompts: set prompt_column to it.")
+
+
 def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | None, response_length: int,
-                    context: int | None, num_proc: int | None = None, apply_chat_template_to_text: bool | None = None):
+                    context: int | None, num_proc: int | None = None, apply_chat_template_to_text: bool | None = None,
+                    prompt_column: str | None = None, system_prompt: str | None = None):
     """Check the prompt column and tokenize it; truncate over-long prompts from the left with one warning.
 
     Accepts a "prompt" column (text), a "messages" column (chat), or pre-tokenized "input_ids" (TRL 1.12's format;
-    an "attention_mask" column, when present, marks padding to drop). Returns a dataset with columns "prompt" (the
-    raw text or messages; for pre-tokenized rows their decoded text) and "input_ids", and every other column of
-    `dataset` as it is (the reward functions' keyword arguments; a pre-tokenized dataset's "attention_mask" is dropped
-    once its padding is). With `apply_chat_template_to_text` and a tokenizer that has a chat template, text prompts
-    become one user turn each ("prompt" then holds those messages), exactly as a "messages" column would be read.
+    an "attention_mask" column, when present, marks padding to drop); `prompt_column` names another
+    (`select_prompt_column`). Returns a dataset with columns "prompt" (the raw text or messages; for pre-tokenized
+    rows their decoded text) and "input_ids", and every other column of `dataset` as it is (the reward functions'
+    keyword arguments; a pre-tokenized dataset's "attention_mask" is dropped once its padding is). With
+    `apply_chat_template_to_text` and a tokenizer that has a chat template, text prompts become one user turn each
+    ("prompt" then holds those messages), exactly as a "messages" column would be read; `system_prompt` puts a
+    system message first in every prompt (`with_system_prompt`), which makes text prompts chats too.
     """
     if dataset is None:
         return None
+    if prompt_column is not None:
+        dataset = select_prompt_column(dataset, prompt_column, name)
     columns = dataset.column_names
-    pretokenized = False
-    if "prompt" in columns:
-        key = "prompt"
-    elif "messages" in columns:
-        key = "messages"
-    elif "input_ids" in columns:
-        key, pretokenized = "input_ids", True
-    else:
-        raise ValueError(f"{name} needs a 'prompt' column (text), a 'messages' column (chat) or an 'input_ids' column "
-                         f"(token ids from the policy's tokenizer); it has {columns}. Rename yours, e.g. "
-                         f"{name}.rename_column('{columns[0] if columns else 'text'}', 'prompt').")
+    key = prompt_key(columns, name)
+    pretokenized = key == "input_ids"
     if len(dataset) == 0:
         raise ValueError(f"{name} is empty: it needs prompts.")
     first = dataset[0][key]
@@ -79,6 +145,9 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
     chat = isinstance(first, list) and not pretokenized
     if not pretokenized:
         _check_rows(dataset[key], name, key, chat)
+    if system_prompt is not None:
+        dataset = with_system_prompt(dataset, system_prompt, tokenizer, name, key)
+        chat = True
     # Text rows are checked as text (above, and for empty rows below); they are wrapped when tokenized.
     wrap = bool(apply_chat_template_to_text and not chat and not pretokenized
                 and getattr(tokenizer, "chat_template", None))
@@ -102,8 +171,8 @@ def prepare_prompts(dataset, tokenizer, name: str, *, max_prompt_length: int | N
         prompts = batch[key]
         turns = [[{"role": "user", "content": p}] for p in prompts] if wrap else prompts
         if chat or wrap:
-            ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
-                   for p in turns]
+            # A final assistant turn (a prefill) is continued, as TRL does; otherwise a new assistant turn opens.
+            ids = [render_chat_prompt(tokenizer, p) for p in turns]
         else:
             ids = tokenizer(prompts, add_special_tokens=True)["input_ids"]
         empty = [_empty_chat(p) if chat else not p.strip() for p in prompts]
@@ -279,35 +348,43 @@ def check_run_length(args, iterations_per_epoch: int) -> None:
                   "critic_warmup_steps, or raise num_train_epochs / set max_steps, if the policy should train.")
 
 
-def _text_prompts(dataset) -> bool:
-    """The dataset's prompts are plain text: a "prompt" column of strings (not chat messages, not token ids)."""
-    return (dataset is not None and "prompt" in dataset.column_names and len(dataset) > 0
-            and isinstance(dataset[0]["prompt"], str))
+def _text_prompts(dataset, column: str | None = None) -> bool:
+    """The dataset's prompts are plain text: a `column` ("prompt" by default) of strings (not chat messages, not
+    token ids)."""
+    column = column or "prompt"
+    return (dataset is not None and column in dataset.column_names and len(dataset) > 0
+            and isinstance(dataset[0][column], str))
 
 
-def check_text_prompts(tokenizer, apply_chat_template_to_text: bool | None, **datasets) -> None:
-    """One warning, for all the datasets together, when plain-text prompts go to a policy whose tokenizer has a chat
-    template and `apply_chat_template_to_text` was left unset (None): a chat model given raw text, without its
-    template, often answers with empty or broken turns, and PPO then optimises on those."""
+def check_text_prompts(tokenizer, apply_chat_template_to_text: bool | None, prompt_column: str | None = None,
+                       **datasets) -> None:
+    """One warning, for all the datasets together, when plain-text prompts (in `prompt_column`, default "prompt") go
+    to a policy whose tokenizer has a chat template and `apply_chat_template_to_text` was left unset (None): a chat
+    model given raw text, without its template, often answers with empty or broken turns, and PPO then optimises on
+    those."""
     if apply_chat_template_to_text is not None or not getattr(tokenizer, "chat_template", None):
         return
-    plain = [name for name, dataset in datasets.items() if _text_prompts(dataset)]
+    plain = [name for name, dataset in datasets.items() if _text_prompts(dataset, prompt_column)]
     if plain:
         warn_user(f"{' and '.join(plain)} {'hold' if len(plain) > 1 else 'holds'} plain-text prompts, but the policy's tokenizer has a chat template: the "
                   "prompts reach the model without it, and a chat model given raw text often answers with empty or "
                   "broken turns, which PPO then optimises. Give the prompts as chat messages (a 'messages' column of "
                   "[{'role': 'user', 'content': ...}] turns), or set apply_chat_template_to_text=True to wrap each "
                   "prompt as one user turn; for a base model (or prompts already formatted) set "
-                  "apply_chat_template_to_text=False to feed the text as it is without this warning.")
+                  "apply_chat_template_to_text=False to feed the text as it is without this warning. (In a YAML "
+                  "config `apply_chat_template_to_text: true`; on the `hf-ppo train` or `hf-ppo evaluate` command "
+                  "line `--apply_chat_template_to_text true`.)")
 
 
 def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, context: int | None):
     """Both prompt datasets checked and tokenized (`prepare_prompts`), and the rollout batch checked against the
     training set; returns (train, eval, chat) where chat is the set of "is a chat dataset" values seen."""
     kwargs = dict(context=context, max_prompt_length=args.max_prompt_length, response_length=args.response_length,
-                  num_proc=args.dataset_num_proc, apply_chat_template_to_text=args.apply_chat_template_to_text)
-    check_text_prompts(tokenizer, args.apply_chat_template_to_text, train_dataset=train_dataset,
-                       eval_dataset=eval_dataset)
+                  num_proc=args.dataset_num_proc, apply_chat_template_to_text=args.apply_chat_template_to_text,
+                  prompt_column=args.prompt_column, system_prompt=args.system_prompt)
+    if args.system_prompt is None:  # a system prompt makes every prompt a chat
+        check_text_prompts(tokenizer, args.apply_chat_template_to_text, args.prompt_column,
+                           train_dataset=train_dataset, eval_dataset=eval_dataset)
     if train_dataset is None and args.max_refill_rounds:
         raise ValueError(f"max_refill_rounds={args.max_refill_rounds} refills with prompts sampled from train_dataset, "
                          "and there is none: pass train_dataset, or set max_refill_rounds=0.")

@@ -1,7 +1,11 @@
 """Non-finite numbers never reach the weights.
 
-- A rollout whose scores, log-probs, values, rewards, advantages or returns hold NaN/inf is dropped and sampled again
-  from the same prompts (Trainer's step count is untouched: every optimizer step trains on a finite rollout).
+- A row a reward scored NaN/inf leaves the update, not the rollout (`rollout.steps.unscored_rows`: its masks are
+  cleared; with a group estimator, its prompt's whole group), with a one-time warning per reward naming the row;
+  the rows left out are counted (`nonfinite/unscored_rows`).
+- A rollout whose scores, log-probs, values, rewards, advantages or returns hold NaN/inf (every row unscored, or a
+  model's numbers) is dropped and sampled again from the same prompts (Trainer's step count is untouched: every
+  optimizer step trains on a finite rollout).
 - An optimizer step whose loss (any of its micro-batches) or gradient norm is non-finite is skipped: its gradients
   are dropped, so `optimizer.step()` leaves the weights and the optimizer state as they were. The step still counts
   for `max_steps` and the learning-rate schedule, as a skipped fp16 step does.
@@ -58,6 +62,7 @@ class NonFiniteGuard:
         self.consecutive = 0
         self.dropped_rollouts = 0
         self.skipped_steps = 0
+        self.unscored = 0  # rows left out of an update for a NaN/inf score (`unscored_rows`)
         self.max_abs_score = 0.0
         self._warned_scale = False
         self._warned_rewards: set[str] = set()  # the rewards of a list already warned about (see `check_scale`)
@@ -80,6 +85,13 @@ class NonFiniteGuard:
     def dropped_rollout(self, cause: str, last_checkpoint) -> None:
         self.dropped_rollouts += 1
         self._record(f"rollout dropped and sampled again ({cause})", last_checkpoint)
+
+    def unscored_rows(self, rows: torch.Tensor | None, accelerator, world_size: int) -> None:
+        """Count the rows (B,) bool a rollout left out of its update for a NaN/inf score, over all processes."""
+        count = torch.zeros((), device=accelerator.device) if rows is None else rows.sum().float()
+        if world_size > 1:
+            count = accelerator.reduce(count.to(accelerator.device), reduction="sum")
+        self.unscored += int(count.item())
 
     def skipped_step(self, cause: str, last_checkpoint) -> None:
         self.skipped_steps += 1
@@ -117,17 +129,19 @@ class NonFiniteGuard:
 
     def log_values(self) -> dict[str, float]:
         return {"nonfinite/dropped_rollouts": float(self.dropped_rollouts),
-                "nonfinite/skipped_steps": float(self.skipped_steps)}
+                "nonfinite/skipped_steps": float(self.skipped_steps),
+                "nonfinite/unscored_rows": float(self.unscored)}
 
     def state_dict(self) -> dict:
         return {"consecutive": self.consecutive, "dropped_rollouts": self.dropped_rollouts,
                 "skipped_steps": self.skipped_steps, "max_abs_score": self.max_abs_score,
-                "warned_scale": self._warned_scale}
+                "warned_scale": self._warned_scale, "unscored_rows": self.unscored}
 
     def load_state_dict(self, state: dict) -> None:
         self.consecutive, self.dropped_rollouts = state["consecutive"], state["dropped_rollouts"]
         self.skipped_steps, self.max_abs_score = state["skipped_steps"], state["max_abs_score"]
         self._warned_scale = state["warned_scale"]
+        self.unscored = state.get("unscored_rows", 0)  # absent from checkpoints written before it was counted
 
 
 def _max_abs(scores: torch.Tensor) -> float:

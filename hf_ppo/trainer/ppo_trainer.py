@@ -6,7 +6,8 @@ the sampler repeats each rollout batch once per micro-batch of the iteration, so
 `_prepare_inputs` runs steps 1-9 (`rollout.steps.rollout`) and 10 (the KL controller) on an iteration's first micro-batch,
 then hands out shuffled micro-batches for `num_ppo_epochs` epochs; `compute_loss` is step 11 (`algorithms.ppo_math.ppo_loss`,
 normalised by the whole minibatch so accumulation is exact); `log` adds the PPO metrics; saving and publishing write
-the policy alone (`hub/`), checkpoints add the critic and the PPO state (`trainer/checkpoint.py`).
+the policy alone (`hub/`), checkpoints add the critic and the PPO state (`trainer/checkpoint.py`); `train()` is
+Trainer's, wrapped only to hold `output_dir` while it runs (`trainer/run_lock.py`: one run per output folder).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections import defaultdict
 
 import torch
+from accelerate.utils import broadcast_object_list
 from transformers import Trainer, set_seed
 from transformers.trainer_callback import ProgressCallback
 
@@ -26,16 +28,18 @@ from ..evaluation.evaluator import Evaluator
 from ..hub import cards, publish
 from ..rollout import scoring
 from ..rollout.batch import RolloutBatch
-from ..rollout.engines import WeightsChangedCallback, make_rollout_engine, sequence_inputs
+from ..rollout.engine_choice import make_rollout_engine
+from ..rollout.engines import WeightsChangedCallback, sequence_inputs
 from ..rollout.environments import check_environment
 from ..rollout.refill import rollout_with_refill
+from ..rollout.reward_calls import RewardLogs
 from ..rollout.steps import RolloutParts
 from ..runtime import sharding
-from . import assembly, checkpoint, watch
+from . import assembly, checkpoint, run_lock, watch
 from .config import PPOConfig
-from .data import PromptCollator, RefillPrompts, RolloutRepeatSampler, prepare_datasets
+from .data import PromptCollator, RefillPrompts, RolloutRepeatSampler, check_prompt_columns, prepare_datasets
 from .guard import NonFiniteGuard, check_finite_weights, nonfinite_problem, score_hint
-from .progress import PPOProgressCallback, maybe_log_samples
+from .progress import PPOProgressCallback, maybe_log_samples, showing_sampling
 from .schedule import MinibatchSchedule
 from .step_api import StepAPI
 
@@ -83,10 +87,15 @@ class PPOLMTrainer(StepAPI, Trainer):
         args = args if args is not None else PPOConfig(output_dir="ppo_output")
         if not isinstance(args, PPOConfig):
             raise TypeError(f"args must be a PPOConfig, got {type(args).__name__}: PPOConfig(**args.to_dict()) converts it.")
+        if args.process_index == 0:  # a live run holds output_dir: refused now, before any model loads
+            problem = run_lock.in_use_message(args.output_dir)
+            if problem is not None:
+                raise run_lock.OutputDirInUseError(problem)
         # Seed before any model is built: LoRA and value-head initialisation must follow `seed` too.
         set_seed(args.seed)
         model, reward_model, critic_model = assembly.trl_inputs(model, reward_model, value_model, critic_model, args)
         self.environment, reward_model = check_environment(environment, reward_model, train_dataset)
+        check_prompt_columns(args, train_dataset=train_dataset, eval_dataset=eval_dataset)  # before any model loads
         loaded = assembly.load_models(model, processing_class, reward_model, ref_model, reward_processing_class,
                                      peft_config, args, args.device, critic_model)
         policy, tokenizer, self.ref_model, self.reward_model = (loaded.policy, loaded.tokenizer, loaded.ref_model,
@@ -99,13 +108,14 @@ class PPOLMTrainer(StepAPI, Trainer):
         # Data: validated and tokenized here, so bad prompts fail before training starts.
         train_dataset, eval_dataset, chat = prepare_datasets(train_dataset, eval_dataset, tokenizer, args,
                                                              assembly.max_positions(policy.config))
+        evaluated = {"eval_dataset": eval_dataset} if eval_dataset is not None else None  # probed too, now
         self.rewards = scoring.reward_set(loaded, reward_model, tokenizer, args.reward_settings, chat,  # step 3
-                                          train_dataset)
+                                          train_dataset, evaluated)
         self.reward_tokenizer = self.rewards.tokenizer
         self._chat_prompts = True in chat  # the model card's example prompts as training did
         self.evaluator = Evaluator(scoring.judge_set(eval_reward_model, tokenizer, args.reward_settings,
                                                      args.reward_loading, chat, train_dataset,
-                                                     loaded.reward_scoring_context))
+                                                     loaded.reward_scoring_context, evaluated))
 
         super().__init__(
             model=policy, args=args, data_collator=PromptCollator(tokenizer.pad_token_id),
@@ -115,8 +125,11 @@ class PPOLMTrainer(StepAPI, Trainer):
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(PPOProgressCallback(self.args))
 
-        # The default rollout engine; another one is a `RolloutEngine` assigned here.
-        self.rollout_engine = make_rollout_engine(args.sampling_settings, tokenizer.pad_token_id, self.stop_token_ids)
+        # The engine `rollout_engine` names (vLLM's holds a copy of the policy); another one is a `RolloutEngine`
+        # assigned here.
+        self.rollout_engine = make_rollout_engine(args.sampling_settings, tokenizer.pad_token_id, self.stop_token_ids,
+                                                  policy=policy.policy_model, trained_adapter=self.trained_adapter,
+                                                  vllm=args.vllm_settings)
         self.add_callback(WeightsChangedCallback(self))
         self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
                        else FixedKLController(args.kl_coef))
@@ -125,8 +138,10 @@ class PPOLMTrainer(StepAPI, Trainer):
         self._micro_step = None  # position in the current iteration; derived from global_step on first use
         self._schedule: MinibatchSchedule | None = None  # the current iteration's rollout and update order
         self._guard = NonFiniteGuard(args.max_consecutive_nonfinite, score_hint(args))
+        self._no_signal = watch.NoSignal(args)  # warns once when every sample got the same reward
         self._step_loss_finite: torch.Tensor | None = None  # all micro-batch losses of this optimizer step finite
         self._metrics: dict[str, list[torch.Tensor]] = defaultdict(list)
+        self._reward_logs = RewardLogs()  # what reward functions log (TRL's log_metric / log_extra)
         self._train_phase_start = None
 
     # ---- data: one rollout batch per iteration, repeated for every micro-batch ---------------------------------------
@@ -193,14 +208,16 @@ class PPOLMTrainer(StepAPI, Trainer):
             model.eval()
         moments = self.reward_moments.state_dict() if self.reward_moments is not None else None
         each_moments = self.rewards.state_dict()
+        self._reward_logs.take_extra()  # a dropped rollout's or an evaluation's log_extra columns are not this one's
         settings = args.rollout_settings.with_kl_coef(self.kl_ctl.value)
         if "response_length" in inputs:  # step(): its longest response
             settings = settings.with_response_length(inputs["response_length"])
         parts = self.rollout_parts(inputs.get("environment", self.environment))
-        result = rollout_with_refill(
-            model, inputs["queries"], inputs["query_mask"], inputs["prompts"], parts, settings,
-            columns=inputs.get("columns"),  # the dataset's other columns, for the reward functions
-            extra_prompts=RefillPrompts(self.train_dataset, self.data_collator, args, self.state.global_step))
+        with showing_sampling(self.callback_handler.callbacks, self.state, "rollout"):  # per-token status on the bar
+            result = rollout_with_refill(
+                model, inputs["queries"], inputs["query_mask"], inputs["prompts"], parts, settings,
+                columns=inputs.get("columns"),  # the dataset's other columns, for the reward functions
+                extra_prompts=RefillPrompts(self.train_dataset, self.data_collator, args, self.state.global_step))
         if toggle:
             model.train()
         batch = result.batch
@@ -219,6 +236,11 @@ class PPOLMTrainer(StepAPI, Trainer):
         # Metrics, averaged over processes (so every rank's KL controller sees the same KL).
         stats = self.accelerator.reduce(torch.stack(list(result.stats.values())), reduction="mean")
         self._record(dict(zip(result.stats, stats)))
+        # The collapse watch reads every rollout, however rarely the run logs (trainer/watch.py).
+        watch.observe_rollout(self.callback_handler.callbacks,
+                              {**dict(zip(result.stats, stats.tolist())), "iteration": self.iteration + 1})
+        self._record(self._reward_logs.take_metrics())  # the reward functions' own (log_metric), as TRL names them
+        self._guard.unscored_rows(result.unscored, self.accelerator, args.world_size)
         generated_tokens = result.generated_tokens * args.world_size
         self._record({"objective/kl_coef": self.kl_ctl.value, "time/generate": result.generate_seconds,
                       "time/score": result.score_seconds, "time/policy_forward": result.policy_forward_seconds,
@@ -228,8 +250,10 @@ class PPOLMTrainer(StepAPI, Trainer):
         self.kl_ctl.update(stats[0].item(), len(batch) * args.world_size)
         self.iteration += 1
         if self.is_world_process_zero():
+            self._no_signal.check(result.uniform, self.iteration, len(batch) * args.world_size)
             maybe_log_samples(tokenizer, batch, self.iteration, self.state.global_step, self.state.max_steps, args,
-                              inputs["prompts"])
+                              inputs["prompts"], self._reward_logs.take_extra())
+        self._reward_logs.take_extra()  # the columns reward functions logged (log_extra): this rollout's alone
         self._train_phase_start = time.perf_counter()
         return batch
 
@@ -255,7 +279,8 @@ class PPOLMTrainer(StepAPI, Trainer):
                             ref_model=self.ref_model, ref_adapter=self.ref_adapter, environment=environment,
                             gather=self.accelerator.gather, shape_scores=functools.partial(
                                 scoring.shape_scores, reward_moments=self.reward_moments,
-                                reward_clip=self.args.reward_clip, gather=self.accelerator.gather))
+                                reward_clip=self.args.reward_clip, gather=self.accelerator.gather),
+                            hooks=self._reward_logs.hooks(self.state))
 
     def _get_grad_norm(self, model, grad_norm=None):
         """Trainer's gradient norm, right before `optimizer.step()`: a non-finite loss or norm skips the step (its
@@ -292,12 +317,16 @@ class PPOLMTrainer(StepAPI, Trainer):
 
     # ---- evaluation: the policy against its reference (evaluation/; eval_loss = -mean training score) -------------
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        return self.evaluator.step(self, super()._prepare_inputs(inputs), self.args.eval_settings).detach(), None, None
+        with showing_sampling(self.callback_handler.callbacks, self.state, "evaluation"):
+            loss = self.evaluator.step(self, super()._prepare_inputs(inputs), self.args.eval_settings)
+        return loss.detach(), None, None
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix="eval"):
+        self._record(self._reward_logs.take_metrics())  # training's, logged with training's metrics
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
         output.metrics.update(self.evaluator.finish(self, self.args.eval_settings, metric_key_prefix))
+        output.metrics.update({f"{metric_key_prefix}_{k}": v for k, v in self._reward_logs.take_metrics().items()})
         return output
 
     # ---- saving: the policy alone; checkpoints add the value head and PPO state ------------------------------------
@@ -309,7 +338,8 @@ class PPOLMTrainer(StepAPI, Trainer):
         check_finite_weights(wrapper, output_dir, self._last_complete_checkpoint())
         # How the run loaded each model, beside the policy: hf-ppo evaluate reads it.
         record = publish.run_record(self.args.publish_settings, self._model_sources, wrapper.policy_model, self.ref_model,
-                                    self.ref_adapter, self.reward_model)
+                                    self.ref_adapter, self.reward_model, chat_prompts=self._chat_prompts,
+                                    global_step=self.state.global_step)
         publish.save_policy_folder(wrapper.policy_model, output_dir, self.trained_adapter, self.processing_class,
                                    state_dict, record)
 
@@ -334,8 +364,11 @@ class PPOLMTrainer(StepAPI, Trainer):
         it, so a folder with a readable trainer_state.json is complete (see trainer/checkpoint.py)."""
         if watch.stopped_by_collapse(self.callback_handler.callbacks):  # save_strategy='best' decides after on_log
             return
-        folder = checkpoint.checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
-        with sharding.gathered(self.model):  # On every process, so all of them stop together.
+        run_dir = self._get_output_dir(trial=trial)
+        folder = checkpoint.checkpoint_folder(run_dir, self.state.global_step)
+        # A write that fails (a full disk) is one error naming the folder, its disk and the last complete checkpoint.
+        written = functools.partial(checkpoint.write_failures_named, folder, run_dir)
+        with written(), sharding.gathered(self.model):  # On every process, so all of them stop together.
             check_finite_weights(self.accelerator.unwrap_model(self.model), folder, self._last_complete_checkpoint())
             if self.args.should_save:
                 wrapper = self.accelerator.unwrap_model(self.model)
@@ -345,7 +378,20 @@ class PPOLMTrainer(StepAPI, Trainer):
                     reward_moments=self.reward_moments, guard=self._guard, peft=wrapper.is_peft_model,
                     metrics=self._metrics, critic_state=wrapper.critic_state_dict(), rewards=self.rewards,
                     rollout_buffer=schedule.state_dict() if schedule is not None else None)
-        super()._save_checkpoint(model, trial)
+        with written():
+            super()._save_checkpoint(model, trial)
+
+    # ---- one run per output_dir: train() holds the folder (trainer/run_lock.py) ----------------------------------------
+    def train(self, *args, **kwargs):
+        """Trainer's `train()`, holding `output_dir` for its whole length (`run_lock.holding`): a second run into the
+        same folder is refused, naming the process that holds it; a lock left by a dead process is taken over with a
+        note; the lock goes at the end, also on error. The main process takes it, the others learn its outcome."""
+        with run_lock.holding(self.args.output_dir, self.is_world_process_zero(), self._as_on_main_process):
+            return super().train(*args, **kwargs)
+
+    def _as_on_main_process(self, value):
+        """`value` as the main process holds it, on every process (accelerate's `broadcast_object_list`)."""
+        return value if self.args.world_size == 1 else broadcast_object_list([value], from_process=0)[0]
 
     def _hp_search_setup(self, trial) -> None:
         """The first call in `train()`, before it resolves `resume_from_checkpoint=True`: a rotation that would delete
@@ -357,7 +403,7 @@ class PPOLMTrainer(StepAPI, Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         wrapper = self.accelerator.unwrap_model(model if model is not None else self.model)
-        saved = checkpoint.load_ppo_state(resume_from_checkpoint, self.args, wrapper.critic_device)
+        saved = checkpoint.load_ppo_state(resume_from_checkpoint, self.args, wrapper.critic_device, self.rewards)
         self._critic_changed = False  # a critic changed on resume: the saved optimizer state fits no longer
         if self.is_fsdp_enabled:  # its sharded checkpoint holds the whole actor-critic, one shard per rank
             super()._load_from_checkpoint(resume_from_checkpoint, model)
@@ -430,6 +476,21 @@ class PPOLMTrainer(StepAPI, Trainer):
         return publish.push_critic(self.accelerator.unwrap_model(self.model), repo_id, self.processing_class,
                                    private=private, token=token if token is not None else self.args.hub_token,
                                    commit_message=commit_message)
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | list[str] | None = None,
+                          **unsupported) -> None:
+        """TRL's call: write the model card of the policy `save_model()` saved in `output_dir` again, naming the
+        datasets it was trained on (`dataset_name`: Hub ids are linked, a local file is named 'a local dataset';
+        `save_model()` alone knows none). `model_name`: the card's title (default: the folder's name). Trainer's
+        other card arguments (`license`, `tags`, ...) are refused, not dropped: the card has no place for them."""
+        if unsupported:
+            raise TypeError(f"create_model_card({', '.join(sorted(unsupported))}=...): hf_ppo's policy card takes "
+                            "model_name and dataset_name only (TRL's call); edit README.md after it is written for more.")
+        folder = self.args.output_dir
+        names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
+        if self.args.should_save:
+            self._write_card(folder, model_name or os.path.basename(os.path.abspath(folder)), merged=False,
+                             dataset_names=names, saved_locally=True)
 
     def _write_card(self, folder: str, repo_id: str, merged: bool, dataset_names: list[str],
                     saved_locally: bool = False) -> bool:

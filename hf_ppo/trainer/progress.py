@@ -4,12 +4,38 @@ per iteration) that the demo prints too."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import time
 
+from tqdm.auto import tqdm
 from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_utils import has_length
 
+from ..evaluation.report import prompt_cell
+from ..rollout.engines import sampling_progress
 from ..rollout.scoring import decode_masked
+
+# The sampling status on a bar is redrawn at most this often (seconds): a 1024-token rollout reports 1024 times.
+STATUS_SECONDS = 0.5
+
+
+@contextlib.contextmanager
+def showing_sampling(callbacks: list, state, phase: str):
+    """Inside, the engines' per-token progress (`rollout.engines.sampling_progress`) shows on the progress bar of the
+    main process (`StageProgressCallback.sampling`): `phase` 'rollout' or 'evaluation'. Nothing without a bar
+    (`disable_tqdm`, another process)."""
+    bar = next((c for c in callbacks if isinstance(c, StageProgressCallback)), None)
+    if bar is None or not state.is_world_process_zero:
+        yield
+        return
+    with sampling_progress(functools.partial(bar.sampling, phase)):
+        try:
+            yield
+        finally:
+            bar.sampling_done(phase)
+
 
 # A console table: few rows, short cells (the tracker tables keep TRACKER_ROWS rows of the whole text).
 CONSOLE_ROWS, TRACKER_ROWS = 4, 8
@@ -31,6 +57,8 @@ class StageProgressCallback(ProgressCallback):
     def __init__(self, description: str | None = None, print_metrics: bool = False):
         super().__init__()
         self.description, self.print_metrics = description, print_metrics
+        self._status_time = -math.inf  # when the sampling status was last drawn
+        self._state = None  # Trainer's state, for the iteration the bar names
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
@@ -42,9 +70,45 @@ class StageProgressCallback(ProgressCallback):
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
         new = self.prediction_bar is None
         super().on_prediction_step(args, state, control, eval_dataloader=eval_dataloader, **kwargs)
-        if new and self.prediction_bar is not None:  # Trainer's evaluation bar has no label
-            self.prediction_bar.unit = "batch"
-            self.prediction_bar.set_description(f"{self.description} evaluation" if self.description else "evaluation")
+        bar = self.prediction_bar
+        if bar is not None and bar.total is None and has_length(eval_dataloader):  # opened by `sampling`
+            bar.total = len(eval_dataloader)
+            bar.set_postfix_str("", refresh=True)
+        if new and bar is not None:  # Trainer's evaluation bar has no label
+            self._label_prediction_bar()
+
+    def _label_prediction_bar(self) -> None:
+        self.prediction_bar.unit = "batch"
+        self.prediction_bar.set_description(f"{self.description} evaluation" if self.description else "evaluation")
+
+    def sampling(self, phase: str, first_row: int, end_row: int, rows: int, token: int, length: int) -> None:
+        """Say on the bar what is being sampled (`rollout.engines.sampling_progress` calls it after each decoded
+        token): how many responses, which rows of them when they come in several passes, and how many of the
+        `length` tokens so far; redrawn at most every `STATUS_SECONDS`. `phase`: 'rollout' (on the training bar) or
+        'evaluation' (on the evaluation bar, opened here when the first batch is still sampling)."""
+        now = time.monotonic()
+        if now - self._status_time < STATUS_SECONDS and token not in (1, length):
+            return
+        self._status_time = now
+        passes = f" (rows {first_row + 1}-{end_row})" if end_row - first_row < rows else ""
+        status = f"sampling {rows} responses{passes}: token {token}/{length}"
+        if phase == "rollout":  # on the training bar (none: a rollout outside train(), e.g. `step()`)
+            if self.training_bar is not None:
+                self.training_bar.set_description(self.stage_text(sampling=True) + f": {status}")
+            return
+        if self.prediction_bar is None:
+            self.prediction_bar = tqdm(total=None, leave=self.training_bar is None, dynamic_ncols=True)
+            self._label_prediction_bar()
+        self.prediction_bar.set_postfix_str(status)
+
+    def sampling_done(self, phase: str) -> None:
+        """The rollout's sampling is over: the training bar says the stage again."""
+        if phase == "rollout" and self.training_bar is not None:
+            self.training_bar.set_description(self.stage_text())
+
+    def stage_text(self, sampling: bool = False) -> str:
+        """What the training bar is labelled with (`sampling`: while a rollout samples)."""
+        return self.description or ""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and self.training_bar is not None and logs:
@@ -73,6 +137,24 @@ class PPOProgressCallback(StageProgressCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
         self.started = (time.perf_counter(), state.global_step)
+        self._state = state
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # The iteration the last optimizer step belongs to, as the sample tables number it: a log every
+        # `logging_steps` optimizer steps may skip iterations, the bar's number does not.
+        self._state = state
+        if self.training_bar is not None:
+            self.training_bar.set_description(self.stage_text(), refresh=False)
+        super().on_step_end(args, state, control, **kwargs)
+
+    def stage_text(self, sampling: bool = False) -> str:
+        """'PPO iteration i/n': the iteration of the last optimizer step (`sampling`: the one whose rollout is being
+        sampled), numbered as the sample tables and the logs' `iteration` number it."""
+        if self._state is None:
+            return self.description
+        total = iterations_in(self._state.max_steps, self.steps_per_iteration)
+        done = self._state.global_step / self.steps_per_iteration
+        return f"PPO iteration {min(total, int(done) + 1 if sampling else max(1, math.ceil(done)))}/{total}"
 
     def on_train_end(self, args, state, control, **kwargs):
         shown = self.training_bar is not None  # a bar on this process: the summary goes where the bar was
@@ -87,6 +169,7 @@ class PPOProgressCallback(StageProgressCallback):
     def caption(self, state, logs: dict) -> None:
         if "objective/scores" in logs:
             total = iterations_in(state.max_steps, self.steps_per_iteration)
+            # The log's own iteration (the rollouts done): the iteration of its last step, as `stage_text` names it.
             self.training_bar.set_description(f"PPO iteration {logs.get('iteration', 0)}/{total}")
             postfix = {"reward": f"{logs['objective/scores']:.3f}"}
             first = next((k for k in logs if k.startswith("rewards/") and k.endswith("/mean")), None)
@@ -143,20 +226,6 @@ def _one_line(text: str) -> str:
     return " ".join(text.replace("\n", " \u23ce ").split())  # a newline shows as ⏎: the cell stays compact
 
 
-def prompt_cell(raw, decoded: str) -> str:
-    """What a table shows of a prompt: of a chat prompt its last user turn (the template's markup and system prompt
-    are the same on every row), of a text prompt the text. `raw` is the dataset's prompt (text or messages) and
-    `decoded` the prompt's tokens as text; `raw` is shown only when that text holds it (so a row the refill replaced,
-    or a prompt truncated through its last turn, shows its tokens instead)."""
-    if isinstance(raw, list):
-        turns = [t for t in raw if isinstance(t, dict) and t.get("role") == "user"]
-        content = turns[-1].get("content") if turns else None
-        if isinstance(content, list):  # content parts: their text
-            content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-        raw = content
-    return raw if isinstance(raw, str) and raw.strip() and raw.strip() in decoded else decoded
-
-
 def short_cells(prompt: str, completion: str) -> tuple[str, str]:
     """A console row: each cell on one line, the prompt's last PROMPT_CHARS (its end is what the policy answers) and
     the completion's first COMPLETION_CHARS; an empty completion says so (a chat model given raw text often answers
@@ -169,21 +238,22 @@ def short_cells(prompt: str, completion: str) -> tuple[str, str]:
     return prompt, completion or "(empty)"
 
 
-def log_samples_table(rows: list[tuple[str, str, float]], iteration: int, step: int, report_to: list[str]) -> None:
-    """Show (prompt, completion, score) rows: a wandb/trackio table when one is active, else a rich table printed."""
+def log_samples_table(rows: list[tuple[str, str, float]], iteration: int, step: int, report_to: list[str],
+                      extra_columns: tuple[str, ...] = ()) -> None:
+    """Show (prompt, completion, score, *extra) rows: a wandb/trackio table when one is active, else a rich table
+    printed. `extra_columns`: the names of the values after the score (the reward functions' `log_extra`)."""
     report_to = report_to or []
+    columns = ["prompt", "completion", "score", *extra_columns]
     if "wandb" in report_to:
         import wandb
 
         if wandb.run is not None:
-            wandb.log({"completions": wandb.Table(columns=["prompt", "completion", "score"], data=[list(r) for r in rows])},
-                      step=step)
+            wandb.log({"completions": wandb.Table(columns=columns, data=[list(r) for r in rows])}, step=step)
             return
     if "trackio" in report_to:
         import trackio
 
-        trackio.log({"completions": trackio.Table(columns=["prompt", "completion", "score"], data=[list(r) for r in rows])},
-                    step=step)
+        trackio.log({"completions": trackio.Table(columns=columns, data=[list(r) for r in rows])}, step=step)
         return
     if [r for r in report_to if r not in ("none",)]:
         return  # other trackers (tensorboard, ...) have no table type: the scalars are logged as usual
@@ -198,18 +268,22 @@ def log_samples_table(rows: list[tuple[str, str, float]], iteration: int, step: 
     table.add_column("prompt (last user turn)", overflow="fold", ratio=2)
     table.add_column("completion", overflow="fold", ratio=3)
     table.add_column("score", justify="right")
-    for prompt, completion, score in rows[:CONSOLE_ROWS]:
-        table.add_row(*short_cells(prompt, completion), f"{score:.3f}")
+    for name in extra_columns:
+        table.add_column(name, overflow="fold")
+    for prompt, completion, score, *extra in rows[:CONSOLE_ROWS]:
+        table.add_row(*short_cells(prompt, completion), f"{score:.3f}", *(_one_line(str(v))[:COMPLETION_CHARS]
+                                                                         for v in extra))
     text = io.StringIO()
     Console(file=text, width=min(120, shutil.get_terminal_size().columns), force_terminal=False).print(table)
     tqdm.write(text.getvalue().rstrip("\n"))  # above the progress bar, which is drawn again below it
 
 
-def maybe_log_samples(tokenizer, batch, iteration: int, step: int, max_steps: int, args, prompts: list | None = None
-                      ) -> None:
+def maybe_log_samples(tokenizer, batch, iteration: int, step: int, max_steps: int, args, prompts: list | None = None,
+                      extra: dict[str, list] | None = None) -> None:
     """At `num_sample_generations` iterations spread over the run (`sample_iterations`), a table of (prompt,
     completion, score) rows of the rollout `batch`; `prompts`, the dataset's prompts of the batch (text or messages),
-    give each row's prompt cell (`prompt_cell`)."""
+    give each row's prompt cell (`prompt_cell`); `extra`, {column: one value per row of the batch} that reward
+    functions logged (TRL's `log_extra`), more columns (one whose values do not match the rows is left out)."""
     total = iterations_in(max_steps, args.optimizer_steps_per_iteration)
     if iteration not in sample_iterations(total, args.num_sample_generations):
         return
@@ -219,4 +293,6 @@ def maybe_log_samples(tokenizer, batch, iteration: int, step: int, max_steps: in
     rows = list(zip([prompt_cell(r, d) for r, d in zip(raw, decoded)],
                     decode_masked(tokenizer, batch.responses[:TRACKER_ROWS], batch.response_mask[:TRACKER_ROWS]),
                     batch.scores[:TRACKER_ROWS].tolist()))
-    log_samples_table(rows, iteration, step, args.report_to)
+    extra = {k: v for k, v in (extra or {}).items() if len(v) == len(batch.queries)}
+    rows = [(*row, *(values[i] for values in extra.values())) for i, row in enumerate(rows)]
+    log_samples_table(rows, iteration, step, args.report_to, tuple(extra))

@@ -37,6 +37,9 @@ TRL_KEYS = {
     "ppo/val/var_explained": "val/explained_variance",
 }
 _CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
+STEP_VLLM_ERROR = ("step() trains on samples your own loop generated, so rollout_engine='vllm' would hold a second copy "
+                   "of the policy that nothing samples from: leave rollout_engine at 'kv_cache' (the default), or "
+                   "let the trainer sample (train(), with rollout_engine='vllm').")
 
 
 def _name(setting) -> str:
@@ -216,6 +219,8 @@ class StepAPI:
         """Before anything of a `step()` call runs: the settings it cannot honour, and a call past the end of the
         learning-rate schedule (where it would train nothing)."""
         args, done = self.args, self.state.global_step
+        if args.rollout_engine == "vllm":
+            raise ValueError(STEP_VLLM_ERROR)
         if stopped_by_collapse(self.callback_handler.callbacks):
             raise ValueError(f"step(): stop_on_collapse=True and the collapse watch stopped training at step {done} "
                              "(its CollapseWarning names the signature and the last complete checkpoint), so this "

@@ -16,6 +16,14 @@ absolute nats); the two with narrow ones (length with entropy, the clip fraction
 Non-finite values (a NaN loss the guard skipped, an evaluation with no finite score) are left out of every mean and
 never fire a signature.
 
+The rollout's own metrics (`ROLLOUT_KEYS`: KL, entropy, response length) are read from every rollout, not from the
+logs (the trainer hands each rollout's statistics over: `observe_rollout`), and judged at the end of the optimizer
+step that trains on it (`on_step_end`): a run logged every `logging_steps` optimizer steps is watched at every
+iteration all the same. A short run logs too rarely for a log-based watch: 8 iterations of one optimizer step each
+log once with the default `logging_steps=10`, at the very end, and a far too high learning rate with `kl_coef=0` and
+a reward paid per word had taken KL from 0 to 195 nats by then (32 nats at the 3rd iteration, where the watch now
+speaks). The update's metrics (clip fraction, value loss) exist only in the logs and are judged there.
+
 | signature | fires when (the thresholds) |
 |---|---|
 | length up, entropy down | `rollout/response_length` now >= 1.3 x start, `policy/entropy_avg` now <= 0.7 x start |
@@ -35,7 +43,9 @@ from transformers import TrainerCallback
 
 from ..runtime.warn import warn_user
 
-WINDOW = 3  # logs averaged for "start" and "now"
+WINDOW = 3  # logs (for the rollout's metrics: rollouts) averaged for "start" and "now"
+# The metrics every rollout gives (`rollout.steps.rollout_stats`): read per rollout when the trainer hands them over.
+ROLLOUT_KEYS = ("objective/kl", "policy/entropy_avg", "rollout/response_length")
 LENGTH_RISE, ENTROPY_FALL = 1.3, 0.7
 # Entropy at a tenth of its start: a policy that sampled among many tokens now picks one almost every time. Healthy
 # RLHF lowers entropy gradually (by tens of percent); a learning rate far too high takes it to ~0 within iterations.
@@ -81,29 +91,56 @@ class CollapseWatch(TrainerCallback):
         self.history: dict[str, list[float]] = {}
         self.fired: list[str] = []  # the signatures seen, in order
         self.stopped = False
+        self.per_rollout: set[str] = set()  # the metrics read from each rollout (`observe_rollout`), not the logs
+        self.rollout_seen: dict | None = None  # the last rollout's statistics, judged at the step's end
 
     def on_train_begin(self, args, state, control, **kwargs):
         """A new `train()` (a resume on the same trainer, say) is watched afresh, and saves again."""
         self.history, self.fired, self.stopped, self.noted = {}, [], False, False
+        self.per_rollout, self.rollout_seen = set(), None
+
+    def observe_rollout(self, stats: dict) -> None:
+        """Record one rollout's statistics (its `ROLLOUT_KEYS`; `stats` as `rollout.steps.rollout_stats` gives them,
+        with the PPO `iteration`): from now on these metrics are read from every rollout and not from the logs.
+        They are judged at the end of the optimizer step that trains on the rollout (`on_step_end`), or at the next
+        log, whichever comes first."""
+        for key in ROLLOUT_KEYS:
+            if key in stats:
+                self.per_rollout.add(key)
+                if _finite(stats[key]):
+                    self.history.setdefault(key, []).append(float(stats[key]))
+        self.rollout_seen = stats
+
+    def on_step_end(self, args, state, control, **kwargs):
+        """Judge the rollout observed since the last judgement (`observe_rollout`): warn on each new signature, stop
+        at the first with `stop` (Trainer saves after this event: the stop's own step saves nothing)."""
+        if self.rollout_seen is not None:
+            self._judge(state, control, {})
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        """Record the finite metrics of `logs`, warn on each new signature, stop at the first with `stop`."""
+        """Record the finite metrics of `logs` (but those read per rollout), warn on each new signature, stop at the
+        first with `stop`."""
         if self.stopped:
             control.should_save = False
         if not logs:
             return
         for key, value in logs.items():
-            if _finite(value):
+            if _finite(value) and key not in self.per_rollout:
                 self.history.setdefault(key, []).append(float(value))
-        self._note_kl(state, logs)
+        self._judge(state, control, logs)
+
+    def _judge(self, state, control, logs: dict) -> None:
+        """The one-time KL note, then each new signature warned; with `stop`, training stopped at the first."""
+        seen, self.rollout_seen = self.rollout_seen, None
+        self._note_kl(state, (seen or {}) if "objective/kl" in self.per_rollout else logs)
         found = [(name, text) for name, text in self._signatures(logs) if name not in self.fired]
         for name, text in found:
             self.fired.append(name)
             if state.is_world_process_zero:
                 warn_user(f"Collapse watch, step {state.global_step}: {text}" + self._stop_text(), CollapseWarning)
         if found and self.stop:
-            # on_log runs before Trainer saves on a save step (and on the last step): no checkpoint of the
-            # collapsed state may become newer than the one the warning names.
+            # on_step_end and on_log run before Trainer saves on a save step (and on the last step): no checkpoint
+            # of the collapsed state may become newer than the one the warning names.
             control.should_training_stop, control.should_save, self.stopped = True, False, True
 
     def _note_kl(self, state, logs: dict) -> None:
@@ -165,9 +202,10 @@ class CollapseWatch(TrainerCallback):
         kl = self._span("objective/kl")
         if self.kl_threshold is not None and kl and kl[1] > self.kl_threshold:
             width = kl[2]  # fewer than WINDOW logs so far: the message says how many it averaged
+            unit = "rollout" if "objective/kl" in self.per_rollout else "log"
             yield "kl", (
                 f"KL to the reference (objective/kl) averages {kl[1]:.2f} nats per response over the "
-                f"{'last log' if width == 1 else f'last {width} logs'}, beyond {self.kl_threshold:g} "
+                f"{f'last {unit}' if width == 1 else f'last {width} {unit}s'}, beyond {self.kl_threshold:g} "
                 f"({self.kl_reason}): the policy has moved far from the reference, typically gaming the reward or "
                 "taking unstable updates. Usually fixed by a larger kl_coef (or adaptive_kl), a lower learning_rate, "
                 "fewer num_ppo_epochs, or whiten_rewards=True.")
@@ -203,6 +241,42 @@ class CollapseWatch(TrainerCallback):
                 "(a list in reward_model with reward_weights); read eval_report.md to see how.")
 
 
+class NoSignalWarning(UserWarning):
+    """Every sample of an iteration got the same reward: nothing to learn from (see `NoSignal`)."""
+
+
+class NoSignal:
+    """Warns once per reward, and once for the combined score, in the first PPO iteration where every sample got the
+    same value of it (`rollout.steps.uniform_rewards`): no response then scores better than another, so the update
+    learns nothing from it (a group baseline gives every response advantage 0; a critic learns a constant). A
+    verifiable reward that a model does not hit yet (an answer check whose format an instruct model does not write)
+    is the usual cause; the warning names what to try."""
+
+    def __init__(self, args):
+        self.estimator, self.k = args.advantage_estimator, args.num_generations
+        self.warned: set = set()
+
+    def check(self, uniform: dict, iteration: int, samples: int) -> None:
+        new = {name: value for name, value in uniform.items() if name not in self.warned}
+        if not new:
+            return
+        self.warned |= set(new)
+        what = [f"the reward {name!r} ({value:g} each)" for name, value in new.items() if name is not None]
+        if None in new:
+            what.append(f"the combined score ({new[None]:g} each)")
+        group = "" if self.k > 1 and self.estimator != "gae" else (
+            " Sample several responses per prompt (num_generations=4 with advantage_estimator='grpo' or 'rloo'), "
+            "so that the responses to one prompt are compared and one right answer among them is signal.")
+        warn_user(f"No learning signal in PPO iteration {iteration}: all {samples} sampled responses got the same "
+                  f"value of {' and '.join(what)}, so no response scores better than another and this update learns "
+                  "nothing from it. A verifiable reward (an answer check such as exact_answer) usually starts at 0 "
+                  "because the model does not yet write the answer in the format it checks: add a format reward "
+                  "beside it that pays for the format alone, or put a few-shot example of the format in the prompts "
+                  f"(or system_prompt).{group} And check the reward function on a few completions by hand: does it "
+                  "ever give another value? frac_reward_zero_std in the logs is the fraction of prompt groups without "
+                  "spread. See docs/guides/verifiable-rewards.md.", NoSignalWarning)
+
+
 def add_watch(callbacks: list | None, args, last_checkpoint: Callable[[], str | None]) -> list:
     """The trainer's `callbacks` plus the `CollapseWatch` that `args` ask for (none with `watch_collapse=False`);
     `last_checkpoint` returns the last complete checkpoint folder (or None)."""
@@ -217,6 +291,14 @@ def add_watch(callbacks: list | None, args, last_checkpoint: Callable[[], str | 
     note = None if args.adaptive_kl or args.kl_target >= threshold else args.kl_target
     return [*callbacks, CollapseWatch(kl_threshold=threshold, stop=args.stop_on_collapse,
                                       last_checkpoint=last_checkpoint, kl_reason=reason, kl_note_at=note)]
+
+
+def observe_rollout(callbacks: list, stats: dict) -> None:
+    """Hand one rollout's statistics (`rollout.steps.rollout_stats`, reduced over processes, and its `iteration`) to
+    each `CollapseWatch` among `callbacks` (`CollapseWatch.observe_rollout`)."""
+    for callback in callbacks:
+        if isinstance(callback, CollapseWatch):
+            callback.observe_rollout(stats)
 
 
 def stopped_by_collapse(callbacks: list) -> bool:

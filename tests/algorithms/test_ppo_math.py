@@ -774,3 +774,46 @@ def test_loss_aggregation_gradient_accumulation_invariance(aggregation):
     # each micro-batch's own normalizer would not add up: 3 vs 4 sequences, 11 vs 16 tokens
     naive = sum(loss_of(logprobs, values, r, None) for r in (slice(0, 4), slice(4, 8))) / 2
     assert abs(naive.item() - full.item()) > 1e-6
+
+
+def test_truncated_importance_weights_hand_example():
+    from hf_ppo.algorithms.ppo_math import truncated_importance_weights
+
+    # pi_old / pi_sampler per token: 1 (the same distribution), 0.5, 1.5, and 4 (above the cap of 2: truncated to 2)
+    old = t64([[math.log(0.2), math.log(0.1), math.log(0.3), math.log(0.4)]])
+    sampler = t64([[math.log(0.2), math.log(0.2), math.log(0.2), math.log(0.1)]])
+    close(truncated_importance_weights(old, sampler, cap=2.0), t64([[1.0, 0.5, 1.5, 2.0]]))
+
+
+def test_policy_loss_token_weights_scale_each_tokens_loss():
+    # the hand example's first three tokens (losses -1.1, -1.2, 0.8), weighted 1, 0.5 and 2: (-1.1 - 0.6 + 1.6) / 3
+    logprobs = t64([[math.log(1.1), math.log(1.5), math.log(0.5)]])
+    advantages = t64([[1.0, 1.0, -1.0]])
+    mask = torch.tensor([[T, T, T]])
+    weights = t64([[1.0, 0.5, 2.0]])
+    loss, _, _ = policy_loss(logprobs, torch.zeros_like(logprobs), advantages, mask, cliprange=0.2,
+                             token_weights=weights)
+    close(loss, (-1.1 - 0.6 + 1.6) / 3)
+
+
+def test_ppo_loss_with_the_sampler_equal_to_the_policy_is_unchanged_by_the_correction():
+    torch.manual_seed(0)
+    B, R, V = 2, 3, 7
+    logits, tokens = torch.randn(B, R, V), torch.randint(0, V, (B, R))
+    mask = torch.tensor([[T, T, F], [T, T, T]])
+    old_logprobs = torch.randn(B, R) - 2
+    old = Experience(tokens, old_logprobs, torch.zeros(B, R), torch.randn(B, R), torch.randn(B, R), mask,
+                     sampling_logprobs=old_logprobs.clone())
+    settings = LossSettings(1.0, cliprange=0.2, cliprange_value=0.2, vf_coef=0.0)
+    normalizer = loss_normalizer(mask, "token_mean")
+    plain, _ = ppo_loss(logits, None, old, normalizer, settings)
+    corrected, stats = ppo_loss(logits, None, old, normalizer,
+                                LossSettings(1.0, cliprange=0.2, cliprange_value=0.2, vf_coef=0.0,
+                                             importance_sampling_cap=2.0))
+    close(corrected, plain)  # vLLM sampled exactly the policy's distribution: every weight is 1
+    close(stats["policy/importance_weight_avg"], torch.tensor(1.0))
+    capped_at_2 = LossSettings(1.0, cliprange=0.2, cliprange_value=0.2, vf_coef=0.0, importance_sampling_cap=2.0)
+    likelier = old._replace(sampling_logprobs=old_logprobs + math.log(2.0))  # the sampler drew each token 2x likelier
+    close(ppo_loss(logits, None, likelier, normalizer, capped_at_2)[0], plain / 2)  # every weight min(1/2, 2)
+    rarer = old._replace(sampling_logprobs=old_logprobs - math.log(3.0))  # the sampler drew each token 3x rarer
+    close(ppo_loss(logits, None, rarer, normalizer, capped_at_2)[0], plain * 2)  # every weight min(3, 2) = 2

@@ -484,3 +484,152 @@ def test_the_record_gives_a_lora_reference_the_policy_base_quantization():
     assert record["reference"] is None
     assert run_record(settings, sources, Loaded4bit(), Loaded8bit(), None, length_reward)["quantization"][
         "reference"] == "8bit"
+
+
+# ---- a metrics.json or eval_report.md of the user's is kept ------------------------------------------------------
+def test_evaluate_keeps_a_users_metrics_and_report_and_never_points_at_them(tiny_models, prompts_file, tmp_path,
+                                                                           monkeypatch, capsys):
+    """`hf-ppo evaluate --output_dir DIR` overwrote DIR/metrics.json whoever wrote it, and its last line pointed at
+    DIR/eval_report.md even when that was the user's file it had kept. Both are treated as save_model() treats
+    README.md: hf_ppo's own (stamped) files are rewritten, a user's is kept byte for byte with a warning, and the
+    console names what was written and what was not."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "hf_ppo_eval"
+    out.mkdir()
+    mine_metrics, mine_report = '{"my": "numbers"}\n', "# My own notes\n"
+    (out / "metrics.json").write_text(mine_metrics)
+    (out / "eval_report.md").write_text(mine_report)
+    with pytest.warns(UserWarning) as caught:
+        main_evaluate(tiny_models, prompts_file, "--num_prompts", "2")
+    printed = capsys.readouterr().out
+    assert (out / "metrics.json").read_text() == mine_metrics and (out / "eval_report.md").read_text() == mine_report
+    messages = " ".join(str(w.message) for w in caught)
+    assert "hf_ppo_eval/metrics.json exists and was not written by hf_ppo" in messages
+    assert "hf_ppo_eval/eval_report.md exists and was not written by hf_ppo" in messages
+    assert "Side by side: hf_ppo_eval/eval_report.md" not in printed
+    last = printed.rstrip().splitlines()[-1]
+    assert last.startswith("Not written: hf_ppo_eval/eval_report.md and hf_ppo_eval/metrics.json") and \
+        "--output_dir" in last, last
+    # hf_ppo's own files are rewritten: a run into a fresh folder, then again into it.
+    for _ in range(2):
+        main_evaluate(tiny_models, prompts_file, "--num_prompts", "2", "--output_dir", "fresh")
+        printed = capsys.readouterr().out
+        assert "Side by side: fresh/eval_report.md" in printed and "Metrics: fresh/metrics.json" in printed
+    saved = json.loads((tmp_path / "fresh" / "metrics.json").read_text())
+    assert saved["written_by"] == "hf-ppo evaluate" and "eval_reward/reward/win_rate" in saved
+
+
+# ---- issues 50 item 3 and 49 item 10: hf-ppo evaluate prompts and samples as the run trained -----------------------
+SYSTEM = "Answer in one word."
+
+
+def _trained_with_prompting(tiny_models, tmp_path):
+    """A LoRA policy trained one step with the Python API on a 'question' column, a system prompt and its own
+    sampling settings, saved."""
+    questions = Dataset.from_dict({"question": PROMPTS, "id": list(range(len(PROMPTS)))})
+    args = _args(tmp_path, system_prompt=SYSTEM, prompt_column="question", response_length=3, temperature=0.9,
+                 top_k=7)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, reward_model=length_reward,
+                           train_dataset=questions, peft_config=LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM",
+                                                                           target_modules="all-linear"))
+    trainer.train()
+    folder = tmp_path / "saved"
+    trainer.save_model(str(folder))
+    return folder
+
+
+def _evaluated(monkeypatch, argv: list[str]) -> dict:
+    """What `hf-ppo evaluate` gave the trainer: its sampling settings and its first eval prompt."""
+    from hf_ppo.cli.command import evaluate
+
+    seen = {}
+    real = PPOLMTrainer.evaluate
+
+    def spy(self, *a, **kw):
+        seen.update(args=self.args, prompt=self.eval_dataset[0]["prompt"])
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(PPOLMTrainer, "evaluate", spy)
+    evaluate(argv)
+    return seen
+
+
+def test_the_run_record_carries_how_the_run_prompted_and_sampled(tiny_models, tmp_path):
+    folder = _trained_with_prompting(tiny_models, tmp_path)
+    record = json.loads((folder / "hf_ppo_run.json").read_text())
+    assert record["prompts"] == {"column": "question", "system_prompt": SYSTEM, "apply_chat_template_to_text": None,
+                                 "format": "chat"}
+    assert record["sampling"] == {"response_length": 3, "temperature": 0.9, "top_k": 7, "top_p": 1.0}
+    assert record["global_step"] == 1
+
+
+def test_hf_ppo_evaluate_prompts_and_samples_as_the_run_trained(tiny_models, tmp_path, monkeypatch, capsys):
+    """Evaluating on the training file fed other prompts (no system prompt, the 'prompt' column) and sampled 53
+    tokens at 0.7: the run record's settings are the defaults now, each option overrides its own."""
+    folder = _trained_with_prompting(tiny_models, tmp_path)
+    data = tmp_path / "questions.jsonl"
+    data.write_text("".join(json.dumps({"question": p}) + "\n" for p in PROMPTS[:4]))
+    monkeypatch.chdir(tmp_path)
+    Path("rewards.py").write_text("def length(prompts, completions, **kw):\n    return [float(len(c)) for c in "
+                                  "completions]\n")
+    base = ["--policy", str(folder), "--reward_funcs", "rewards.py:length", "--dataset", str(data),
+            "--batch_size", "2", "--disable_tqdm"]
+    seen = _evaluated(monkeypatch, base)
+    assert seen["prompt"] == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPTS[0]}]
+    assert (seen["args"].response_length, seen["args"].temperature, seen["args"].top_k) == (3, 0.9, 7)
+    out = capsys.readouterr().out
+    assert "as the run trained" in out and "--system_prompt" in out and "--response_length" in out
+    report = (tmp_path / "hf_ppo_eval" / "eval_report.md").read_text()
+    assert "(step 1)" in report.splitlines()[1]  # the policy's own step, not the evaluating trainer's 0
+    seen = _evaluated(monkeypatch, base + ["--system_prompt", "", "--response_length", "2", "--temperature", "1.0",
+                                           "--apply_chat_template_to_text", "false"])
+    assert seen["prompt"] == PROMPTS[0]  # no system prompt, the text as it is
+    assert (seen["args"].response_length, seen["args"].temperature) == (2, 1.0)
+    # A record written before these keys existed: the defaults, as before.
+    record = json.loads((folder / "hf_ppo_run.json").read_text())
+    for key in ("prompts", "sampling", "global_step"):
+        record.pop(key)
+    (folder / "hf_ppo_run.json").write_text(json.dumps(record))
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:2]))
+    seen = _evaluated(monkeypatch, ["--policy", str(folder), "--reward_funcs", "rewards.py:length", "--dataset",
+                                    "prompts.jsonl", "--disable_tqdm", "--apply_chat_template_to_text", "false"])
+    assert seen["prompt"] == PROMPTS[0] and (seen["args"].response_length, seen["args"].temperature) == (53, 0.7)
+    assert "(training step not recorded)" in (tmp_path / "hf_ppo_eval" / "eval_report.md").read_text()
+    # Issue 49 item 10: a run whose text prompts went through the chat template (apply_chat_template_to_text: true)
+    # is evaluated through it too, not on raw text.
+    (folder / "hf_ppo_run.json").write_text(json.dumps(dict(record, prompts={
+        "column": None, "system_prompt": None, "apply_chat_template_to_text": True, "format": "chat"})))
+    seen = _evaluated(monkeypatch, ["--policy", str(folder), "--reward_funcs", "rewards.py:length", "--dataset",
+                                    "prompts.jsonl", "--disable_tqdm"])
+    assert seen["prompt"] == [{"role": "user", "content": PROMPTS[0]}] and seen["args"].apply_chat_template_to_text
+
+
+def test_the_chat_template_warning_names_an_option_hf_ppo_evaluate_takes(tiny_models, tmp_path, monkeypatch):
+    """The warning said `apply_chat_template_to_text=True`, which `hf-ppo evaluate` refused as an unknown option."""
+    from hf_ppo.cli.command import evaluate_parser
+
+    with pytest.warns(UserWarning, match="--apply_chat_template_to_text true") as caught:
+        PPOLMTrainer(model=tiny_models["policy"], args=_args(tmp_path), reward_model=length_reward,
+                     eval_dataset=Dataset.from_dict({"prompt": PROMPTS}))
+    flag = str(next(w.message for w in caught if "chat template" in str(w.message)))
+    option = flag[flag.index("`--apply_chat_template_to_text"):].split("`")[1].split()
+    args = evaluate_parser().parse_args(["--policy", "p", "--dataset", "d", *option])
+    assert args.apply_chat_template_to_text == "true"
+
+
+def test_a_wrong_prompt_column_is_one_line_before_any_model_loads(tiny_models, tmp_path, monkeypatch):
+    from hf_ppo.cli.command import evaluate
+
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question": "2+2?"}) + "\n")
+    monkeypatch.setattr(PPOLMTrainer, "__init__", lambda *a, **k: pytest.fail("a model loaded"))
+    with pytest.raises(SystemExit, match=r"no column 'prompt'; its columns are \['question'\].*--prompt_column"):
+        evaluate(["--policy", tiny_models["policy"], "--reference", tiny_models["policy"], "--reward_funcs",
+                  "hf_ppo.rewards.exact_answer", "--dataset", str(data)])
+
+
+def test_evaluate_samples_with_ppoconfigs_defaults_when_nothing_is_recorded():
+    from hf_ppo.cli.command import SAMPLING_DEFAULTS
+
+    declared = PPOConfig.__dataclass_fields__
+    assert {name: declared[name].default for name in SAMPLING_DEFAULTS} == SAMPLING_DEFAULTS

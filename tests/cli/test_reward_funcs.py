@@ -4,6 +4,8 @@ as factories; combined with a reward model and reward_weights; every bad entry r
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import yaml
 from tests.cli.test_train import TINY_RUN
 
 from hf_ppo.cli import command, train
+from hf_ppo.cli.reward_funcs import RewardFuncsError, load_reward_funcs
 
 # What `record_answer` saw during a run: (prompt's user text, answer, completion's role) per completion.
 SEEN: list[tuple[str, str, str]] = []
@@ -172,8 +175,9 @@ def test_reward_model_functions_and_weights_combine_in_order(tmp_path, tiny_mode
     assert reward_model == tiny_models["reward"] and think is trl.rewards.think_format_reward
     assert exact.__name__ == "exact"
     assert kwargs["args"].reward_weights == [1.0, 0.5, 2.0]
-    # The rows keep their answer column for the functions.
-    assert kwargs["train_dataset"].column_names == ["prompt", "answer"]
+    # The rows keep their answer column for the functions; the trainer reads the prompts from the recipe's column.
+    assert kwargs["train_dataset"].column_names == ["messages", "answer"]
+    assert kwargs["args"].prompt_column == "messages"
     # TRL's reward_model_path joins the list the same way (and is not given twice).
     no_model_loads.clear()
     with pytest.raises(Built):
@@ -295,3 +299,99 @@ def test_evaluate_end_to_end_reports_each_function(tmp_path, tiny_models, capsys
     assert any(k.startswith("eval_reward/exact_text/pass@2") for k in metrics), sorted(metrics)  # --num_samples 2
     assert "exact_text" in capsys.readouterr().out
     assert sys.modules["tests.cli.test_reward_funcs"].exact_text is exact_text  # scored through this module's function
+
+
+# ---- imports of a reward file and of a package in the working directory -------------------------------------------
+HELPER_FILE = '''
+def count_words(text):
+    return float(len(text.split()))
+'''
+
+WORDY_FILE = '''
+from helpers import count_words  # a module beside this file, as `python rewards.py` would import it
+
+
+def wordy(completions, **kwargs):
+    return [count_words(c if isinstance(c, str) else c[0]["content"]) for c in completions]
+'''
+
+
+def test_the_console_script_imports_modules_beside_the_file_and_packages_in_the_working_directory(tmp_path,
+                                                                                                  tiny_models):
+    """The installed `hf-ppo` (its sys.path[0] is the scripts folder, not the working directory) trains with a reward
+    file that imports a module beside it, and with a dotted path to a package in the working directory."""
+    root = _project(tmp_path, tiny_models, reward_funcs=["rewards_dir/wordy.py:wordy", "mypkg.scoring.short"])
+    (root / "configs" / "rewards_dir").mkdir()
+    (root / "configs" / "rewards_dir" / "helpers.py").write_text(HELPER_FILE)
+    (root / "configs" / "rewards_dir" / "wordy.py").write_text(WORDY_FILE)
+    work = tmp_path / "work"
+    (work / "mypkg").mkdir(parents=True)
+    (work / "mypkg" / "__init__.py").write_text("")
+    (work / "mypkg" / "scoring.py").write_text("def short(completions, **kwargs):\n"
+                                               "    return [1.0] * len(completions)\n")
+    script = Path(sys.executable).parent / "hf-ppo"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([str(script), "train", "--config", str(root / "configs" / "run.yaml"), "--max_steps", "1"],
+                         cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "No module named" not in run.stderr
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    logged = {k for entry in state["log_history"] for k in entry}
+    assert {"rewards/wordy/mean", "rewards/short/mean"} <= logged
+
+
+def test_sys_path_is_restored_after_loading(tmp_path, monkeypatch):
+    (tmp_path / "helpers.py").write_text(HELPER_FILE)
+    (tmp_path / "wordy.py").write_text(WORDY_FILE)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delitem(sys.modules, "helpers", raising=False)
+    before = list(sys.path)
+    (loaded,) = load_reward_funcs([str(tmp_path / "wordy.py") + ":wordy"])
+    assert loaded.func(completions=["one two three"]) == [3.0]
+    assert sys.path == before  # the file's folder was importable while it loaded, and only then
+
+
+# ---- reward-function edges ------------------------------------------------------------------------------------------
+def test_a_file_that_exits_at_import_is_refused_naming_the_file(tmp_path, tiny_models, no_model_loads):
+    root = _project(tmp_path, tiny_models, reward_funcs=["quits.py:score"])
+    (root / "configs" / "quits.py").write_text("import sys\nsys.exit(0)\n\ndef score(completions, **kw):\n"
+                                               "    return [0.0] * len(completions)\n")
+    with pytest.raises(train.ConfigError, match=r"'quits.py:score'.*quits\.py called exit\(0\) \(SystemExit\)"):
+        train.main(["--config", str(root / "configs" / "run.yaml")])
+    assert no_model_loads == []
+
+
+def test_a_module_as_an_entry_is_named_a_module_with_its_functions():
+    with pytest.raises(RewardFuncsError) as info:
+        load_reward_funcs(["hf_ppo.rewards"])
+    message = str(info.value)
+    assert "'hf_ppo.rewards' is a module, not a function" in message
+    assert "hf_ppo.rewards.exact_answer" in message and "has no" not in message
+
+
+def test_reward_weights_of_the_wrong_length_is_one_line_before_any_model_loads(tmp_path, tiny_models,
+                                                                               no_model_loads):
+    root = _project(tmp_path, tiny_models, reward_funcs=["trl.rewards.think_format_reward", "rewards.py:exact"],
+                    reward_weights=[1.0, 0.5, 2.0])
+    with pytest.raises(train.ConfigError) as info:
+        train.main(["--config", str(root / "configs" / "run.yaml")])
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and "reward_weights has 3 weights" in message
+    assert "2 rewards (think_format_reward, exact)" in message and "one weight per reward" in message
+    assert no_model_loads == []
+
+
+def test_a_resume_with_more_reward_functions_is_one_line(tmp_path, tiny_models, capsys):
+    root = _project(tmp_path, tiny_models, reward_funcs=["rewards.py:exact"], save_strategy="steps", save_steps=1,
+                    max_steps=1, normalize_each_reward=True)
+    config = str(root / "configs" / "run.yaml")
+    train.run(["--config", config], command="hf-ppo train")
+    with pytest.raises(SystemExit) as info:
+        train.run(["--config", config, "--reward_funcs", "rewards.py:exact", "trl.rewards.think_format_reward",
+                   "--max_steps", "2", "--resume_from_checkpoint", str(tmp_path / "out" / "checkpoint-1")],
+                  command="hf-ppo train")
+    message = str(info.value.code)
+    assert message.startswith("hf-ppo train: error: ") and "rewards: checkpoint [exact (function " in message
+    assert "think_format_reward (function trl.rewards" in message and "allow_config_change_on_resume" in message

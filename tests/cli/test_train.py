@@ -155,6 +155,33 @@ def test_yaml_picks_the_critic_and_the_estimator(tmp_path, models, prompts):
     assert not trainer.model.has_critic and trainer.state.global_step == 1
 
 
+@pytest.mark.parametrize("push", [False, True], ids=["save", "push"])
+def test_a_run_the_collapse_watch_stopped_saves_and_pushes_no_policy(tmp_path, models, prompts, monkeypatch, capsys,
+                                                                    push):
+    """The recipe's guard after a collapse stop: the model in memory is the collapsed one (the warning says not to
+    save it as the result), so the recipe neither saves it to output_dir nor pushes it, and says why. A KL threshold
+    below any real KL (k2 is never negative): the adapter-disabled reference gives KL 0 at step 1, > 0 at step 2."""
+    from hf_ppo.trainer.ppo_trainer import PPOLMTrainer
+    from hf_ppo.trainer.watch import CollapseWarning
+
+    def never(self, *args, **kwargs):
+        raise AssertionError("the collapsed policy was pushed")
+
+    monkeypatch.setattr(PPOLMTrainer, "push_to_hub", never)
+    extra = {"push_to_hub": True, "hub_model_id": "me/collapsed"} if push else {}
+    config = tiny_config(tmp_path, models, prompts, max_steps=4, learning_rate=1.0, kl_estimator="k2",
+                         collapse_kl_threshold=1e-9, stop_on_collapse=True, save_strategy="steps", save_steps=1,
+                         **extra)
+    with pytest.warns(CollapseWarning, match="step 2: KL to the reference"):
+        trainer = ppo.main(["--config", config])
+    out = tmp_path / "out"
+    assert trainer.state.global_step == 2 and sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
+    assert not (out / "adapter_model.safetensors").exists() and not (out / "README.md").exists()
+    printed = capsys.readouterr().out
+    assert "stop_on_collapse" in printed and "Saved the policy" not in printed
+    assert str(out / "checkpoint-1") in printed
+
+
 # ---- recipes/ppo.py as a newcomer meets it ---------------------------------------------------------------------------
 # recipes/ppo.py as a newcomer meets it: --help, misspelled keys, relative paths, what a finished run leaves.
 
@@ -306,3 +333,128 @@ def test_dict_fields_take_json_on_the_command_line(tiny_models, tmp_path, monkey
         assert getattr(config, name) == value, name
     with pytest.raises(ValueError, match=r"reward_model_init_kwargs=.* is not valid JSON .*--reward_model_init_kwargs"):
         ppo.parse_args(["--config", "configs/run.yaml", "--reward_model_init_kwargs", '{"num_labels": 1'])
+
+
+@pytest.mark.parametrize("flag, expected", [("true", True), ("True", True), ("TRUE", True), ("false", False),
+                                            ("False", False)])
+def test_resume_from_checkpoint_flag_takes_what_the_yaml_key_takes(tiny_models, tmp_path, monkeypatch, flag, expected):
+    """Issue 49 item 4: `--resume_from_checkpoint true` is YAML's `resume_from_checkpoint: true` (the last checkpoint
+    in output_dir), `false` is no resume; neither is a folder named "true"."""
+    root = _project(tmp_path, tiny_models)
+    monkeypatch.chdir(root)
+    _, _, config = ppo.parse_args(["--config", "configs/run.yaml", "--resume_from_checkpoint", flag])
+    assert config.resume_from_checkpoint is expected
+    yaml_root = _project(tmp_path / "yaml", tiny_models, resume_from_checkpoint=expected)
+    monkeypatch.chdir(yaml_root)
+    _, _, from_yaml = ppo.parse_args(["--config", "configs/run.yaml"])
+    assert from_yaml.resume_from_checkpoint is expected
+
+
+def test_resume_from_checkpoint_true_on_the_command_line_resumes_the_last_checkpoint(tiny_models, tmp_path,
+                                                                                      monkeypatch):
+    root = _project(tmp_path, tiny_models, save_strategy="steps", save_steps=1, max_steps=2)
+    monkeypatch.chdir(root)
+    ppo.main(["--config", "configs/run.yaml"])
+    assert (root / "runs" / "out" / "checkpoint-2").is_dir()
+    resumed = ppo.main(["--config", "configs/run.yaml", "--max_steps", "3", "--resume_from_checkpoint", "True"])
+    assert resumed.state.global_step == 3
+    assert [e["step"] for e in resumed.state.log_history if "loss" in e] == [1, 2, 3]  # steps 1-2 from the checkpoint
+    fresh = ppo.main(["--config", "configs/run.yaml", "--max_steps", "1", "--resume_from_checkpoint", "false"])
+    assert fresh.state.global_step == 1
+
+
+@pytest.mark.parametrize("extra, loader", [({"use_peft": False}, "AutoModelForCausalLM"),
+                                           ({"push_merged_model": True}, "AutoModelForCausalLM"),
+                                           ({}, "AutoPeftModelForCausalLM")])
+def test_the_push_line_loads_what_was_pushed(tiny_models, tmp_path, monkeypatch, capsys, local_hub, hub_token, extra,
+                                             loader):
+    """Issue 49 item 11: after `push_to_hub: true` the console said AutoPeftModelForCausalLM for every policy; full
+    weights (a run without LoRA, or a merged adapter) load with AutoModelForCausalLM, and the line printed loads it."""
+    from tests.hub_fixtures import TEST_USER
+
+    repo = f"{TEST_USER}/pushed-{loader.lower()}-{len(extra)}"
+    root = _project(tmp_path, tiny_models, push_to_hub=True, hub_model_id=repo, **extra)
+    monkeypatch.chdir(root)
+    ppo.main(["--config", "configs/run.yaml", "--hub_token", hub_token])
+    printed = capsys.readouterr().out
+    line = next(line for line in printed.splitlines() if "load it:" in line)
+    assert f"{loader}.from_pretrained({repo!r})" in line, printed
+    assert ("AutoPeftModelForCausalLM" in line) == (loader == "AutoPeftModelForCausalLM")
+    code = line.split("load it:", 1)[1].strip()
+    namespace: dict = {}
+    exec(code.replace(f"{repo!r}", f"{repo!r}, token={hub_token!r}"), namespace)  # the line, as printed, loads it
+    assert namespace["model"].config.vocab_size > 0
+
+
+# ---- the YAML's prompt settings reach the record; user errors are one line, before loading --------------------------
+def test_the_yaml_system_prompt_and_prompt_column_reach_the_run_record(tmp_path, models):
+    data = write_jsonl(tmp_path / "q.jsonl", [{"question": f"the movie was {i}", "answer": "x"} for i in range(4)])
+    config = tiny_config(tmp_path, models, data, prompt_column="question", system_prompt="Be brief.",
+                         max_steps=1)
+    trainer = ppo.main(["--config", config, "--max_completion_length", "3", "--response_length", "3"])
+    assert trainer.args.response_length == 3  # TRL GRPO's max_completion_length is response_length (one value)
+    assert trainer.train_dataset[0]["prompt"][0] == {"role": "system", "content": "Be brief."}
+    record = json.loads((tmp_path / "out" / "hf_ppo_run.json").read_text())
+    assert record["prompts"]["column"] == "question" and record["prompts"]["system_prompt"] == "Be brief."
+    assert record["sampling"]["response_length"] == 3
+
+
+@pytest.mark.parametrize("rows, extra, expected", [
+    ([{"text": "the movie was"}] * 4, {}, r"no column 'prompt'; its columns are \['text'\]"),
+    ([{"prompt": "the movie was"}] * 4, {"reward_funcs": ["rewards.py:broken"]}, r"'broken' raised KeyError"),
+    ([{"prompt": "the movie was"}] * 4, {"reward_funcs": ["rewards.py:words"]}, r"'words'.*not a number|'words'"),
+])
+def test_user_errors_stop_the_command_in_one_line_before_any_model_loads(tmp_path, models, monkeypatch, capsys,
+                                                                         rows, extra, expected):
+    """A wrong column or a reward function that fails its probe ended in a 5-10 frame traceback, after the models
+    had loaded (27-73 s): one line, before any model loads."""
+    import re
+
+    from hf_ppo.cli import train
+
+    (tmp_path / "rewards.py").write_text("def broken(prompts, completions, **kw):\n    return [kw['nope']] * "
+                                         "len(prompts)\n\ndef words(prompts, completions, **kw):\n    return "
+                                         "['many'] * len(prompts)\n")
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    config = {"dataset_name": data, "model_name_or_path": models["policy"], "output_dir": str(tmp_path / "out"),
+              **TINY_RUN, **(extra or {"reward_model_name_or_path": models["reward"]})}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setattr(train.PPOLMTrainer, "__init__", lambda *a, **k: pytest.fail("a model loaded"))
+    with pytest.raises(SystemExit) as stop:
+        train.run(["--config", str(tmp_path / "run.yaml")], command="hf-ppo train")
+    message = str(stop.value.code)
+    assert message.startswith("hf-ppo train: error: ") and re.search(expected, message), message
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_max_completion_length_is_response_length_and_both_at_once_are_refused(tmp_path):
+    from hf_ppo import PPOConfig
+
+    assert PPOConfig(output_dir=str(tmp_path), max_completion_length=128, report_to=[]).response_length == 128
+    with pytest.raises(ValueError, match="max_completion_length=128 and response_length=64 both set"):
+        PPOConfig(output_dir=str(tmp_path), max_completion_length=128, response_length=64, report_to=[])
+
+
+def test_hf_ppo_train_into_a_folder_a_live_run_holds_stops_before_anything_loads(tiny_models, tmp_path,
+                                                                                  monkeypatch):
+    """Issue 49 item 1, on the command line: the refusal is one line (`ConfigError`) before any model loads, naming the
+    process that holds output_dir and the flag that picks another."""
+    import socket
+    import subprocess
+
+    root = _project(tmp_path, tiny_models)
+    monkeypatch.chdir(root)
+    out = root / "runs" / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from hf_ppo.trainer.run_lock import acquire; lock = acquire(sys.argv[1]); "
+         "print('held', flush=True); sys.stdin.read(); lock.release()", str(out)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), str(Path(__file__).resolve().parents[2])])},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held", holder.communicate()[1][-2000:]
+        with pytest.raises(ppo.ConfigError, match=rf"in use by another hf_ppo run: process {holder.pid} on "
+                                                  rf"{socket.gethostname()}.*--output_dir PATH"):
+            ppo.parse_args(["--config", "configs/run.yaml"])
+    finally:
+        holder.communicate(input="", timeout=120)
+    ppo.parse_args(["--config", "configs/run.yaml"])  # released: the folder is free

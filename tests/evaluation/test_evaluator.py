@@ -20,7 +20,7 @@ from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.cli.command import main
 from hf_ppo.evaluation.evaluator import evaluation_metrics, pass_at_k, pass_at_k_mean, win_rate
 from hf_ppo.evaluation.report import REPORT_FILE, REPORT_MARK, metrics_markdown, write_report
-from hf_ppo.rollout.engines import make_rollout_engine
+from hf_ppo.rollout import make_rollout_engine
 from hf_ppo.rollout.reward_calls import RewardFunctionError
 from tests.scripted_engine import ScriptedEngine
 
@@ -71,7 +71,8 @@ def test_evaluate_compares_policy_and_reference_and_writes_the_report(tiny_model
     trainer = PPOLMTrainer(model=tiny_models["policy"], args=args(tmp_path, eval_strategy="steps", eval_steps=1),
                            processing_class=tokenizer, reward_model=count_e, eval_reward_model=length_judge,
                            train_dataset=PROMPTS, eval_dataset=PROMPTS)
-    assert length_judge.calls == 1  # probed once at construction, never during training's rollouts
+    # probed at construction on the training and on the evaluation prompts, never during training's rollouts
+    assert length_judge.calls == 2
     trainer.train()
     evals = [e for e in trainer.state.log_history if "eval_reward/count_e/win_rate" in e]
     assert [e["step"] for e in evals] == [1, 2]
@@ -82,7 +83,7 @@ def test_evaluate_compares_policy_and_reference_and_writes_the_report(tiny_model
     assert 0 < last["eval_reference/response_length"] <= 6 and 0 <= last["eval_policy/stop_rate"] <= 1
     # The reference is sampled once per eval set: both evaluations compared against the same responses.
     assert evals[0]["eval_reward/count_e/reference"] == evals[1]["eval_reward/count_e/reference"]
-    assert length_judge.calls == 1 + 2 * 2 + 2  # probe; 2 evaluations x 2 batches of the policy; reference once
+    assert length_judge.calls == 2 + 2 * 2 + 2  # probes; 2 evaluations x 2 batches of the policy; reference once
     text = open(os.path.join(trainer.args.output_dir, REPORT_FILE)).read()
     assert text.startswith(REPORT_MARK) and "(step 2)" in text
     assert "| reward/count_e |" in text and "| judge/length_judge |" in text
@@ -247,6 +248,39 @@ def test_none_samples_are_left_out_of_the_means_and_pass_at_k_and_counted():
     assert metrics["reward/acc/pass@2/policy"] == pytest.approx((1 + 0) / 2)  # prompt 0: C(1,2)=0, certain
     assert metrics["reward/acc/pass@4/prompts"] == 1
     assert "(1 samples left out: None, does not apply)" in metrics_markdown(metrics)
+
+
+def test_a_none_on_the_reference_side_alone_leaves_the_pair_out_of_both_sides():
+    """Only the reference's reward skipped a row (its None): the pair is not scored, so neither side's mean nor the
+    win rate reads it, and `not_applicable` counts it. By hand: rows 0 and 2 are scored; policy 1, 1 -> mean 1.0,
+    reference 0.5, 0.0 -> mean 0.25, two wins -> win rate 1.0 (reading row 1 would give 2/3, 5/6 and 2/3)."""
+    metrics = evaluation_metrics({**tensors(policy__reward_r=torch.tensor([[1.0], [0.0], [1.0]]),
+                                            reference__reward_r=torch.tensor([[0.5], [2.0], [0.0]])),
+                                  "applies:policy|reward/r": torch.ones(3, 1),
+                                  "applies:reference|reward/r": torch.tensor([[1.0], [0.0], [1.0]])})
+    assert metrics["reward/r/not_applicable"] == 1 and metrics["reward/r/nonfinite"] == 0
+    assert metrics["reward/r/policy"] == 1.0 and metrics["reward/r/reference"] == 0.25
+    assert metrics["reward/r/win_rate"] == 1.0
+
+
+def test_a_correct_sample_whose_pair_was_not_scored_is_left_out_of_pass_at_k():
+    """pass@k reads the scored pairs: a policy sample that is correct, but whose reference sample was NaN (prompt 0,
+    sample 1) or None (prompt 1, sample 0), counts neither as correct nor as a sample. By hand, each prompt has n = 3
+    scored samples: prompt 0 c = 1, prompt 1 c = 0. pass@1 = (1/3 + 0) / 2, pass@2 = (1 - C(2,2)/C(3,2) + 0) / 2 =
+    1/3; no prompt has 4 scored samples, so pass@4 is NaN over 0 prompts."""
+    policy = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    reference = torch.tensor([[0.0, math.nan, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    metrics = evaluation_metrics({**tensors(policy__reward_acc=policy, reference__reward_acc=reference),
+                                  "applies:policy|reward/acc": torch.ones(2, 4),
+                                  "applies:reference|reward/acc": torch.tensor([[1.0] * 4, [0.0, 1.0, 1.0, 1.0]])})
+    assert metrics["reward/acc/nonfinite"] == 1 and metrics["reward/acc/not_applicable"] == 1
+    assert metrics["reward/acc/pass@1/policy"] == pytest.approx(1 / 6)
+    assert metrics["reward/acc/pass@2/policy"] == pytest.approx(1 / 3)
+    assert math.isnan(metrics["reward/acc/pass@4/policy"]) and metrics["reward/acc/pass@4/prompts"] == 0
+    assert metrics["reward/acc/pass@1/reference"] == 0.0 and metrics["reward/acc/pass@2/reference"] == 0.0
+    assert metrics["reward/acc/policy"] == pytest.approx(1 / 6) and metrics["reward/acc/reference"] == 0.0
+    # 6 scored pairs: one win (prompt 0, sample 0), five ties.
+    assert metrics["reward/acc/win_rate"] == pytest.approx((1 + 0.5 * 5) / 6)
 
 
 def test_the_win_rate_pairs_samples_by_index_and_bootstraps_over_prompts():
@@ -726,3 +760,33 @@ def test_eval_kl_is_the_per_response_sum_of_policy_against_the_frozen_reference(
     expected = sum(per_response) / len(per_response)
     assert abs(expected) > 0.05  # the policy moved: a reversed, token-mean or policy-vs-policy KL reads differently
     assert metrics["eval_kl_to_reference"] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+# ---- the report names the policy's real step and shows the system prompt once -------------------------------------
+def test_the_report_names_the_step_it_is_given_or_says_it_is_not_known(tmp_path):
+    metrics = evaluation_metrics({"kl": torch.zeros(2), "policy|reward/r": torch.ones(2),
+                                  "reference|reward/r": torch.zeros(2), "policy|length": torch.ones(2),
+                                  "reference|length": torch.ones(2), "policy|stopped": torch.ones(2),
+                                  "reference|stopped": torch.ones(2)})
+    rows = [("2 + 2?", "4", {"reward/r": 0.0}, "5", {"reward/r": 1.0})]
+    path = write_report(str(tmp_path / "known"), metrics, rows, step=120, num_prompts=2, system_prompt="Be brief.")
+    text = open(path, encoding="utf-8").read()
+    assert "(step 120)" in text.splitlines()[1] and path.endswith("eval_report-step120.md")
+    assert text.count("Be brief.") == 1 and "Every prompt opens with the system prompt: Be brief." in text
+    path = write_report(str(tmp_path / "unknown"), metrics, rows, step=None, num_prompts=2)
+    assert "(training step not recorded)" in open(path, encoding="utf-8").read().splitlines()[1]
+    assert sorted(os.listdir(tmp_path / "unknown")) == [REPORT_FILE]  # no eval_report-stepNone.md
+
+
+def test_report_rows_show_the_last_user_turn_and_the_system_prompt_once(tiny_models, tokenizer, tmp_path):
+    """The rows repeated the whole decoded prompt, system prompt and template markup included, on every row."""
+    system = "You are a careful reviewer who answers in one word, always, whatever the question is."
+    chats = Dataset.from_dict({"messages": [[{"role": "user", "content": f"review {w}"}] for w in
+                                            ("the movie", "the food", "the book", "the show")]})
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args(tmp_path, system_prompt=system),
+                           processing_class=tokenizer, reward_model=count_e, eval_dataset=chats)
+    trainer.evaluate()
+    text = (tmp_path / "out" / REPORT_FILE).read_text(encoding="utf-8")
+    assert text.count(system) == 1
+    rows = [line for line in text.splitlines() if line.startswith("| review the")]
+    assert len(rows) == 4 and all("&lt;|user|&gt;" not in row for row in rows)

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import struct
+import warnings
 from pathlib import Path
 
 import pytest
@@ -345,3 +346,93 @@ def test_save_model_keeps_a_users_readme_byte_for_byte(gguf_like_base, tmp_path)
     assert (out / "README.md").read_bytes() == user
     assert (out / "adapter_model.safetensors").is_file() and not (out / cards.PLOT_FILE).exists()
     assert "Saved the policy (LoRA adapter, tokenizer) to" in printed.getvalue()
+
+
+# ---- the edges: a file of the user's that partly looks like hf_ppo's ------------------------------------------------
+PEFT_MARKS = ["# Model Card for Model ID", "<!-- Provide a quick summary of what the model is/does. -->"]
+
+
+@pytest.mark.parametrize("mark", PEFT_MARKS, ids=["heading", "summary-comment"])
+def test_a_users_readme_holding_one_of_peft_placeholder_marks_is_kept(tmp_path, mark):
+    """PEFT's blank placeholder card holds both marks; a README of the user's that holds one of them (a heading kept
+    from the Hub's template, say) is the user's own writing: kept byte for byte, with the warning, and no plot."""
+    text = f"{mark}\n\nMy notes on this run: reward model v3, two epochs.\n"
+    readme = tmp_path / "README.md"
+    readme.write_text(text)
+    assert not cards.is_replaceable_card(readme)
+    with pytest.warns(UserWarning, match="not a model card hf_ppo wrote"):
+        write_model_card(tmp_path, **card_kwargs())
+    assert readme.read_text() == text and not (tmp_path / cards.PLOT_FILE).exists()
+
+
+@pytest.mark.parametrize("tags", [["ppo"], ["rlhf"], ["ppo", "rlhf", "trl"]], ids=["ppo", "rlhf", "both"])
+def test_a_readme_tagged_ppo_or_rlhf_but_not_hf_ppo_is_the_users(tmp_path, tags):
+    """hf_ppo's card carries the tags hf_ppo, ppo and rlhf, and only `hf_ppo` marks it as hf_ppo's: the card of
+    another PPO trainer (tagged ppo / rlhf) in output_dir is the user's, kept, and the save message claims no card."""
+    from hf_ppo.hub.publish import saved_policy_message
+
+    text = "---\ntags:\n" + "".join(f"- {tag}\n" for tag in tags) + "---\n# My PPO model\n\nTrained in my own loop.\n"
+    readme = tmp_path / "README.md"
+    readme.write_text(text)
+    assert not cards.is_hf_ppo_card(readme) and not cards.is_replaceable_card(readme)
+    with pytest.warns(UserWarning, match="not a model card hf_ppo wrote"):
+        write_model_card(tmp_path, **card_kwargs())
+    assert readme.read_text() == text
+    assert "Saved the policy (LoRA adapter, tokenizer) to" in saved_policy_message(tmp_path, is_adapter=True)
+
+
+def test_hf_ppos_own_unstamped_plot_beside_its_own_card_is_redrawn(tmp_path):
+    """A plot drawn before hf_ppo stamped its plots has no stamp, but beside hf_ppo's own card it is hf_ppo's: a
+    later save redraws it (stamped now), silently, and the card shows it."""
+    from PIL import Image
+
+    write_model_card(tmp_path, **card_kwargs())
+    plot = tmp_path / cards.PLOT_FILE
+    Image.new("RGB", (8, 8), "white").save(plot)  # an earlier hf_ppo's plot: a PNG without the stamp
+    assert not cards.is_hf_ppo_plot(plot) and cards.is_hf_ppo_card(tmp_path / "README.md")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        write_model_card(tmp_path, **card_kwargs())
+    assert not [str(w.message) for w in record if "not a plot hf_ppo drew" in str(w.message)]
+    assert cards.is_hf_ppo_plot(plot) and png_size(plot) != (8, 8)
+    assert cards.PLOT_FILE in (tmp_path / "README.md").read_text()
+
+
+# ---- a card that says what the run was ------------------------------------------------------------------------------
+def test_the_card_of_a_reward_function_run_names_them_its_dataset_and_its_system_prompt(gguf_like_base, tmp_path):
+    """It said "from human feedback" and "reward model" for a run with reward functions only, "datasets: not
+    recorded" for a local file, and its example left out the system prompt the policy was trained under."""
+    system = 'Answer "yes" or "no".\nNothing else.'
+    out = tmp_path / "run"
+    args = PPOConfig(output_dir=str(out), per_device_train_batch_size=4, num_mini_batches=1, num_ppo_epochs=1,
+                     max_steps=1, response_length=4, logging_steps=1, report_to=[], save_strategy="no",
+                     num_sample_generations=0, disable_tqdm=True, seed=0, system_prompt=system)
+    trainer = PPOLMTrainer(model=str(gguf_like_base), args=args, reward_model=count_e, train_dataset=CHAT,
+                           peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                  task_type="CAUSAL_LM"))
+    trainer.train()
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.save_model()
+    trainer.create_model_card(dataset_name=str(data))
+    with pytest.raises(TypeError, match="license"):  # Trainer's argument, which the card has no place for
+        trainer.create_model_card(license="mit")
+    text = (out / "README.md").read_text()
+    assert "human feedback" not in text and "| reward model |" not in text and "reward model" not in text
+    assert "| reward function | a reward function (`count_e`) |" in text and "with reward functions" in text
+    assert "| datasets | a local dataset |" in text and str(tmp_path) not in text
+    code = card_code(text).replace('"path/to/run"', repr(str(out)))
+    assert json.dumps(system) in code
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(code, "card example", "exec"), {})  # it runs, system prompt and all
+
+
+def test_the_card_names_reward_models_and_functions_as_what_they_are(tmp_path):
+    from hf_ppo.hub.cards import reward_texts
+
+    assert reward_texts(["org/rm"])["reward_source_text"] == "from human feedback"
+    assert reward_texts(["org/rm", "reward function f"])["reward_label"] == "rewards"
+    assert reward_texts(["reward function f", "reward function g"])["reward_label"] == "reward functions"
+    write_model_card(tmp_path, **card_kwargs())
+    assert "from human feedback" in (tmp_path / "README.md").read_text()  # a reward model run: RLHF, as before

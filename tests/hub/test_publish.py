@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ from hf_ppo.hub.cards import write_model_card
 from hf_ppo.hub.publish import (
     POLICY_ALLOW_PATTERNS,
     HubPushError,
+    make_base_path_absolute,
     published_policy_files,
     push_policy_folder,
     resolve_repo_id,
@@ -116,6 +118,28 @@ def test_endpoint_is_the_local_hub():
 def test_policy_files_are_top_level_policy_files_only(adapter_folder):
     assert set(published_policy_files(adapter_folder)) == ADAPTER_FILES
     assert "model*.safetensors" in POLICY_ALLOW_PATTERNS
+
+
+def test_a_hub_id_base_stays_an_id_and_a_relative_folder_becomes_absolute(tmp_path, monkeypatch):
+    """`make_base_path_absolute` (the save path's last step): a base given as a relative folder is rewritten as its
+    absolute path, so the adapter loads from any directory; a Hub id stays an id (made absolute, `<cwd>/org/base`
+    would load on no machine) and adapter_config.json is left byte for byte as PEFT wrote it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "base").mkdir(parents=True)
+    for base in ["org/base", "gpt2"]:
+        folder = tmp_path / f"adapter-{base.replace('/', '-')}"
+        folder.mkdir()
+        written = json.dumps({"base_model_name_or_path": base, "peft_type": "LORA"})
+        (folder / "adapter_config.json").write_text(written)
+        assert make_base_path_absolute(folder) == base
+        assert (folder / "adapter_config.json").read_text() == written
+    local = tmp_path / "adapter-local"
+    local.mkdir()
+    (local / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "models/base"}))
+    recorded = make_base_path_absolute(local)
+    assert os.path.isabs(recorded) and os.path.samefile(recorded, tmp_path / "models" / "base")
+    assert json.loads((local / "adapter_config.json").read_text())["base_model_name_or_path"] == recorded
+    assert make_base_path_absolute(tmp_path / "models") is None  # no adapter there
 
 
 # ---- Round trips ----------------------------------------------------------------------------------------------------

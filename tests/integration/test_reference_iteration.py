@@ -103,6 +103,7 @@ def test_one_iteration_matches_the_plain_reference(name, paths, tmp_path):
     expected["scores"] = torch.tensor([s["score"] for s in seqs])
     for field in ("logprobs", "ref_logprobs", "values", "rewards", "non_score_rewards", "advantages", "returns"):
         expected[field] = torch.tensor([s[field] + [0.0] * (R - s["n"]) for s in seqs])
+    expected["sampling_logprobs"] = expected["logprobs"]  # the engine sampled the policy itself
     names = {f.name for f in dataclasses.fields(batch)}
     assert names == set(expected), f"RolloutBatch fields not pinned by this test: {names ^ set(expected)}"
 
@@ -111,7 +112,7 @@ def test_one_iteration_matches_the_plain_reference(name, paths, tmp_path):
         got = getattr(batch, field)
         if want.dtype == torch.bool or want.dtype == torch.long:
             assert torch.equal(got.cpu(), want), field
-        elif field in ("logprobs", "ref_logprobs", "values"):  # undefined at padding
+        elif field in ("logprobs", "ref_logprobs", "values", "sampling_logprobs"):  # undefined at padding
             torch.testing.assert_close(got[mask].float(), want[mask].float(), **TIGHT, msg=field)
         else:  # rewards, advantages, returns: documented as 0 at padding
             torch.testing.assert_close(got.float(), want.float(), **TIGHT, msg=field)

@@ -256,3 +256,18 @@ def test_the_site_builds_strict(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                             cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+
+def test_the_docs_say_what_a_first_verifiable_run_needs():
+    """Issue 50: the README's "accuracy_reward runs unchanged" said nothing of its `solution` column and `\\boxed{}`
+    answers; a local held-out file was documented in --help alone; the guide did not say that a verifiable reward
+    usually needs a format reward or a few-shot prompt at first, nor which reward the SmolLM2 table used."""
+    readme = (ROOT / "README.md").read_text()
+    bullet = readme[readme.index("trl.rewards.accuracy_reward"):][:400]
+    assert "`solution`" in bullet and "\\boxed{" in bullet and "math-verify" in bullet
+    command = (DOCS / "getting-started" / "command.md").read_text()
+    assert "dataset_test_split: test.jsonl" in command and "max_completion_length" in command
+    guide = (DOCS / "guides" / "verifiable-rewards.md").read_text()
+    assert "format reward" in guide and "few-shot" in guide and "answer_score" in guide
+    assert "frac_reward_zero_std" in (DOCS / "reference" / "metrics.md").read_text()
+    assert "NoSignalWarning" in (DOCS / "guides" / "errors.md").read_text()

@@ -124,7 +124,7 @@ def test_the_gsm8k_recipe_parses_and_names_its_reward():
     assert model_args.reward_funcs == ["hf_ppo.rewards.exact_answer"] and model_args.reward_model_name_or_path is None
     assert [f.func for f in model_args.loaded_reward_funcs] == [exact_answer]
     assert config.critic in ("shared", "separate") and config.advantage_estimator == "gae"
-    assert "####" in script_args.system_prompt
+    assert "####" in config.system_prompt
     assert config.rollout_batch_size == 256 and config.optimizer_steps_per_iteration == 4
     assert config.max_steps % config.optimizer_steps_per_iteration == 0
 
@@ -230,3 +230,36 @@ def test_hf_ppo_train_gives_the_system_prompt_and_the_answer_column_to_reward_fu
 
     calls = [m for name, m in sys.modules.items() if getattr(m, "__file__", None) == str(tmp_path / "rewards.py")]
     assert calls and sum(calls[0].CALLS) >= 4
+
+
+def test_float_answers_compare_as_the_decimals_they_were_written_as():
+    """Issue 49 item 2: a float in the `answer` column is the decimal it was written as (0.1, not its binary
+    fraction 3602879701896397/36028797018963968), whatever float type holds it."""
+    import numpy as np
+
+    answers = [0.1, 0.3, np.float64(1.1), np.float32(2.5), np.float32(0.1), 12.0, 1e-07, -0.75]
+    written = ["0.1", "0.3", "1.1", "2.5", "0.1", "12", "0.0000001", "-3/4"]
+    assert exact_answer([f"#### {w}" for w in written], answers) == [1.0] * len(answers)
+    assert reference_answer(0.1) == Fraction(1, 10) and reference_answer(np.float64(1.1)) == Fraction(11, 10)
+    assert exact_answer(["#### 0.1000000000000000055511151231257827"], [0.1]) == [0.0]
+    assert reference_answer(np.int64(7)) == 7 and reference_answer(Fraction(1, 3)) == Fraction(1, 3)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_float_answer_is_an_error_naming_the_row(bad):
+    with pytest.raises(ValueError, match="row 1.*not a finite number"):
+        exact_answer(["#### 1", "#### 2"], [1, bad])
+
+
+@pytest.mark.parametrize("token, expected", [("1,234", 1234), ("12,345,678", 12345678), ("-1,234.5", Fraction(2469, -2)),
+                                             ("1,5", None), ("1,23", None), ("12,34,567", None), ("1234,567", None),
+                                             ("1,2345", None), (",5", None), ("1,,000", None)])
+def test_only_proper_thousands_separators_are_removed(token, expected):
+    assert parse_number(token) == expected
+
+
+def test_a_comma_that_is_no_thousands_separator_is_no_answer():
+    assert extract_answer("#### 1,5") is None
+    assert exact_answer(["#### 1,5", "#### 1,500", "#### 15"], ["15", "1500", "15"]) == [0.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="row 0"):
+        reference_answer("1,5", 0)

@@ -333,3 +333,24 @@ def test_trainer_with_the_static_engine_starts_at_ratio_1_and_kl_0(tiny_models, 
     trainer.train()
     first = trainer.state.log_history[0]
     assert first["objective/kl"] == 0.0 and first["val/ratio"] == 1.0
+
+
+# ---- the engines report their progress per decoded token, to whoever listens --------------------------------------
+@pytest.mark.parametrize("engine", ["kv_cache", "static"])
+def test_sampling_reports_rows_and_tokens_per_decode_step(engine, policy, tokenizer):
+    from hf_ppo.rollout.engines import sampling_progress
+
+    cls = KVCacheSampler if engine == "kv_cache" else StaticCacheSampler
+    extra = {} if engine == "kv_cache" else {"compile": False}
+    sampler = cls(response_length=5, temperature=1.0, top_k=None, top_p=1.0, pad_token_id=tokenizer.pad_token_id,
+                  stop_token_ids=None, batch_size=2, **extra)
+    queries = torch.tensor([[5, 6, 7]] * 3)
+    mask = torch.ones_like(queries, dtype=torch.bool)
+    seen = []
+    with sampling_progress(lambda *args: seen.append(args)):
+        sampler.generate(policy, queries, mask)
+    # two passes (rows 0-1, then row 2), 5 tokens each, never a stop token
+    assert seen == [(0, 2, 3, t, 5) for t in range(1, 6)] + [(2, 3, 3, t, 5) for t in range(1, 6)]
+    seen.clear()
+    sampler.generate(policy, queries, mask)  # nobody listens: nothing reported
+    assert seen == []

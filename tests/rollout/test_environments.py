@@ -74,6 +74,24 @@ def test_rewards_are_credited_to_the_policy_token_that_led_to_them():
         credit_to_policy_tokens(torch.tensor([1.0, 0.0]), torch.tensor([False, True]))
 
 
+def test_a_negative_reward_is_credited_as_it_is_and_summed_with_the_others_by_hand():
+    """A penalty (a negative reward, e.g. a failed tool call) is credited like any reward: to the policy token at or
+    before it, summed with the others credited there. By hand: mask [1, 1, 0, 0, 1, 0] gives the owners
+    [0, 1, 1, 1, 4, 4]; rewards [0, 0, -1.5, 0.5, 0, -2] -> token 1 gets -1.5 + 0.5 = -1.0, token 4 gets -2.0. A
+    negative reward before the policy's first token is refused as a positive one is."""
+    mask = torch.tensor([True, True, False, False, True, False])
+    rewards = torch.tensor([0.0, 0.0, -1.5, 0.5, 0.0, -2.0])
+    assert credit_to_policy_tokens(rewards, mask).tolist() == [0.0, -1.0, 0.0, 0.0, -2.0, 0.0]
+    with pytest.raises(ValueError, match="before the policy's first token"):
+        credit_to_policy_tokens(torch.tensor([-1.0, 0.0]), torch.tensor([False, True]))
+    # collate: the same credit in the batch's step_rewards, zeros in the padding and for a sample without rewards.
+    samples = [EnvSample(torch.tensor([10, 11, 7, 8, 12, 13]), mask, -0.5, rewards),
+               EnvSample(torch.tensor([10, 11]), torch.tensor([True, True]), 1.0)]
+    out = collate(samples, 2, 8, 0, "cpu")
+    assert out.step_rewards.tolist() == [[0.0, -1.0, 0.0, 0.0, -2.0, 0.0, 0.0, 0.0], [0.0] * 8]
+    assert out.scores.tolist() == [-0.5, 1.0] and out.given.tolist() == [True, True]
+
+
 @pytest.mark.parametrize("samples, message", [
     ([EnvSample(torch.tensor([1, 2]), torch.tensor([True, True]))], "1 samples for 2 prompts"),
     ([EnvSample(torch.tensor([1, 2]), torch.tensor([True]))] * 2, "a policy_mask of 1"),

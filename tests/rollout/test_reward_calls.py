@@ -270,6 +270,142 @@ def test_an_exception_at_the_probe_fails_construction(tiny_models, tokenizer, tm
         trainer_for(tiny_models, tokenizer, tmp_path, reward=broken)
 
 
+# ---- TRL's reward functions whole -----------------------------------------------------------------------------------
+def test_async_reward_functions_are_awaited_together(tokenizer):
+    """Two `async def` functions that each wait for the other: awaited one after the other, the first would wait for
+    ever (a 60 s guard turns that into a failure, not a hang); awaited together, both finish."""
+    import asyncio
+
+    events = {}
+
+    async def first(completions, **kwargs):
+        events.setdefault("first", asyncio.Event()).set()
+        await asyncio.wait_for(events.setdefault("second", asyncio.Event()).wait(), 60)
+        return [1.0] * len(completions)
+
+    async def second(completions, **kwargs):
+        events.setdefault("second", asyncio.Event()).set()
+        await asyncio.wait_for(events.setdefault("first", asyncio.Event()).wait(), 60)
+        return [2.0] * len(completions)
+
+    rewards = RewardSet([first, second], [None, None], ["first", "second"], [1.0, 1.0])
+    combined, raw = rewards.score(**rows_of(tokenizer, ["x", "y"], ["u", "v"]))
+    assert combined.tolist() == [3.0, 3.0] and raw["second"].tolist() == [2.0, 2.0]
+
+
+def test_an_async_function_that_raises_names_itself_and_the_row(tokenizer):
+    async def picky(completions, answer, **kwargs):
+        if "7" in answer:
+            raise ValueError("seven")
+        return [1.0] * len(completions)
+
+    with pytest.raises(RewardFunctionError, match=r"'picky' raised ValueError: seven - first on row 1 alone"):
+        RewardSet.single(picky).score(**rows_of(tokenizer, ["x", "y"], ["u", "v"]), columns={"answer": ["1", "7"]})
+
+
+def test_trls_keywords_reach_the_functions_that_accept_them(tiny_models, tokenizer, tmp_path, capsys):
+    seen = {"steps": [], "kwargs": set()}
+
+    def shaped(completions, trainer_state, log_metric, log_extra):  # no **kwargs: only what it names
+        seen["steps"].append(trainer_state.global_step)
+        log_metric("shaped/calls", 1.0)
+        log_extra("shaped_note", ["n"] * len(completions))
+        return [0.5] * len(completions)
+
+    async def everything(completions, **kwargs):  # awaited, in training as at the construction probe
+        seen["kwargs"] |= set(kwargs)
+        return [0.0] * len(completions)
+
+    def positional(prompts, completions):  # hf_ppo's own convention: nothing more than the two lists
+        return [0.0] * len(completions)
+
+    trainer = trainer_for(tiny_models, tokenizer, tmp_path, reward=[shaped, everything, positional], max_steps=2,
+                          num_mini_batches=1, num_sample_generations=1)
+    trainer.train()
+    assert "shaped_note" in capsys.readouterr().out  # log_extra: a column of the sample table
+    assert {"trainer_state", "log_metric", "log_extra", "completion_ids", "answer"} <= seen["kwargs"]
+    assert seen["steps"] == [0, 0, 1]  # the probe, then the live state at each of the two rollouts
+    assert logged(trainer, "shaped/calls") == [1.0, 1.0]  # logged under the name given, as TRL does
+    # TRL's names for the combined reward beside each function's own
+    assert logged(trainer, "reward") and logged(trainer, "reward_std") and logged(trainer, "rewards/shaped/mean")
+
+
+def test_each_function_gets_its_own_copy_of_the_prompts_and_columns(tokenizer):
+    seen = []
+
+    def vandal(prompts, completions, meta, **kwargs):
+        prompts[0][0]["content"] = "changed"
+        meta[0]["tags"].append("changed")
+        return [0.0] * len(completions)
+
+    def reader(prompts, completions, meta, **kwargs):
+        seen.append((prompts[0][0]["content"], list(meta[0]["tags"])))
+        return [0.0] * len(completions)
+
+    chat = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]]
+    meta = [{"tags": ["a"]}, {"tags": ["b"]}]
+    batch = rows_of(tokenizer, ["hi", "yo"], ["u", "v"])
+    batch["prompts"] = chat
+    RewardSet([vandal, reader], [None, None], ["vandal", "reader"], [1.0, 1.0]).score(**batch,
+                                                                                       columns={"meta": meta})
+    assert seen == [("hi", ["a"])]
+    assert chat[0][0]["content"] == "hi" and meta[0]["tags"] == ["a"]  # the batch itself is untouched
+
+
+def test_a_wrong_return_names_the_function(tokenizer):
+    import numpy as np
+
+    def labels(completions, **kwargs):
+        return np.array(["good"] * len(completions))
+
+    def zero_d(completions, **kwargs):
+        return [np.array("1.0") for _ in completions]
+
+    batch = rows_of(tokenizer, ["x", "y"], ["u", "v"])
+    with pytest.raises(TypeError, match=r"The reward function 'labels' returned a numpy array of strings \(dtype <U4"):
+        RewardSet.single(labels).score(**batch)
+    with pytest.raises(TypeError, match=r"The reward function 'zero_d' returned a non-number at position 0"):
+        RewardSet.single(zero_d).score(**batch)
+
+
+def test_a_function_named_reward_keeps_its_own_metric_beside_the_combined_one(tiny_models, tokenizer, tmp_path):
+    def reward(completions, **kwargs):  # TRL's usual name
+        return [2.0] * len(completions)
+
+    def other(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    trainer = trainer_for(tiny_models, tokenizer, tmp_path, reward=[reward, other], reward_weights=[1.0, 0.5],
+                          max_steps=2, num_mini_batches=1)
+    trainer.train()
+    assert logged(trainer, "reward") == [2.5, 2.5] and logged(trainer, "rewards/reward/mean") == [2.0, 2.0]
+    from hf_ppo.trainer.progress import PPOProgressCallback
+
+    bar = PPOProgressCallback(trainer.args)
+    bar.training_bar = tqdm(total=1, file=io.StringIO())
+    bar.caption(trainer.state, trainer.state.log_history[0])
+    assert bar.training_bar.postfix.startswith("reward=2.500, reward_mean=2.000")
+
+
+def test_a_partial_is_named_after_its_function_as_trl_names_it(tokenizer):
+    import functools
+
+    def scaled(completions, scale, **kwargs):
+        return [scale] * len(completions)
+
+    rewards = RewardSet([functools.partial(scaled, scale=2.0)], [None], ["x"], [1.0])
+    assert RewardSet.single(functools.partial(scaled, scale=2.0)).names == ["scaled"]
+    assert rewards.identities() == [{"name": "x", "function": f"{__name__}.{scaled.__qualname__}"}]
+
+
+def test_a_column_only_the_evaluation_split_lacks_fails_at_construction(tiny_models, tokenizer, tmp_path):
+    evaluation = Dataset.from_dict({"prompt": ["the movie number 1 was"]})
+    with pytest.raises(TypeError, match=r"'exact' needs a parameter 'answer'.*\['prompt'\]|"
+                                        r"'exact' needs a parameter 'answer'.*on eval_dataset"):
+        PPOLMTrainer(model=tiny_models["policy"], args=args_for(tmp_path), processing_class=tokenizer,
+                     reward_model=exact, train_dataset=answers_dataset(), eval_dataset=evaluation)
+
+
 # ---- 2-process DDP ---------------------------------------------------------------------------------------------------
 DRIVER = textwrap.dedent("""
     import faulthandler; faulthandler.enable()  # a crash prints each thread's Python stack
@@ -306,3 +442,27 @@ def test_two_ddp_processes_keep_columns_aligned(tiny_models, tmp_path):
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_size"] for r in reports] == [2, 2]
     assert all(r["calls"] >= 4 for r in reports)  # each rank's rows checked by `exact`
+
+
+def test_a_prefill_leads_the_completion_reward_functions_get_as_in_trl():
+    """Issue 49 item 3: for a chat prompt ending with an assistant turn (a prefill the policy continues), TRL gives
+    reward functions the prompt without that turn and the completion as prefill + generated text; exact_answer then
+    reads "The answer is #### 4" whole. The dataset's own prompt is left as it is."""
+    from hf_ppo.rewards import exact_answer
+    from hf_ppo.rollout.reward_calls import call_reward
+
+    user = {"role": "user", "content": "What is 2 + 2?"}
+    prompts = [[user, {"role": "assistant", "content": "The answer is ####"}], [user]]
+    seen = {}
+
+    def reward(prompts, completions, answer, **kwargs):
+        seen.update(prompts=prompts, completions=completions)
+        return exact_answer(completions, answer)
+
+    scores = call_reward(reward, "reward", prompts=prompts, prompt_texts=["q", "q"], texts=[" 4", "#### 4"],
+                         completion_ids=[[1], [1]], columns={"answer": ["4", "4"]})
+    assert scores == [1.0, 1.0]
+    assert seen["prompts"] == [[user], [user]]
+    assert seen["completions"] == [[{"role": "assistant", "content": "The answer is #### 4"}],
+                                   [{"role": "assistant", "content": "#### 4"}]]
+    assert prompts[0][-1] == {"role": "assistant", "content": "The answer is ####"}  # untouched

@@ -2,6 +2,7 @@
 
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -621,8 +622,8 @@ def test_weights_of_another_length_are_refused(tiny_models, tokenizer, tmp_path)
 
 
 def test_a_bad_callable_in_the_list_is_named(tiny_models, tokenizer, tmp_path):
-    with pytest.raises(TypeError, match=r"Reward 'bad_reward' \(reward_model\[1\]\): The reward function returned "
-                                        r"dict"):
+    with pytest.raises(TypeError, match=r"Reward 'bad_reward' \(reward_model\[1\]\): The reward function "
+                                        r"'bad_reward' returned dict"):
         make_trainer(tiny_models, tokenizer, tmp_path, [count_e, bad_reward])
     with pytest.raises(TypeError, match=r"Reward 'list' \(reward_model\[0\]\).*one flat list"):
         make_trainer(tiny_models, tokenizer, tmp_path, [[count_e], count_e])
@@ -694,5 +695,98 @@ def test_card_lists_every_reward(tmp_path):
     write_model_card(tmp_path, repo_id="me/tuned", base_model="org/policy", reward_model=sources["reward_model"],
                      ref_model=None, dataset_names=[], peft_config=None, hyperparameters={}, log_history=[])
     card = (tmp_path / "README.md").read_text()
-    assert "| reward model | [org/reward-a](https://huggingface.co/org/reward-a), a reward function (`count_e`) |" in card
+    # A reward model and a function: the row says "rewards", and names each as what it is.
+    assert "| rewards | [org/reward-a](https://huggingface.co/org/reward-a), a reward function (`count_e`) |" in card
     assert os.path.isfile(tmp_path / "README.md")
+
+
+# ---- documented values, worked out by hand -------------------------------------------------------------------------
+def test_reward_names_and_their_repeats_are_the_documented_values():
+    """`reward_name` and `unique_names` give the names docs/concepts/rewards.md promises: an id or path's last part, a
+    function's `__name__` (a lambda's without its brackets), a model's `name_or_path` last part, else the class
+    name; a repeat gets `_2`, `_3`, skipping a number another reward already goes by."""
+    from types import SimpleNamespace
+
+    from hf_ppo.rollout.scoring import reward_name, unique_names
+
+    class Judge:
+        def __call__(self, prompts, completions):
+            return [0.0] * len(completions)
+
+    given = ["org/rm", "./local/rm/", "C:\\models\\rm", SimpleNamespace(name_or_path="other/rm"), count_e,
+             lambda p, c: [0.0] * len(c), lambda p, c: [1.0] * len(c), Judge()]
+    names = [reward_name(r) for r in given]
+    assert names == ["rm", "rm", "rm", "rm", "count_e", "lambda", "lambda", "Judge"]
+    assert unique_names(names) == ["rm", "rm_2", "rm_3", "rm_4", "count_e", "lambda", "lambda_2", "Judge"]
+    assert unique_names(["acc", "acc", "acc_2"]) == ["acc", "acc_3", "acc_2"]  # the docs' own example
+    assert unique_names(["a", "a", "a", "a_2", "a_3"]) == ["a", "a_4", "a_5", "a_2", "a_3"]
+    assert unique_names(["b", "b_2", "b", "b_2"]) == ["b", "b_2", "b_3", "b_2_2"]
+
+
+def test_normalize_each_reward_with_a_none_row_by_hand(tokenizer):
+    """The combined score with `normalize_each_reward` when one reward returns None for some rows: each reward is
+    normalised by the statistics of the rows it applies to, and a None row's term is left out (not its normalised
+    0.0, which is -mean/std). By hand: `half` applies to rows 0-1 (1, 3: mean 2, std 1 -> -1, 1); `bonus` to all four
+    (4, 4, 2, 6: mean 4, std sqrt(2) -> 0, 0, -sqrt(2), sqrt(2)); weights 2 and 0.5."""
+    def half(prompts, completions, kind, **kwargs):
+        return [None if k is None else float(k) for k in kind]
+
+    def bonus(prompts, completions, extra, **kwargs):
+        return [float(e) for e in extra]
+
+    rewards = RewardSet([half, bonus], [None, None], ["half", "bonus"], [2.0, 0.5], normalize_each=True)
+    batch = batch_of(tokenizer, PROMPTS, [" a", " b", " c", " d"])
+    combined, raw = rewards.score(**batch, tokenizer=tokenizer, prompts=PROMPTS, batch_size=4, gather=lambda t: t,
+                                  columns={"kind": [1, 3, None, None], "extra": [4, 4, 2, 6]})
+    root2 = 2 ** 0.5
+    assert raw["half"].tolist() == [1.0, 3.0, 0.0, 0.0] and raw["bonus"].tolist() == [4.0, 4.0, 2.0, 6.0]
+    assert (rewards.moments[0].mean, rewards.moments[0].var, rewards.moments[0].count) == (2.0, 1.0, 2)
+    assert (rewards.moments[1].mean, rewards.moments[1].var, rewards.moments[1].count) == (4.0, 2.0, 4)
+    assert combined.tolist() == pytest.approx([2 * -1.0, 2 * 1.0, 0.5 * -root2, 0.5 * root2], abs=1e-6)
+    # Evaluation (no gather): the statistics as they are, a None row's term left out all the same.
+    combined, _ = rewards.score(**batch, tokenizer=tokenizer, prompts=PROMPTS, batch_size=4,
+                                columns={"kind": [None, 5, 1, None], "extra": [4, 4, 4, 4]})
+    assert combined.tolist() == pytest.approx([0.0, 2 * 3.0, 2 * -1.0, 0.0], abs=1e-6)
+    assert rewards.moments[0].count == 2 and rewards.moments[1].count == 4
+
+
+def test_a_chat_reward_model_reads_a_prefill_and_its_continuation_as_one_answer(tiny_models, tokenizer):
+    """Issue 49 item 3: a prompt ending with an assistant turn ("The answer is") is continued by the policy; the reward
+    model's chat input is that one assistant turn, prefill + continuation, not the prefill closed and the completion
+    in a second assistant turn."""
+    from hf_ppo.cli.tiny import build_reward_model, build_tokenizer
+
+    reward_tok = build_tokenizer(vocab_size=300, chat_template="{% for m in messages %}[{{ m['role'] }}] "
+                                 "{{ m['content'] }}\n{% endfor %}")
+    model = build_reward_model(reward_tok).eval()
+    prefilled = CHAT + [{"role": "assistant", "content": "The answer is"}]
+    query = tokenizer.apply_chat_template(prefilled, tokenize=False, continue_final_message=True)
+    batch = rollout_of(tokenizer, [query], [ANSWER])
+    batch["queries"], batch["query_mask"] = batch["queries"][:, 1:], batch["query_mask"][:, 1:]  # no second BOS
+    score = score_responses(model, **batch, tokenizer=tokenizer, prompts=[prefilled], batch_size=4,
+                            reward_tokenizer=reward_tok)
+    text = "[user] the movie was\n[assistant] The answer is great fun\n"
+    with torch.no_grad():
+        expected = model(**reward_tok(text, return_tensors="pt", add_special_tokens=False)).logits[0, 0]
+    torch.testing.assert_close(score[0], expected, rtol=1e-5, atol=1e-5)
+
+
+# ---- a NaN/inf score of one row --------------------------------------------------------------------------------------
+def test_a_nonfinite_score_warns_once_per_reward_and_never_moves_the_statistics():
+    from hf_ppo.algorithms.ppo_math import RunningMoments
+    from hf_ppo.rollout.scoring import shape_scores
+
+    rewards = RewardSet([None, None], [None, None], ["exact", "fmt"], [1.0, 1.0], normalize_each=True)
+    each = {"exact": (torch.tensor([1.0, float("inf"), 3.0]), torch.tensor([True, True, True])),
+            "fmt": (torch.tensor([0.0, 0.0, float("nan")]), torch.tensor([True, True, False]))}  # NaN where None
+    with pytest.warns(UserWarning, match=r"The reward 'exact' returned inf for row 1 of the batch \(prompt 'b'\)"):
+        combined = rewards.combine(each, ["a", "b", "c"], gather=lambda t: t)
+    assert torch.isfinite(combined).tolist() == [True, False, True]  # the row leaves the update (steps.py)
+    assert rewards.moments[0].count == 2 and rewards.moments[1].count == 2  # only finite scores of rows that apply
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per reward: no second warning
+        rewards.combine(each, ["a", "b", "c"], gather=lambda t: t)
+    moments = RunningMoments()
+    shaped = shape_scores(torch.tensor([1.0, float("inf"), 3.0]), reward_moments=moments, reward_clip=None,
+                          gather=lambda t: t)
+    assert moments.count == 2 and moments.mean == 2.0 and not torch.isfinite(shaped[1])

@@ -203,8 +203,10 @@ def test_rollout_stats_are_exactly_rollout_stats_and_finite(scripted_rollout):
         "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward", "objective/scores",
         "rollout/response_length", "rollout/eos_rate", "val/num_eos_tokens", "val/explained_variance",
         "policy/entropy_avg", "rollout/advantages_mean", "rollout/returns_mean"]
-    # Then each reward's own mean and std (issue 37), for a single reward too.
-    assert list(result.stats) == ROLLOUT_STATS + ["rewards/length_and_e/mean", "rewards/length_and_e/std"]
+    # Then the combined reward under TRL's names, and each reward's own mean and std, for
+    # a single reward too.
+    assert list(result.stats)[:len(ROLLOUT_STATS) + 4] == ROLLOUT_STATS + [
+        "reward", "reward_std", "rewards/length_and_e/mean", "rewards/length_and_e/std"]
     for name, value in result.stats.items():
         assert torch.is_tensor(value) and value.dim() == 0 and math.isfinite(value.item()), name
     assert result.stats["rollout/eos_rate"].item() == pytest.approx(0.75)
@@ -279,6 +281,40 @@ def test_rollout_shapes_scores_before_the_rewards_and_keeps_the_raw_scores(lora_
     # KL is 0 at step 0, so the per-token reward is the shaped score at the last real token and 0 elsewhere.
     assert torch.equal(batch.rewards[rows, last], 2 * batch.scores + 1)
     assert batch.rewards.count_nonzero() == len(batch)
+
+
+def test_unscored_rows_are_the_nonfinite_ones_and_for_group_estimators_their_groups():
+    from hf_ppo.rollout.steps import unscored_rows
+
+    scores = torch.tensor([1.0, float("inf"), 0.0, 2.0, float("nan"), 3.0])
+    assert unscored_rows(scores, EstimatorSettings(kl_coef=0.0)).tolist() == [False, True, False, False, True, False]
+    grpo = EstimatorSettings(kl_coef=0.0, num_generations=2, advantage_estimator="grpo")
+    assert unscored_rows(scores, grpo).tolist() == [True, True, False, False, True, True]
+    gae_k2 = EstimatorSettings(kl_coef=0.0, num_generations=2)  # gae reads no group: the row alone
+    assert unscored_rows(scores, gae_k2).tolist() == [False, True, False, False, True, False]
+
+
+def test_a_row_scored_inf_leaves_the_update_and_the_rest_stays_finite(lora_policy, tokenizer):
+    def one_inf(prompts, completions):
+        scores = length_and_e(prompts, completions)
+        scores[2] = float("inf")
+        return scores
+
+    queries, query_mask = prompt_batch(tokenizer)
+    parts = RolloutParts(ScriptedEngine(script(tokenizer)), one_inf, tokenizer, [tokenizer.eos_token_id])
+    settings = RolloutSettings(SamplingSettings(response_length=R, temperature=0.7, forward_batch_size=3),
+                               EstimatorSettings(kl_coef=0.05))
+    with pytest.warns(UserWarning, match=r"The reward 'one_inf' returned inf for row 2 of the batch"):
+        result = rollout(lora_policy, queries, query_mask, PROMPTS, parts, settings)
+    batch = result.batch
+    assert result.unscored.tolist() == [False, False, True, False]
+    assert not batch.response_mask[2].any() and not batch.policy_mask[2].any()  # no token of it trains
+    assert batch.response_mask[[0, 1, 3]].any(1).all()
+    for f in fields(RolloutBatch):
+        value = getattr(batch, f.name)
+        assert not value.is_floating_point() or torch.isfinite(value).all(), f.name
+    assert batch.scores[2] == 0.0 and math.isfinite(result.stats["objective/scores"].item())
+    assert result.stats["objective/scores"].item() == pytest.approx(batch.scores[[0, 1, 3]].mean().item())
 
 
 def test_sample_and_score_scores_are_the_reward_on_the_decoded_text(lora_policy, tokenizer):
@@ -383,3 +419,30 @@ def test_schedule_state_dict_resumes_with_exactly_the_remaining_micro_batches(st
         assert torch.equal(got["normalizer"], want["normalizer"])
         for f in fields(RolloutBatch):
             assert torch.equal(getattr(got["batch"], f.name), getattr(want["batch"], f.name)), f.name
+
+
+# ---- TRL's frac_reward_zero_std, and the rewards that gave every sample one value -----------------
+def test_frac_reward_zero_std_counts_the_groups_without_spread():
+    from hf_ppo.rollout.steps import frac_reward_zero_std
+
+    assert frac_reward_zero_std(torch.tensor([1.0, 1.0, 0.0, 2.0]), 2).item() == 0.5  # by hand: group 1 of 2
+    assert frac_reward_zero_std(torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 1.0]), 3).item() == 0.5
+    assert frac_reward_zero_std(torch.tensor([float("nan"), float("nan")]), 2).item() == 0.0
+    # num_generations 1: the whole batch is the one group
+    assert frac_reward_zero_std(torch.zeros(4), 1).item() == 1.0
+    assert frac_reward_zero_std(torch.tensor([0.0, 0.0, 1.0, 0.0]), 1).item() == 0.0
+    assert frac_reward_zero_std(torch.tensor([3.0]), 1).item() == 1.0  # a rollout of one sample (batch size 1)
+    gathered = frac_reward_zero_std(torch.zeros(2), 1, gather=lambda t: torch.cat([t, torch.ones(2)]))
+    assert gathered.item() == 0.0  # over all processes: another process's samples differ
+
+
+def test_uniform_rewards_names_each_reward_and_the_score_that_gave_every_sample_one_value():
+    from hf_ppo.rollout.steps import uniform_rewards
+
+    applies = torch.tensor([True, True, False, True])
+    each = {"exact": (torch.zeros(4), torch.ones(4, dtype=torch.bool)),
+            "fmt": (torch.tensor([1.0, 1.0, 5.0, 1.0]), applies),  # the row it does not apply to does not count
+            "length": (torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.ones(4, dtype=torch.bool))}
+    assert uniform_rewards(torch.tensor([1.0, 2.0, 3.0, 5.0]), each) == {"exact": 0.0, "fmt": 1.0}
+    assert uniform_rewards(torch.full((4,), 0.5), {}) == {None: 0.5}
+    assert uniform_rewards(torch.tensor([0.5]), {}) == {}  # one sample proves nothing

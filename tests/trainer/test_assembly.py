@@ -192,7 +192,9 @@ def test_a_vocabulary_padded_like_real_models_is_accepted_silently(tiny_models, 
     from transformers import AutoModelForCausalLM
 
     policy = AutoModelForCausalLM.from_pretrained(tiny_models["policy"])
-    policy.resize_token_embeddings(len(tokenizer) + 905, mean_resizing=False)  # Phi-2 pads its 50,295 tokens to 51,200
+    # As Phi-2 pads its 50,295 tokens to 51,200: to a multiple of 1024 (417 ids, 1024 rows).
+    policy.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=1024, mean_resizing=False)
+    assert policy.get_input_embeddings().weight.shape[0] == 1024
     policy.save_pretrained(tmp_path / "padded")  # saved without its tokenizer: the size check decides
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")

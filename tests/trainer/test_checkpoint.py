@@ -105,6 +105,32 @@ def test_resume_with_changed_settings_opt_in_applies_new_values(straight_run, ti
     assert trainer.iteration == 2 and trainer._schedule is None  # a fresh rollout serves the rest of the iteration
 
 
+def count_a(prompts, completions):
+    return [float(c.count("a")) for c in completions]
+
+
+def test_resume_with_other_reward_functions_is_refused_naming_them(straight_run, tiny_models, tokenizer, tmp_path):
+    """The checkpoint records its rewards: another function, or one more (with normalize_each_reward off, nothing
+    else would notice), is refused as a changed setting is; allow_config_change_on_resume lets it through."""
+    _, out, peft = straight_run
+    for reward, now in ((count_a, "count_a (function tests.trainer.test_checkpoint.count_a)"),
+                        ([count_e, count_a], "count_e (function tests.trainer.test_checkpoint.count_e), count_a")):
+        trainer = make_trainer(tiny_models, tokenizer, tmp_path / "changed", peft, reward=reward)
+        with pytest.raises(CheckpointError) as err:
+            trainer.train(resume_from_checkpoint=str(out / "checkpoint-6"))
+        message = str(err.value)
+        assert "rewards: checkpoint [count_e (function tests.trainer.test_checkpoint.count_e)], now [" in message
+        assert now in message and "allow_config_change_on_resume=True" in message
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path / "allowed", peft, reward=[count_e, count_a],
+                           normalize_each_reward=True, allow_config_change_on_resume=True)
+    with pytest.warns(UserWarning, match=r"changed settings.*rewards: checkpoint \[count_e"):
+        trainer._load_from_checkpoint(str(out / "checkpoint-6"))
+    assert trainer.iteration == 2
+    with open(out / "checkpoint-6" / "ppo_state.json") as f:
+        assert json.load(f)["rewards"] == [{"name": "count_e",
+                                            "function": "tests.trainer.test_checkpoint.count_e"}]
+
+
 # ---- a crash inside a checkpoint write ----------------------------------------------------------------------------
 def _raise_after(owner, name, in_checkpoint="checkpoint-4"):
     """Wrap owner.name: run it, then raise (a kill right after that file was written) when saving `in_checkpoint`."""
@@ -231,6 +257,7 @@ def test_killed_process_mid_save_resumes(tiny_models, tokenizer, lora_config, tm
         from transformers import AutoTokenizer
         from peft import LoraConfig
         from hf_ppo import PPOConfig, PPOLMTrainer
+        from tests.trainer.test_checkpoint import count_e
         import hf_ppo.trainer.checkpoint as ckpt
         torch.set_num_threads(1)
         real = ckpt._atomic_write
@@ -249,7 +276,7 @@ def test_killed_process_mid_save_resumes(tiny_models, tokenizer, lora_config, tm
         dataset = Dataset.from_dict({{"prompt": ["the movie was", "the food was"] * 8}})
         PPOLMTrainer(model={tiny_models["policy"]!r}, args=args,
                      processing_class=AutoTokenizer.from_pretrained({tiny_models["policy"]!r}),
-                     reward_model=lambda p, c: [float(x.count("e")) for x in c], train_dataset=dataset,
+                     reward_model=count_e, train_dataset=dataset,  # the resume's reward (recorded, compared)
                      peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
                                             task_type="CAUSAL_LM")).train()  # the lora_config fixture's
     """)
@@ -550,7 +577,7 @@ BAD_VALUES = {
     "model_init_kwargs": "[1]", "ref_model_init_kwargs": "{not json", "reward_model_init_kwargs": "[1]",
     "critic_model_init_kwargs": "[1]", "policy_quantization": "3bit", "ref_quantization": "fp8",
     "reward_quantization": "2bit", "critic_quantization": "3bit", "disable_dropout": "false",
-    "reward_input_format": "xml", "rollout_engine": "vllm", "stop_token": "eot", "stop_token_ids": [-1],
+    "reward_input_format": "xml", "rollout_engine": "sglang", "stop_token": "eot", "stop_token_ids": [-1],
     "whiten_advantages": "no", "whiten_rewards": "yes", "critic": "twin", "advantage_estimator": "ppo2",
     "scale_rewards": "false", "loss_aggregation": "sum", "cliprange_low": 0.0, "cliprange_high": -0.1,
     "dual_clip": 1.0, "kl_estimator": "k4", "adaptive_kl": "true", "normalize_rewards": "on", "reward_weights": [],
@@ -568,6 +595,9 @@ BAD_VALUES = {
     "importance_sampling_level": "group", "use_kl_loss": "yes", "use_bias_correction_kl": 1,
     "drop_uniform_groups": "on", "watch_collapse": "true", "stop_on_collapse": "false", "collapse_kl_threshold": 0.0,
     "critic_hub_model_id": "no-namespace", "apply_chat_template_to_text": "yes", "hub_base_model_id": "/home/me/base",
+    "prompt_column": "", "system_prompt": 5, "max_completion_length": 0,
+    "vllm_gpu_memory_utilization": 0.0, "vllm_max_model_len": 1, "vllm_dtype": "int4", "vllm_enable_sleep_mode": "yes",
+    "vllm_importance_sampling_cap": 0.5,
 }
 # Reviewed: fields for which every value of their type is legal (a name, a label).
 ACCEPTS_ANY_VALUE = {
@@ -626,6 +656,13 @@ MAY_CHANGE_ON_RESUME = {
     "ds3_gather_for_generation": "TRL's ZeRO-3 option, ignored by hf_ppo",
     "exp_name": "TRL's experiment name (run_name): logging only",
     "print_metrics": "console output only",
+    "prompt_column": "which column holds the prompts: the data, which a resume may change as it may change the dataset",
+    "system_prompt": "part of the prompts, which a resume may change as it may change the dataset",
+    "max_completion_length": "TRL's name for response_length, which is compared",
+    "vllm_gpu_memory_utilization": "how much memory vLLM's copy of the policy takes; it samples the policy either way",
+    "vllm_max_model_len": "how long a sequence vLLM's copy holds (prompts and responses fit it or are refused)",
+    "vllm_dtype": "the dtype of vLLM's copy: the old log-probs stay the policy's own, so the update is the same",
+    "vllm_enable_sleep_mode": "whether vLLM frees its memory between rollouts; what it samples is the same",
 }
 # TrainingArguments fields that fix the batch geometry and the prompt order: compared as well.
 GEOMETRY = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed")
@@ -678,3 +715,84 @@ def test_a_checkpoint_from_before_a_field_existed_resumes_at_its_default(args, n
     object.__setattr__(other, name, Changed())
     changed = compare_settings(older, settings(other), default_settings(args))
     assert set(changed) == {name} and "(not recorded)" in changed[name]
+
+
+# ---- a full disk during a checkpoint --------------------------------------------------------------------------------
+ENFORCE_FAIL = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+
+
+@pytest.mark.parametrize("failure", ["enospc", "torch_enforce_fail"])
+def test_a_full_disk_during_a_checkpoint_names_the_disk_the_folder_and_what_is_intact(
+        failure, reference_4_steps, tiny_models, tokenizer, lora_config, tmp_path, monkeypatch):
+    """A checkpoint write that fails for lack of space (an OSError ENOSPC, or torch's zip writer's bare "enforce fail
+    ... unexpected pos", which carries no errno: then the free space decides) ends in one error naming the cause, the
+    folder, the free space and the last complete checkpoint, which stays intact; freeing space and resuming as the
+    message says finishes the run exactly. Simulated: the writer raises, no disk is filled."""
+    import errno
+    from collections import namedtuple
+
+    from hf_ppo.trainer import checkpoint as ckpt
+
+    out = tmp_path / "out"
+    kwargs = dict(max_steps=4, num_ppo_epochs=1, save_strategy="steps", save_steps=2)
+    trainer = make_trainer(tiny_models, tokenizer, out, lora_config, **kwargs)
+    real_save = torch.save
+
+    def full_disk_save(obj, f, *args, **kw):
+        if "checkpoint-4" in str(f):
+            if failure == "enospc":
+                raise OSError(errno.ENOSPC, "No space left on device", str(f))
+            raise RuntimeError(ENFORCE_FAIL)
+        return real_save(obj, f, *args, **kw)
+
+    monkeypatch.setattr(torch, "save", full_disk_save)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: usage(10 * 2**30, 10 * 2**30 - 3 * 2**20, 3 * 2**20))
+    with pytest.raises(ckpt.CheckpointWriteError) as info:
+        trainer.train()
+    monkeypatch.undo()
+    message = str(info.value)
+    assert isinstance(info.value, OSError)
+    assert "no space left on device" in message and str(out / "checkpoint-4") in message
+    assert "3.0 MiB free" in message
+    assert f"{out / 'checkpoint-2'} is the last complete checkpoint" in message and "intact" in message
+    assert "resume_from_checkpoint=True" in message and "--resume_from_checkpoint true" in message
+    if failure == "torch_enforce_fail":
+        assert "unexpected pos" in message  # torch's own words, kept beside the cause
+    assert problems(str(out / "checkpoint-2")) == [] and problems(str(out / "checkpoint-4"))
+
+    # Space freed: the message's fix resumes from checkpoint-2 and ends where an uninterrupted run ends.
+    resumed = make_trainer(tiny_models, tokenizer, out, lora_config, **kwargs)
+    with pytest.warns(UserWarning, match=r"Skipping incomplete checkpoint .*checkpoint-4"):
+        resumed.train(resume_from_checkpoint=True)
+    assert_same_weights(reference_4_steps, resumed)
+
+
+def test_an_error_that_is_no_failed_write_passes_through_unchanged(tiny_models, tokenizer, lora_config, tmp_path,
+                                                                   monkeypatch):
+    from hf_ppo.trainer import checkpoint as ckpt
+
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path / "out", lora_config, max_steps=2, num_ppo_epochs=1,
+                           save_strategy="steps", save_steps=2)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(RuntimeError, match="illegal memory access") as info:
+        trainer.train()
+    assert not isinstance(info.value, ckpt.CheckpointWriteError)
+
+
+def test_safetensors_failed_write_is_named_with_its_errno(tmp_path):
+    """safetensors (the weights Trainer writes) reports a full disk as a SafetensorError carrying "(os error 28)"."""
+    from safetensors import SafetensorError
+
+    from hf_ppo.trainer import checkpoint as ckpt
+
+    folder = tmp_path / "checkpoint-2"
+    folder.mkdir()
+    with pytest.raises(ckpt.CheckpointWriteError, match=rf"Could not write checkpoint {folder}: no space left on "
+                                                        r"device .*SafetensorError.*nothing to resume from"):
+        with ckpt.write_failures_named(str(folder), str(tmp_path)):
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")

@@ -15,13 +15,18 @@ import pytest
 from hf_ppo import PPOConfig
 
 # Every record property of PPOConfig. A new record is added here, or the check below fails.
-RECORDS = ["sampling_settings", "estimator_settings", "rollout_settings", "loss_settings", "eval_settings",
-           "publish_settings", "reward_settings", "reward_loading", "critic_loading"]
+RECORDS = ["sampling_settings", "vllm_settings", "estimator_settings", "rollout_settings", "loss_settings",
+           "eval_settings", "publish_settings", "reward_settings", "reward_loading", "critic_loading"]
 # Record fields no configuration on this machine can move, and why.
-FIXED_HERE = {"device": "the run's device (TrainingArguments.device): the CPU on a machine without a GPU"}
+FIXED_HERE = {"device": "the run's device (TrainingArguments.device): the CPU on a machine without a GPU",
+              "process_index": "this process's rank: 0 in a test's one process",
+              "world_size": "the number of processes: 1 in a test",
+              "enable_sleep_mode": "vllm_enable_sleep_mode needs a GPU (refused on a CPU)"}
 
 GAE = dict(response_length=17, temperature=0.9, local_rollout_forward_batch_size=3, top_k=5, top_p=0.9,
-           rollout_engine="static", kl_coef=0.3, num_generations=2, gamma=0.99, lam=0.9, lam_critic=0.5,
+           rollout_engine="vllm", vllm_gpu_memory_utilization=0.5, vllm_max_model_len=300, vllm_dtype="float32",
+           vllm_importance_sampling_cap=2.0,
+           kl_coef=0.3, num_generations=2, gamma=0.99, lam=0.9, lam_critic=0.5,
            whiten_rewards=True, whiten_advantages=False, kl_estimator="k3", use_kl_loss=True,
            use_bias_correction_kl=True, missing_eos_penalty=1.0, overlong_buffer_length=4,
            overlong_penalty_factor=2.0, drop_uniform_groups=True, max_refill_rounds=1, logits_memory_mb=64,
@@ -31,7 +36,8 @@ GAE = dict(response_length=17, temperature=0.9, local_rollout_forward_batch_size
            bf16=True, use_cpu=True, max_steps=5, reward_model_init_kwargs={"num_labels": 1}, reward_quantization="8bit",
            critic="separate", critic_model_init_kwargs={"revision": "main"}, critic_quantization="4bit",
            gradient_checkpointing=True, reward_input_format="pair", reward_weights=[0.5, 2.0],
-           normalize_each_reward=True)
+           normalize_each_reward=True, system_prompt="Answer as #### <number>.", prompt_column="question",
+           apply_chat_template_to_text=True)
 GRPO = dict(advantage_estimator="grpo", num_generations=4, scale_rewards=False, lam_critic=None, whiten_rewards=False,
             critic="shared", critic_model_init_kwargs=None, critic_quantization="none")
 VAPO = dict(lam_length_alpha=0.5)

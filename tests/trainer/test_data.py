@@ -90,3 +90,90 @@ def test_refill_prompts_are_whole_groups_fixed_by_seed_step_round_and_process():
     assert drawn()["prompts"] == prompts  # the same draw on a resumed run
     others = [drawn(step=6), drawn(round_=1), drawn(seed=1), drawn(process_index=1)]
     assert all(other["prompts"] != prompts for other in others)
+
+
+# ---- prompt_column and system_prompt (PPOConfig fields: the Python API and the command read prompts alike) ----------
+def test_prompt_column_names_the_prompts_and_leaves_competing_prompt_columns_out(tok):
+    from datasets import Dataset
+
+    from hf_ppo.trainer.data import prepare_prompts
+
+    data = Dataset.from_dict({"question": ["the movie was", "the food was"], "prompt": ["x", "y"],
+                              "answer": ["1", "2"]})
+    out = prepare_prompts(data, tok, "train_dataset", max_prompt_length=None, response_length=4, context=None,
+                          prompt_column="question")
+    assert out["prompt"] == ["the movie was", "the food was"] and out["answer"] == ["1", "2"]
+    assert "question" not in out.column_names
+    with pytest.raises(ValueError, match=r"no column 'query'.*\['question', 'prompt', 'answer'\].*prompt_column"):
+        prepare_prompts(data, tok, "train_dataset", max_prompt_length=None, response_length=4, context=None,
+                        prompt_column="query")
+
+
+def test_system_prompt_leads_every_prompt_text_or_chat(tok):
+    from datasets import Dataset
+
+    from hf_ppo.trainer.data import prepare_prompts
+
+    system = {"role": "system", "content": "Answer as #### <number>."}
+    kwargs = dict(max_prompt_length=None, response_length=4, context=None, system_prompt=system["content"])
+    text = prepare_prompts(Dataset.from_dict({"prompt": ["1+1?"]}), tok, "train_dataset", **kwargs)
+    assert text[0]["prompt"] == [system, {"role": "user", "content": "1+1?"}]
+    assert "Answer as ####" in tok.decode(text[0]["input_ids"])
+    chat = prepare_prompts(Dataset.from_dict({"messages": [[{"role": "user", "content": "2+2?"}]]}), tok,
+                           "train_dataset", **kwargs)
+    assert chat[0]["prompt"][0] == system
+    with pytest.raises(ValueError, match="already opens with a system message"):
+        prepare_prompts(Dataset.from_dict({"messages": [[system, {"role": "user", "content": "hi"}]]}), tok,
+                        "train_dataset", **kwargs)
+    with pytest.raises(ValueError, match="system_prompt needs text or chat prompts"):
+        prepare_prompts(Dataset.from_dict({"input_ids": [[5, 6, 7]]}), tok, "train_dataset", **kwargs)
+
+
+# ---- a chat prompt that ends with an assistant turn (a prefill) is continued, as TRL does -------------------------
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("template", ["tiny", "chatml"])
+@pytest.mark.parametrize("prefill", ["The answer is", ""])
+def test_a_final_assistant_turn_is_continued_not_closed(template, prefill):
+    """A prompt ending with an assistant turn ("The answer is", or an empty one) is rendered as TRL renders it
+    (`continue_final_message=True`, no generation prompt): the policy continues that turn. It was closed with the
+    end-of-turn token and a new assistant turn opened after it, so the policy answered after its own prefill."""
+    from datasets import Dataset
+
+    from hf_ppo.cli.tiny import build_tokenizer
+    from hf_ppo.trainer.data import prepare_prompts
+
+    tok = build_tokenizer() if template == "tiny" else build_tokenizer(chat_template=CHATML)
+    opens, closes = ("<|assistant|>", tok.eos_token) if template == "tiny" else ("<|im_start|>assistant", "<|im_end|>")
+    messages = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": prefill}]
+    plain = [{"role": "user", "content": "What is 2 + 2?"}]
+    data = Dataset.from_dict({"messages": [messages, plain]})
+    out = prepare_prompts(data, tok, "train_dataset", max_prompt_length=None, response_length=4, context=None)
+    continued, opened = (tok.decode(ids) for ids in out["input_ids"])
+    assert out["input_ids"][0] == tok.apply_chat_template(messages, continue_final_message=True,
+                                                          add_generation_prompt=False, tokenize=True,
+                                                          return_dict=False)
+    separator = " " if template == "tiny" else "\n"  # what each template puts between the role and the content
+    assert continued.count(opens) == 1 and continued.rstrip().endswith((opens + separator + prefill).strip())
+    assert continued.count(closes) == 1  # the user's turn only: the prefill's turn stays open
+    assert opened.count(opens) == 1 and opened.rstrip().endswith(opens)  # without a prefill: a new turn, as before
+    assert out["prompt"][0] == messages  # the reward functions get the prompt as the dataset gives it
+
+
+def test_a_missing_prompt_column_stops_the_trainer_before_any_model_loads(tmp_path, monkeypatch):
+    """A wrong column was found after the models had loaded (tens of seconds on a real model)."""
+    from datasets import Dataset
+
+    from hf_ppo import PPOConfig, PPOLMTrainer
+    from hf_ppo.trainer import assembly
+
+    monkeypatch.setattr(assembly, "load_models", lambda *a, **k: pytest.fail("a model loaded"))
+    args = PPOConfig(output_dir=str(tmp_path), report_to=[], prompt_column="question")
+    with pytest.raises(ValueError, match=r"train_dataset has no column 'question'; its columns are \['text'\]"):
+        PPOLMTrainer(model="any/model", args=args, reward_model=lambda p, c: [0.0] * len(c),
+                     train_dataset=Dataset.from_dict({"text": ["a"]}))
+    with pytest.raises(ValueError, match=r"eval_dataset needs a 'prompt' column.*it has \['text'\]"):
+        PPOLMTrainer(model="any/model", args=PPOConfig(output_dir=str(tmp_path), report_to=[]),
+                     reward_model=lambda p, c: [0.0] * len(c), eval_dataset=Dataset.from_dict({"text": ["a"]}))

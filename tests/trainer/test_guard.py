@@ -3,13 +3,16 @@ gradients.
 
 - A non-finite loss or gradient skips the optimizer step: the weights AND the optimizer state (Adam's moments and
   step count, which weight decay and momentum would otherwise move) are bitwise what they were before it.
-- A rollout with a non-finite score is dropped and sampled again: every running statistic it touched (the reward
+- A row with a non-finite score leaves the update, not the rollout: the rest trains (with a group estimator, the
+  row's group leaves with it), one warning per reward names the row, and `nonfinite/unscored_rows` counts them.
+- A rollout with no finite score is dropped and sampled again: every running statistic it touched (the reward
   normalisation's moments, each reward's own moments, the KL controller) is back to what it was before it.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -95,7 +98,7 @@ def test_skipped_step_leaves_weights_and_optimizer_state_bitwise_unchanged(paths
 
 @pytest.mark.parametrize("bad", list(BAD))
 def test_dropped_rollout_restores_every_running_statistic(paths, tmp_path, bad):
-    """Rollout 2 scores one response non-finite; when rollout 2 is sampled again (call 3 of the reward function),
+    """Rollout 2 scores every response non-finite; when rollout 2 is sampled again (call 3 of the reward function),
     the reward moments, each reward's moments and the KL controller must be as they were before rollout 2."""
     seen, running = [], {}
 
@@ -107,7 +110,7 @@ def test_dropped_rollout_restores_every_running_statistic(paths, tmp_path, bad):
         seen.append(copy.deepcopy((trainer.reward_moments.state_dict(), trainer.rewards.state_dict(),
                                    trainer.kl_ctl.state_dict())))
         if len(seen) == 2:
-            scores[0] = BAD[bad]
+            scores = [BAD[bad]] * len(scores)  # no row left to train on: the whole rollout is dropped
         return scores
 
     args = config(tmp_path, per_device_train_batch_size=4, max_steps=3, response_length=4, normalize_rewards=True,
@@ -116,7 +119,7 @@ def test_dropped_rollout_restores_every_running_statistic(paths, tmp_path, bad):
     trainer = PPOLMTrainer(model=paths["llama"], args=args, reward_model=[reward, count_e],
                            train_dataset=Dataset.from_dict({"prompt": PROMPTS[:4]}))
     running["trainer"] = trainer
-    with pytest.warns(UserWarning, match=r"rollout dropped and sampled again .*from reward 'reward': 1 NaN/inf"):
+    with pytest.warns(UserWarning, match=r"rollout dropped and sampled again .*from reward 'reward': 4 NaN/inf"):
         trainer.train()
     assert len(seen) == 4 and trainer.iteration == 3
     assert seen[1] == seen[2], "the dropped rollout moved a running statistic"
@@ -126,21 +129,61 @@ def test_dropped_rollout_restores_every_running_statistic(paths, tmp_path, bad):
 
 
 @pytest.mark.parametrize("bad", list(BAD))
-def test_a_single_nonfinite_raw_score_drops_the_rollout(paths, tmp_path, bad):
-    """No normalisation and no whitening: +-inf stays an infinity (never turns into NaN) all the way to the returns."""
+def test_a_single_nonfinite_raw_score_drops_the_rollout_when_nothing_else_is_left(paths, tmp_path, bad):
+    """No normalisation and no whitening, every response of the rollout non-finite: +-inf stays an infinity (never
+    turns into NaN) all the way to the returns, and with no row left the rollout is dropped and sampled again."""
     calls = []
 
     def reward(prompts, completions):
         calls.append(len(completions))
         scores = [float(len(c)) for c in completions]
         if len(calls) == 2:  # the first rollout (call 1 is the probe at construction)
-            scores[1] = BAD[bad]
+            scores = [BAD[bad]] * len(scores)
         return scores
 
-    args = config(tmp_path, per_device_train_batch_size=4, max_steps=2, response_length=4, whiten_advantages=False)
+    args = config(tmp_path, per_device_train_batch_size=2, max_steps=2, response_length=4, whiten_advantages=False)
     trainer = PPOLMTrainer(model=paths["llama"], args=args, reward_model=reward,
                            train_dataset=Dataset.from_dict({"prompt": PROMPTS[:4]}))
-    with pytest.warns(UserWarning, match=r"rollout dropped and sampled again \(scores: 1 NaN/inf of 4 responses"):
+    with pytest.warns(UserWarning, match=r"rollout dropped and sampled again \(scores: 2 NaN/inf of 2 responses"):
         trainer.train()
     assert trainer.iteration == 2 and trainer.state.log_history[-2]["nonfinite/skipped_steps"] == 0
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+class InfOnRow:
+    """A reward function giving row `row` of every rollout `value` (+inf by default), the others their length."""
+
+    def __init__(self, row: int = 1, value: float = float("inf")):
+        self.row, self.value, self.calls, self.rows_seen = row, value, 0, []
+
+    def __call__(self, prompts, completions):
+        self.calls += 1
+        scores = [float(len(c)) for c in completions]
+        if self.calls > 1:  # not the probe at construction
+            scores[self.row] = self.value
+        return scores
+
+
+@pytest.mark.parametrize("estimator", [{}, {"advantage_estimator": "grpo", "num_generations": 2}], ids=["gae", "grpo"])
+def test_one_inf_row_every_rollout_leaves_that_row_out_and_training_goes_on(paths, tmp_path, recwarn, estimator):
+    """Twelve rollouts, each with one +inf row: none is dropped (twelve drops in a row would stop the run at
+    max_consecutive_nonfinite=10), one warning names the function and the row, every update trains on the finite
+    rows (the weights move and stay finite), and the rows left out are counted (with grpo, the row's group of 2)."""
+    reward = InfOnRow(row=1)
+    args = config(tmp_path, per_device_train_batch_size=4, max_steps=12, response_length=4, learning_rate=1e-2,
+                  **estimator)
+    trainer = PPOLMTrainer(model=paths["llama"], args=args, reward_model=reward,
+                           train_dataset=Dataset.from_dict({"prompt": PROMPTS[:4]}))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    assert trainer.iteration == 12 and reward.calls == 13  # the probe, then one call per rollout: none sampled again
+    history = [h for h in trainer.state.log_history if "nonfinite/unscored_rows" in h]
+    per_rollout = 2 if estimator else 1
+    assert history[-1]["nonfinite/unscored_rows"] == 12 * per_rollout
+    assert history[-1]["nonfinite/dropped_rollouts"] == 0
+    named = [str(w.message) for w in recwarn if "returned inf for row 1 of the batch" in str(w.message)]
+    assert len(named) == 1 and "'InfOnRow'" in named[0] and "left out of the update" in named[0]
+    assert not [w for w in recwarn if "rollout dropped" in str(w.message)]
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if p.requires_grad)
+    assert all(math.isfinite(h["objective/scores"]) for h in trainer.state.log_history if "objective/scores" in h)

@@ -383,3 +383,66 @@ def test_sample_tables_are_written_above_the_progress_bar(monkeypatch):
     assert "great fun" in written[0] and "1.250" in written[0]
     log_samples_table([("p", "c", 0.0)], iteration=4, step=16, report_to=["tensorboard"])  # no table type there
     assert len(written) == 1
+
+
+# ---- the bar tells what is being sampled, and numbers iterations as the sample tables ------------------------------
+def test_the_bar_names_the_iteration_of_every_step_not_of_the_last_log(tmp_path):
+    """With logging_steps counting optimizer steps, the bar kept the iteration of the last log (2, while the sample
+    table said 3): it names the iteration of each step."""
+    from transformers import TrainerControl, TrainerState
+
+    args = make_args(tmp_path, logging_steps=2, max_steps=4)  # one optimizer step per iteration
+    callback = progress.PPOProgressCallback(args)
+    state = TrainerState(max_steps=4, is_world_process_zero=True, is_local_process_zero=True)
+    callback.on_train_begin(args, state, TrainerControl())
+    callback.training_bar.fp = io.StringIO()
+    state.global_step = 2
+    callback.on_step_end(args, state, TrainerControl())
+    callback.caption(state, {"objective/scores": 0.5, "objective/kl": 0.1, "iteration": 2})
+    state.global_step = 3
+    callback.on_step_end(args, state, TrainerControl())  # no log at step 3
+    assert callback.training_bar.desc.startswith("PPO iteration 3/4")
+    callback.sampling("rollout", 0, 4, 4, 7, 1024)  # iteration 4's rollout
+    assert callback.training_bar.desc.startswith("PPO iteration 4/4: sampling 4 responses: token 7/1024")
+    callback.sampling_done("rollout")
+    assert callback.training_bar.desc.startswith("PPO iteration 3/4")
+    callback.training_bar.close()
+
+
+def seen_by_reward(seen: list, trainer_box: list):
+    """A reward that records, when it is called (right after the sampling), what the progress bars say."""
+    def reward(prompts, completions, **kwargs):
+        if not trainer_box:  # the probe at construction
+            return [0.0] * len(completions)
+        bar = next(c for c in trainer_box[0].callback_handler.callbacks if isinstance(c, PPOProgressCallback))
+        seen.append((getattr(bar.training_bar, "desc", None), getattr(bar.prediction_bar, "postfix", None)))
+        return [float(len(c)) for c in completions]
+    return reward
+
+
+def test_a_rollout_and_an_evaluation_say_how_many_responses_and_tokens_they_sample(tiny_models, tmp_path):
+    seen, box = [], []
+    args = make_args(tmp_path, disable_tqdm=False, max_steps=1, response_length=5, per_device_eval_batch_size=2)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, reward_model=seen_by_reward(seen, box),
+                           train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                           eval_dataset=Dataset.from_dict({"prompt": PROMPTS[:4]}))
+    box.append(trainer)
+    trainer.train()
+    assert seen[0][0].startswith("PPO iteration 1/1: sampling 4 responses: token ")  # the training rollout
+    trainer.evaluate()
+    assert any(postfix and "sampling 2 responses: token" in postfix for _, postfix in seen[1:]), seen
+
+
+def test_disable_tqdm_shows_no_sampling_status(tiny_models, tmp_path):
+    from hf_ppo.rollout.engines import progress_reporter
+
+    reporters = []
+
+    def reward(prompts, completions, **kwargs):
+        reporters.append(progress_reporter())
+        return [0.0] * len(completions)
+
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=make_args(tmp_path, max_steps=1), reward_model=reward,
+                           train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
+    trainer.train()
+    assert reporters and all(r is None for r in reporters)

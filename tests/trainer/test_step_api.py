@@ -82,6 +82,44 @@ def test_step_writes_the_checkpoints_save_steps_asks_for(tiny_models, tokenizer,
     assert os.path.isfile(tmp_path / "checkpoint-2" / "trainer_state.json")  # complete: Trainer writes it last
 
 
+def test_a_call_whose_optimizer_steps_jump_past_a_multiple_of_save_steps_ends_with_a_checkpoint(tiny_models, tokenizer,
+                                                                                              tmp_path):
+    """Two optimizer steps per call, save_steps=3: the second call's steps 3-4 pass step 3, where train() would have
+    saved, without ending on it; the call ends with checkpoint-4 (at the end of the call, never half an update).
+    The third call's steps 5-6 reach 6: checkpoint-6."""
+    trainer = step_trainer(tiny_models, tokenizer, tmp_path, num_mini_batches=2, save_strategy="steps", save_steps=3,
+                           max_steps=10, lr_scheduler_type="constant")
+    assert trainer.args.optimizer_steps_per_iteration == 2
+    queries, responses = [ids(PROMPT, tokenizer)] * 4, [torch.tensor([10, 11])] * 4
+    saved = []
+    for _ in range(3):
+        trainer.step(queries, responses, [1.0, 0.0, 0.5, 0.2])
+        saved.append(sorted(name for name in os.listdir(tmp_path) if name.startswith("checkpoint-")))
+    assert trainer.state.global_step == 6
+    assert saved == [[], ["checkpoint-4"], ["checkpoint-4", "checkpoint-6"]]
+    assert os.path.isfile(tmp_path / "checkpoint-4" / "trainer_state.json")
+
+
+def test_a_prompt_and_response_exactly_filling_the_context_train_and_one_token_more_is_refused(tiny_models,
+                                                                                              tokenizer, tmp_path):
+    """The policy's context (max_position_embeddings, 256 for the tiny Llama) holds prompt + response exactly: such a
+    pair trains, also beside a longer prompt that pads it on the left. One token more is refused, naming both."""
+    trainer = step_trainer(tiny_models, tokenizer, tmp_path, lr_scheduler_type="constant")
+    context = trainer.model.policy_model.config.max_position_embeddings
+    short, long = ids(PROMPT, tokenizer), ids("the food at the old place was", tokenizer)
+    assert len(short) < len(long)
+    exact = [torch.full((context - len(short),), 10), torch.full((context - len(long),), 11)]
+    stats = trainer.step([short, long], exact, [1.0, 0.0])
+    assert trainer.state.global_step == 1 and torch.isfinite(torch.tensor(stats["ppo/loss/total"]))
+    assert stats["tokens/responses_len_mean"] == (2 * context - len(short) - len(long)) / 2
+    over = torch.full((context - len(long) + 1,), 11)
+    with pytest.raises(ValueError, match=rf"step\(\): queries\[1\] \({len(long)} tokens\) \+ responses\[1\] "
+                                         rf"\({len(over)} tokens\) exceed the policy's context of {context} positions: "
+                                         rf"shorten the prompt, or generate at most {context - len(long)} new tokens"):
+        trainer.step([short, long], [exact[0], over], [1.0, 0.0])
+    assert trainer.state.global_step == 1
+
+
 def test_step_after_the_collapse_watch_stopped_training_is_refused(tiny_models, tokenizer, tmp_path):
     # A KL threshold below any real KL: the watch fires at the second logged step() and stop_on_collapse stops;
     # train() would end there, so a later step() must not go on training the collapsed policy in silence.
@@ -243,3 +281,14 @@ def test_bad_environment_output_is_an_error_naming_the_environment_and_sample(en
 def test_a_good_environment_still_rolls_out(env_trainer):
     batch = run_rollout(env_trainer, good)
     assert batch is not None and batch.responses.shape == (2, 4)
+
+
+# ---- a NaN/inf score of one sample -----------------------------------------------------------------------------------
+def test_a_nonfinite_score_given_to_step_leaves_its_sample_out_with_a_warning(tiny_models, tokenizer, tmp_path):
+    trainer = step_trainer(tiny_models, tokenizer, tmp_path)
+    query = ids(PROMPT, tokenizer)
+    with pytest.warns(UserWarning, match=r"step\(\) \(its score\) returned inf for row 1 of the batch"):
+        stats = trainer.step([query] * 2, [torch.tensor([10, 11]), torch.tensor([12, 13])], [1.0, float("inf")])
+    assert trainer.state.global_step == 1 and torch.isfinite(torch.tensor(stats["ppo/loss/total"]))
+    assert trainer._guard.unscored == 1 and trainer._guard.dropped_rollouts == 0
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())

@@ -174,10 +174,11 @@ def test_a_far_too_high_learning_rate_warns_under_the_default_settings(tiny_mode
     kl = [m for m in messages if "KL to the reference" in m]
     assert kl and "step 5:" in kl[0] and "beyond 30 (the default with a fixed kl_coef" in kl[0], heads
     assert any("step 5: the policy's entropy" in m and "fell from 6.01 to" in m for m in messages), heads
-    # The defaults as they are (logging_steps=10): 20 steps make 2 logs, too few for a watch that waited for 6.
+    # The defaults as they are (logging_steps=10): 20 steps make 2 logs, but the watch reads every rollout, so it
+    # speaks at the 2nd (step 5), not at the 2nd log (step 20).
     _, messages = resumable_run(tiny_models, tokenizer, default_config(tmp_path / "b", learning_rate=1.0, max_steps=20))
-    assert any("step 20: KL to the reference" in m for m in messages), messages
-    assert any("step 20: the policy's entropy" in m for m in messages), messages
+    assert any("step 5: KL to the reference" in m and "over the last rollout" in m for m in messages), messages
+    assert any("step 5: the policy's entropy" in m for m in messages), messages
 
 
 def test_a_healthy_tiny_run_under_the_default_settings_stays_silent(tiny_models, tokenizer, tmp_path):
@@ -269,6 +270,119 @@ def test_a_stop_saves_no_epoch_end_checkpoint(tiny_models, tokenizer, tmp_path):
     assert all(step < stop for step in saved), saved
 
 
+# ---- each guard that keeps a stopped run from saving, reached on its own ----------------------------------------------
+# After a stop, five places keep the collapsed state from becoming a checkpoint: the watch's on_log at the signature
+# (the stop's own save step) and at any later log, its on_epoch_end and on_evaluate (`control.should_save`), and the
+# trainer's `_save_checkpoint` (save_strategy='best' and `step()` decide to save after on_log). In a real run they
+# overlap, so each test below reaches one of them with the others out of the way.
+
+def stopped_watch():
+    """A watch with stop=True fed two logs on save steps (Trainer's DefaultFlowCallback sets should_save at
+    on_step_end, before on_log); KL over its threshold fires at the second. Returns (watch, state, control)."""
+    watch = CollapseWatch(kl_threshold=30.0, stop=True, last_checkpoint=lambda: None)
+    state, control = TrainerState(), TrainerControl()
+    with pytest.warns(CollapseWarning, match="step 2: KL to the reference"):
+        for step in (1, 2):
+            state.global_step, control.should_save = step, True
+            watch.on_log(None, state, control, logs={"objective/kl": 45.0})
+            if step == 1:
+                assert control.should_save and not watch.stopped  # a save before any signature is left alone
+    return watch, state, control
+
+
+def test_the_log_that_stops_training_turns_off_its_own_steps_save():
+    """on_log's guard at the signature: on_log runs before Trainer saves the step, so the stop's own save step
+    (save_steps, or the last step) writes no checkpoint of the collapsed state."""
+    watch, _, control = stopped_watch()
+    assert watch.stopped and control.should_training_stop and not control.should_save
+
+
+def test_a_log_after_the_stop_turns_off_its_save():
+    """on_log's guard for later logs: one that brings no new signature (the same KL, or nothing) still saves nothing."""
+    watch, state, control = stopped_watch()
+    for logs in ({"objective/kl": 45.0}, {}):
+        state.global_step += 1
+        control.should_save = True
+        watch.on_log(None, state, control, logs=logs)
+        assert not control.should_save, logs
+
+
+@pytest.mark.parametrize("event", ["on_epoch_end", "on_evaluate"])
+def test_the_epoch_end_and_an_evaluation_after_the_stop_save_nothing(event):
+    """on_epoch_end's and on_evaluate's guard: save_strategy='epoch' asks for a save at the epoch end the stop ends
+    training with (and an evaluation may ask for one); the watch turns it off, and only after a stop."""
+    fresh = CollapseWatch(kl_threshold=30.0, stop=True, last_checkpoint=lambda: None)
+    control = TrainerControl(should_save=True)
+    getattr(fresh, event)(None, TrainerState(), control)
+    assert control.should_save  # no stop: Trainer's save goes ahead
+    watch, state, control = stopped_watch()
+    control.should_save = True
+    getattr(watch, event)(None, state, control)
+    assert not control.should_save
+
+
+class CollapseAtSecondLog(TrainerCallback):
+    """Makes the second training log look like a collapse (a value loss of 1e6, read from the logs), as the watch added
+    after it sees it. (KL is read from each rollout, not from the logs: `CollapseWatch.observe_rollout`.)"""
+
+    def __init__(self):
+        self.logs = 0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss/value_avg" in logs:  # a training log (an evaluation's has eval_ metrics only)
+            self.logs += 1
+            if self.logs == 2:
+                logs["loss/value_avg"] = 1e6
+
+
+class EveryEvaluationIsBest(TrainerCallback):
+    """Makes each evaluation a new best (eval_loss falling), so save_strategy='best' asks to save at every one."""
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        metrics["eval_loss"] = -float(state.global_step)
+
+
+def checkpoints(folder) -> list[str]:
+    return sorted(name for name in os.listdir(folder) if name.startswith("checkpoint-"))
+
+
+def test_save_strategy_best_after_the_stop_is_refused_by_save_checkpoint(tiny_models, tokenizer, tmp_path):
+    """`_save_checkpoint`'s guard: with save_strategy='best' Trainer decides to save after the evaluation, past every
+    callback (it overwrites `control.should_save` with "a new best"), so a new best at the stop's step reaches
+    `_save_checkpoint`, and only the trainer's own check keeps checkpoint-2 from being written."""
+    args = default_config(tmp_path, max_steps=4, num_ppo_epochs=1, logging_steps=1, learning_rate=1e-5,
+                          stop_on_collapse=True, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=4,
+                          save_strategy="best", metric_for_best_model="loss", greater_is_better=False,
+                          response_length=4)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer, reward_model=count_e,
+                           train_dataset=PROMPTS, eval_dataset=Dataset.from_dict({"prompt": ["the movie was"] * 4}),
+                           callbacks=[CollapseAtSecondLog(), EveryEvaluationIsBest()])
+    with pytest.warns(CollapseWarning, match="step 2: the value loss"):
+        trainer.train()
+    assert trainer.state.global_step == 2
+    assert checkpoints(tmp_path) == ["checkpoint-1"]
+
+
+def test_a_step_call_that_stops_on_a_save_step_writes_no_checkpoint(tiny_models, tokenizer, tmp_path):
+    """`_save_checkpoint`'s guard in `step()`: a call saves after its log, whatever `control.should_save` says, so
+    when the watch stops training in a call that reaches a save step, only the trainer's own check keeps the
+    collapsed state from becoming the newest checkpoint; the next call is refused."""
+    args = default_config(tmp_path, per_device_train_batch_size=2, num_mini_batches=1, num_ppo_epochs=1,
+                          max_steps=4, response_length=4, logging_steps=1, learning_rate=1e-5,
+                          lr_scheduler_type="constant", stop_on_collapse=True, save_strategy="steps", save_steps=1)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer,
+                           callbacks=[CollapseAtSecondLog()])
+    queries, responses = [torch.tensor(tokenizer.encode("the movie was"))] * 2, [torch.tensor([10, 11])] * 2
+    trainer.step(queries, responses, [1.0, 0.0])
+    assert checkpoints(tmp_path) == ["checkpoint-1"]
+    with pytest.warns(CollapseWarning, match="the last complete checkpoint is .*checkpoint-1"):
+        trainer.step(queries, responses, [1.0, 0.0])
+    assert trainer.state.global_step == 2 and checkpoints(tmp_path) == ["checkpoint-1"]
+    assert get_last_checkpoint(str(tmp_path)) == os.path.join(str(tmp_path), "checkpoint-1")
+    with pytest.raises(ValueError, match=r"step\(\): stop_on_collapse=True and the collapse watch stopped training"):
+        trainer.step(queries, responses, [1.0, 0.0])
+
+
 # ---- the watch from the config, `step()` and TRL 0.11's `generate()` -------------------------------------------------
 # The collapse watch, `step()` and TRL 0.11's `generate()`, pinned end to end.
 #
@@ -307,7 +421,8 @@ def watch_run(tiny_models, tokenizer, reference, out, **overrides):
 def test_the_kl_threshold_the_config_derives_decides_the_warning_in_a_real_run(tiny_models, tokenizer,
                                                                              other_reference, tmp_path):
     """Pins config -> watch -> warning: with adaptive_kl the KL check fires beyond 3 x kl_target (not kl_target,
-    not kl_coef, not the fixed-coefficient 30), judged on the logged objective/kl; collapse_kl_threshold overrides."""
+    not kl_coef, not the fixed-coefficient 30), judged on each rollout's objective/kl (here one rollout per log);
+    collapse_kl_threshold overrides."""
     # kl_target = 0.1: 3 x 0.1 = 0.3 is below the run's KL to the other reference (about 0.7 nats per response).
     trainer, messages = watch_run(tiny_models, tokenizer, other_reference, tmp_path / "fires", adaptive_kl=True,
                                   kl_target=0.1)
@@ -315,7 +430,7 @@ def test_the_kl_threshold_the_config_derives_decides_the_warning_in_a_real_run(t
     assert len(kl) == 2 and 0.4 < kl[1] < 1.0, f"the premise (KL about 0.7 at step 2) no longer holds: {kl}"
     assert len(messages) == 1 and messages[0].startswith(
         f"Collapse watch, step 2: KL to the reference (objective/kl) averages {kl[1]:.2f} nats per response over the "
-        "last log, beyond 0.3 (3 x kl_target)"), messages
+        "last rollout, beyond 0.3 (3 x kl_target)"), messages
     assert "stop_on_collapse=True stops training" in messages[0]
     # kl_target = 0.4: 3 x 0.4 = 1.2 is above that KL, and kl_target itself (0.4) below it: silent only if the
     # threshold is the multiple.
@@ -548,3 +663,79 @@ def test_generate_keeps_a_sampled_eos_at_the_end_and_cuts_what_follows(tiny_mode
     one = trainer.generate(queries[0], return_prompt=False, logits_processor=LogitsProcessorList([Script([[10, eos]])]),
                            **kwargs)
     assert one.tolist() == [[10, eos]]
+
+
+# ---- no signal, and the first iteration says so ------------------------------------------------------------------
+def always_zero(prompts, completions, **kwargs):
+    """A verifiable reward that the model never hits yet."""
+    return [0.0] * len(completions)
+
+
+def test_a_reward_that_gives_every_sample_one_value_warns_once_in_its_first_iteration(tiny_models, tmp_path):
+    from hf_ppo.trainer.watch import NoSignalWarning
+
+    args = PPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_ppo_epochs=1, max_steps=3,
+                     response_length=4, logging_steps=1, learning_rate=1e-3, report_to=[], save_strategy="no",
+                     num_sample_generations=0, disable_tqdm=True, seed=0, num_generations=2,
+                     advantage_estimator="grpo")
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, reward_model=[always_zero, count_e],
+                           train_dataset=PROMPTS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    said = [str(w.message) for w in caught if issubclass(w.category, NoSignalWarning)]
+    assert len(said) == 1, said
+    assert "PPO iteration 1" in said[0] and "'always_zero' (0 each)" in said[0] and "format reward" in said[0]
+    assert "num_generations=4" not in said[0]  # grpo with 2 samples per prompt already compares them
+    logged = [e["frac_reward_zero_std"] for e in trainer.state.log_history if "frac_reward_zero_std" in e]
+    assert len(logged) == 3 and all(0.0 <= v <= 1.0 for v in logged)
+
+
+def test_no_signal_warns_once_per_reward_and_suggests_groups_to_a_run_without_them():
+    from types import SimpleNamespace
+
+    from hf_ppo.trainer.watch import NoSignal, NoSignalWarning
+
+    watch = NoSignal(SimpleNamespace(advantage_estimator="gae", num_generations=1))
+    with pytest.warns(NoSignalWarning, match=r"iteration 1: all 32 .*'exact_answer' \(0 each\) and the combined "
+                                             r"score \(0 each\).*num_generations=4"):
+        watch.check({None: 0.0, "exact_answer": 0.0}, 1, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        watch.check({None: 0.0, "exact_answer": 0.0}, 2, 32)  # said once
+    with pytest.warns(NoSignalWarning, match="iteration 3.*'fmt' \\(1 each\\)"):
+        watch.check({"fmt": 1.0, "exact_answer": 0.0}, 3, 32)
+
+
+# ---- a short, wildly tuned run ---------------------------------------------------------------------------------------
+def words(completions, **kwargs):
+    """One point per word."""
+    return [float(len(c.split())) for c in completions]
+
+
+def test_a_short_wildly_tuned_run_is_called_out_within_the_run(tiny_models, tokenizer, tmp_path):
+    """8 iterations of one update each, kl_coef=0, learning_rate=5e-2, a reward of one point per word, the defaults
+    otherwise (logging_steps=10: this run logs once, at its end). It degenerates: KL to the reference grows from 0 to
+    about 195 nats per response (32 at the 3rd iteration), entropy falls from 6.0 to 2.5, every response runs to
+    response_length. The watch reads every rollout, so it says so at the 3rd iteration, not never."""
+    args = default_config(tmp_path, per_device_train_batch_size=8, num_ppo_epochs=1, max_steps=8, kl_coef=0.0,
+                          learning_rate=5e-2, response_length=53, apply_chat_template_to_text=False)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer, reward_model=words,
+                           train_dataset=Dataset.from_dict({"prompt": list(PROMPTS["prompt"]) * 2}))
+    seen = []
+    watcher = next(c for c in trainer.callback_handler.callbacks if isinstance(c, CollapseWatch))
+
+    class Rollouts(TrainerCallback):  # what each rollout measured (the logs hold one mean of all eight)
+        def on_step_end(self, args, state, control, **kwargs):
+            seen.append(watcher.history.get("objective/kl", [None])[-1])
+
+    trainer.add_callback(Rollouts())
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.train()
+    messages = [str(w.message) for w in record if issubclass(w.category, CollapseWarning)]
+    assert len([h for h in trainer.state.log_history if "objective/kl" in h]) == 1  # one log, at the end
+    kl = [m for m in messages if "KL to the reference" in m]
+    assert kl and kl[0].startswith("Collapse watch, step 3: KL to the reference"), messages
+    assert "beyond 30 (the default with a fixed kl_coef" in kl[0]
+    assert len(seen) == 8 and seen[0] == 0.0 and seen[-1] > 100, seen  # it degenerates

@@ -1,0 +1,148 @@
+"""One run per output_dir (`hf_ppo.trainer.run_lock`): a second `train()` into a folder a live run
+holds is refused naming that run; a lock left by a dead process (kill -9) is taken over with a note; the lock goes at
+the end of `train()` and on error. The holder is a real second process training into the same folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+from datasets import Dataset
+
+from hf_ppo import PPOConfig, PPOLMTrainer
+
+LOCK = "hf_ppo_train.lock"
+
+
+def count_e(prompts, completions):
+    return [float(c.count("e")) for c in completions]
+
+
+def make_trainer(tiny_models, tokenizer, out, reward=count_e, **overrides):
+    args = {"output_dir": str(out), "per_device_train_batch_size": 4, "num_mini_batches": 1, "num_ppo_epochs": 1,
+            "max_steps": 1, "response_length": 4, "learning_rate": 1e-3, "report_to": [], "save_strategy": "steps",
+            "save_steps": 1, "num_sample_generations": 0, "disable_tqdm": True, "seed": 0}
+    args.update(overrides)
+    return PPOLMTrainer(model=tiny_models["policy"], args=PPOConfig(**args), processing_class=tokenizer,
+                        reward_model=reward, train_dataset=Dataset.from_dict({"prompt": ["the movie was"] * 8}))
+
+
+def start_run(tiny_models, out, then: str) -> subprocess.Popen:
+    """Another process training into `out`: at the start of its first step it prints "training", then either waits
+    until its stdin closes and finishes (`then="wait"`) or kills itself with SIGKILL (`then="die"`)."""
+    script = textwrap.dedent(f"""
+        import os, signal, sys, torch
+        from datasets import Dataset
+        from transformers import TrainerCallback
+        from hf_ppo import PPOConfig, PPOLMTrainer
+        torch.set_num_threads(1)
+
+        class Hold(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                print("training", flush=True)
+                if {then!r} == "die":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                sys.stdin.read()
+
+        args = PPOConfig(output_dir={str(out)!r}, per_device_train_batch_size=4, num_mini_batches=1, num_ppo_epochs=1,
+                         max_steps=1, response_length=4, report_to=[], save_strategy="no", num_sample_generations=0,
+                         disable_tqdm=True)
+        PPOLMTrainer(model={tiny_models["policy"]!r}, args=args, reward_model=lambda p, c: [0.0] * len(c),
+                     train_dataset=Dataset.from_dict({{"prompt": ["the movie was"] * 8}}), callbacks=[Hold()]).train()
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()  # blocks until it trains (or ends)
+    assert line.strip() == "training", process.communicate()[1][-3000:]
+    return process
+
+
+def test_a_second_run_into_a_folder_a_live_run_holds_is_refused_naming_it(tiny_models, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    mine = make_trainer(tiny_models, tokenizer, out)  # built before the other run starts
+    other = start_run(tiny_models, out, then="wait")
+    try:
+        with pytest.raises(RuntimeError) as refused:
+            mine.train()
+        message = str(refused.value)
+        assert type(refused.value).__name__ == "OutputDirInUseError"
+        assert f"process {other.pid} on {socket.gethostname()}" in message and "training since" in message
+        assert "another output_dir" in message and "--output_dir" in message and "wait for that run" in message
+        assert not list(out.glob("checkpoint-*"))  # the refused run wrote nothing
+        # A trainer built while the other run trains is refused at construction, before any model loads.
+        with pytest.raises(RuntimeError, match=rf"in use by another hf_ppo run: process {other.pid}"):
+            make_trainer(tiny_models, tokenizer, out)
+    finally:
+        other.communicate(input="", timeout=300)  # let it finish
+    assert other.returncode == 0
+    assert not (out / LOCK).exists()  # released at its end
+    mine = make_trainer(tiny_models, tokenizer, out)  # (a refused construction resets accelerate's shared state)
+    mine.train()  # the folder is free again
+    assert (out / "checkpoint-1").is_dir() and not (out / LOCK).exists()
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over_with_a_note(tiny_models, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    dead = start_run(tiny_models, out, then="die")
+    dead.communicate(timeout=300)
+    assert dead.returncode == -signal.SIGKILL
+    record = json.loads((out / LOCK).read_text())  # left behind by kill -9
+    assert record["pid"] == dead.pid
+    trainer = make_trainer(tiny_models, tokenizer, out)  # a dead holder does not block construction
+    with pytest.warns(UserWarning, match=rf"left by process {dead.pid} on .*no longer running.*takes the output "
+                                         "folder over"):
+        trainer.train()
+    assert trainer.state.global_step == 1 and not (out / LOCK).exists()
+
+
+def test_the_lock_is_held_while_training_and_released_at_the_end_and_on_error(tiny_models, tokenizer, tmp_path):
+    from transformers import TrainerCallback
+
+    out = tmp_path / "out"
+    seen = []
+
+    class Look(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            seen.append(json.loads((out / LOCK).read_text()))
+
+    trainer = make_trainer(tiny_models, tokenizer, out)
+    trainer.add_callback(Look())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a fresh folder: no note
+        trainer.train()
+    assert seen and seen[0]["pid"] == os.getpid() and seen[0]["host"] == socket.gethostname()
+    assert seen[0]["writer"] == "hf_ppo" and seen[0]["since"]
+    assert not (out / LOCK).exists()
+
+    calls = []
+
+    def fails_at_the_second_rollout(prompts, completions):
+        calls.append(1)
+        if len(calls) > 2:  # the construction probe, the first rollout, then this
+            raise KeyError("boom")
+        return [0.0] * len(completions)
+
+    failing = make_trainer(tiny_models, tokenizer, tmp_path / "failing", reward=fails_at_the_second_rollout,
+                           max_steps=2)
+    with pytest.raises(Exception, match="boom"):
+        failing.train()
+    assert not (tmp_path / "failing" / LOCK).exists()
+    make_trainer(tiny_models, tokenizer, tmp_path / "failing").train()  # free for the next run
+
+
+def test_a_file_of_that_name_hf_ppo_did_not_write_is_never_touched(tiny_models, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).write_text("my own notes\n")
+    with pytest.raises(RuntimeError, match=rf"{out / LOCK} exists and was not written by hf_ppo"):
+        make_trainer(tiny_models, tokenizer, out)
+    assert (out / LOCK).read_text() == "my own notes\n"
