@@ -187,3 +187,38 @@ def test_one_inf_row_every_rollout_leaves_that_row_out_and_training_goes_on(path
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if p.requires_grad)
     assert all(math.isfinite(h["objective/scores"]) for h in trainer.state.log_history if "objective/scores" in h)
+
+
+def test_a_rollout_dropped_for_nonfinite_logprobs_restores_the_reward_moments(paths, tmp_path, monkeypatch):
+    """A rollout whose scores are finite but whose old log-probs are NaN (a broken forward) is dropped after its
+    scores moved the running statistics: the reward normalisation's moments must be put back as they were, so the
+    sample taken again is normalised by the statistics of the rollouts that trained."""
+    import hf_ppo.rollout.steps as steps
+
+    real, calls = steps.policy_forward, []
+
+    def forward(*args, **kwargs):
+        logprobs, values, entropy = real(*args, **kwargs)
+        if kwargs.get("with_entropy"):  # step 5, the policy's own pass
+            calls.append(1)
+            if len(calls) == 2:
+                logprobs = torch.full_like(logprobs, float("nan"))
+        return logprobs, values, entropy
+
+    monkeypatch.setattr(steps, "policy_forward", forward)
+    seen, running = [], {}
+
+    def reward(prompts, completions):
+        if "trainer" in running:
+            seen.append(copy.deepcopy(running["trainer"].reward_moments.state_dict()))
+        return [float(len(c)) for c in completions]
+
+    args = config(tmp_path, per_device_train_batch_size=4, max_steps=3, response_length=4, normalize_rewards=True)
+    trainer = PPOLMTrainer(model=paths["llama"], args=args, reward_model=reward,
+                           train_dataset=Dataset.from_dict({"prompt": PROMPTS[:4]}))
+    running["trainer"] = trainer
+    with pytest.warns(UserWarning, match="rollout dropped and sampled again"):
+        trainer.train()
+    assert len(seen) == 4 and trainer.iteration == 3
+    assert seen[1] == seen[2], "the dropped rollout's scores stayed in the reward moments"
+    assert seen[1]["count"] == 4 and seen[3]["count"] == 8
