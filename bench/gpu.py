@@ -26,6 +26,7 @@ import argparse
 import gc
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,9 +75,12 @@ def build(name: str, folder: Path, dry_run: bool) -> tuple[str, str]:
         config = config_of(name, dry_run)
         torch.manual_seed(0)
         dtype = torch.float32 if dry_run else torch.bfloat16
-        AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(policy_dir)
-        config.num_labels = 1
-        AutoModelForSequenceClassification.from_config(config, dtype=dtype).save_pretrained(reward_dir)
+        # Initialised on the GPU where there is one: an 8B model's random init takes minutes on the CPU.
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(policy_dir)
+            config.num_labels = 1
+            AutoModelForSequenceClassification.from_config(config, dtype=dtype).save_pretrained(reward_dir)
+        release()
         for folder in (policy_dir, reward_dir):  # one tokenizer: the reward model reads the policy's token ids
             tokenizer_for(config.vocab_size).save_pretrained(folder)
     return str(policy_dir), str(reward_dir)
@@ -107,7 +111,8 @@ def lora():
 
 
 def peak_memory(name: str, policy: str, reward: str, a, checkpointing: bool, out: Path) -> dict:
-    """One PPO iteration; peak allocated GiB and its seconds."""
+    """One PPO iteration; peak allocated GiB, its seconds, and the first PPO ratio (exactly 1 when the rollout's
+    log-probs and the first update's agree)."""
     from hf_ppo import PPOConfig, PPOLMTrainer
     from hf_ppo.runtime.versions import CHECKPOINTING_ARG
 
@@ -125,12 +130,26 @@ def peak_memory(name: str, policy: str, reward: str, a, checkpointing: bool, out
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    trainer.train()
+    if a.profile and checkpointing:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities, profile_memory=True) as prof:
+            trainer.train()
+        sort = "cuda_time_total" if cuda else "cpu_time_total"
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.with_name(f"profile-{name}.txt").write_text(
+            prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=60) + "\n\n"
+            + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+    else:
+        trainer.train()
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    first = next((e for e in trainer.state.log_history if "val/ratio" in e), {})
     del trainer
     release()
-    return {"peak_gib": peak, "seconds": seconds}
+    return {"peak_gib": peak, "seconds": seconds, "first_ratio": first.get("val/ratio"),
+            "first_kl": first.get("objective/kl")}
 
 
 def tokens_per_second(policy: str, a, quantization: str = "4bit", batch: int | None = None,
@@ -157,26 +176,38 @@ def tokens_per_second(policy: str, a, quantization: str = "4bit", batch: int | N
     # vLLM where it is installed (`pip install "hf_ppo[vllm]"`; on a CPU, make bench-vllm): its copy of the same base
     # (4-bit on a GPU), the adapter synced before every timed rollout, as after each update in training.
     kinds = ("kv_cache", "static", "vllm") if importlib.util.find_spec("vllm") else ("kv_cache", "static")
+    kinds = tuple(k for k in kinds if k in a.engines)
     engines = {kind: make_rollout_engine(SamplingSettings(response, 0.7, batch, rollout_engine=kind), 0, None,
                                          policy=model, trained_adapter="default",
                                          vllm=VLLMSettings(max_model_len=prompt + response + 1, seed=0))
                for kind in kinds}
-    runs = {kind: (lambda e=engine: (e.weights_changed(), e.generate(model, queries, mask)))
-            for kind, engine in engines.items()}
-    runs["generate"] = lambda: model.generate(input_ids=queries, attention_mask=mask.long(), do_sample=True,
-                                              temperature=0.7, max_new_tokens=response,
-                                              min_new_tokens=response, pad_token_id=0)
+    runs = {}  # transformers' generate first (the baseline), the compiled engine last (its compile is the slow part)
+    if "generate" in a.engines:
+        runs["generate"] = lambda: model.generate(input_ids=queries, attention_mask=mask.long(), do_sample=True,
+                                                  temperature=0.7, max_new_tokens=response,
+                                                  min_new_tokens=response, pad_token_id=0)
+    runs.update({kind: (lambda e=engine: (e.weights_changed(), e.generate(model, queries, mask)))
+                 for kind, engine in engines.items()})
     result = {}
     with torch.no_grad():
         for kind, run in runs.items():
+            start = time.perf_counter()
             run()  # warm-up: compilation, CUDA graphs, allocator
             sync()
+            result[f"{kind}_warmup_seconds"] = time.perf_counter() - start
             start = time.perf_counter()
             for _ in range(a.reps):
                 run()
             sync()
             result[kind] = batch * response * a.reps / (time.perf_counter() - start)
-    result["static_vs_generate"] = result["static"] / result["generate"]
+            print(f"[gpu] tokens/s {kind}: {result[kind]:.1f} (warm-up {result[f'{kind}_warmup_seconds']:.1f} s)",
+                  flush=True)  # as it goes: a run cut short keeps the engines it timed
+            if a.profile and kind in ("kv_cache", "generate"):  # where a decode step's time goes
+                result[f"{kind}_profile"] = profile_to_file(run, a.json.with_name(f"profile-tokens-{kind}.txt"))
+    if "generate" in result:
+        for kind in ("static", "kv_cache", "vllm"):
+            if kind in result:
+                result[f"{kind}_vs_generate"] = result[kind] / result["generate"]
     if "vllm" in engines:  # the syncs of the warm-up and the timed runs: seconds per rollout
         result["vllm_sync_seconds"] = engines["vllm"].metrics()["time/weight_sync"] / (a.reps + 1)
         engines["vllm"].close()
@@ -222,6 +253,38 @@ def vllm_cpu_row(a) -> int:
     return 0
 
 
+def profile_to_file(run, path: Path) -> dict:
+    """One `run()` under torch.profiler: the op tables (by device time and by host time) to `path`; returns the
+    counts that say whether a step is bound by the host (launches) or the device."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        run()
+        sync()
+    events = prof.key_averages()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(events.table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=30,
+                                 max_name_column_width=70) + "\n\n"
+                    + events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    device_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events)
+    return {"kernel_launches": launches, "device_busy_seconds": device_us / 1e6,
+            "syncs": sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))}
+
+
+def guarded(fn, *args):
+    """One measurement; an error (out of memory, say) is recorded in its place and the next one runs."""
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - the table says what failed, the run goes on
+        import traceback
+
+        traceback.print_exc()
+        release()
+        return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+
+
 def sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -234,14 +297,25 @@ def release():
 
 
 def table(results: dict) -> str:
-    lines = ["| size | peak GiB, no checkpointing | peak GiB, checkpointing | tok/s kv_cache | tok/s static | "
-             "tok/s generate | static / generate |", "|---|---|---|---|---|---|---|"]
+    lines = ["| size | peak GiB, no checkpointing | peak GiB, checkpointing | s/iteration (checkpointing) | "
+             "first ratio | tok/s kv_cache | tok/s static | tok/s generate | static / generate |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def gib(m):
+        if m is None:
+            return "not run"
+        if "error" in m:
+            return m["error"].split(":")[0]
+        return "n/a (CPU)" if m["peak_gib"] is None else f"{m['peak_gib']:.1f}"
+
     for name, r in results.items():
-        gib = [r[k]["peak_gib"] for k in ("memory", "memory_checkpointing")]
-        t = r["tokens_per_second"]
-        lines.append(f"| {name} | " + " | ".join("n/a (CPU)" if g is None else f"{g:.1f}" for g in gib)
-                     + f" | {t['kv_cache']:.0f} | {t['static']:.0f} | {t['generate']:.0f} | "
-                       f"{t['static_vs_generate']:.2f}x |")
+        on = r.get("memory_checkpointing") or r.get("memory") or {}
+        t = r.get("tokens_per_second") or {}
+        speed = " | ".join(f"{t[k]:.0f}" if k in t else t.get("error", "not run").split(":")[0]
+                           for k in ("kv_cache", "static", "generate"))
+        speed += f" | {t['static_vs_generate']:.2f}x" if "static_vs_generate" in t else " | -"
+        lines.append(f"| {name} | {gib(r.get('memory'))} | {gib(r.get('memory_checkpointing'))} | "
+                     f"{on.get('seconds', float('nan')):.1f} | {on.get('first_ratio')} | {speed} |")
     return "\n".join(lines)
 
 
@@ -255,6 +329,14 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=1, help="num_ppo_epochs of the measured iteration")
     p.add_argument("--mini-batches", type=int, default=2)
     p.add_argument("--reps", type=int, default=3, help="timed generations per engine")
+    p.add_argument("--checkpointing", choices=["both", "on", "off", "none"], default="both",
+                   help="the memory rows: gradient checkpointing off and on (both), one of them, or none (no memory row)")
+    p.add_argument("--tokens-sizes", nargs="*", default=None, choices=list(SIZES),
+                   help="the sizes whose tokens/s are measured (default: every size in --sizes)")
+    p.add_argument("--engines", nargs="+", default=["kv_cache", "static", "vllm", "generate"],
+                   help="what the tokens/s rows time: the rollout engines and transformers' generate")
+    p.add_argument("--profile", action="store_true",
+                   help="torch.profiler over the checkpointing iteration: profile-<size>.txt beside --json")
     p.add_argument("--models", type=Path, default=None, help="where the random models are saved (default: a temp dir)")
     p.add_argument("--json", type=Path, default=HERE / "out" / "gpu.json")
     p.add_argument("--skip-peer", action="store_true", help="skip bench.py --gpu (s/iter against trl 1.12)")
@@ -273,18 +355,24 @@ def main() -> int:
         print("[gpu] no CUDA device: run with --dry-run to check the script on the CPU.")
         return 1
     models = a.models or Path(tempfile.mkdtemp(prefix="hf_ppo-gpu-"))
+    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "batch": a.batch, "prompt": a.prompt, "response": a.response, "dry_run": a.dry_run,
+            "command": " ".join(["python", "bench/gpu.py", *sys.argv[1:]])}
     results = {}
     for name in a.sizes:
         policy, reward = build(name, models, a.dry_run)
+        results[name] = {}
         with tempfile.TemporaryDirectory() as out:
-            results[name] = {"memory": peak_memory(name, policy, reward, a, False, Path(out)),
-                             "memory_checkpointing": peak_memory(name, policy, reward, a, True, Path(out)),
-                             "tokens_per_second": tokens_per_second(policy, a)}
+            for checkpointing in {"both": (False, True), "on": (True,), "off": (False,), "none": ()}[a.checkpointing]:
+                key = "memory_checkpointing" if checkpointing else "memory"
+                results[name][key] = guarded(peak_memory, name, policy, reward, a, checkpointing, Path(out))
+            if a.tokens_sizes is None or name in a.tokens_sizes:
+                results[name]["tokens_per_second"] = guarded(tokens_per_second, policy, a)
         print(f"[gpu] {name}: {json.dumps(results[name])}", flush=True)
-    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-            "batch": a.batch, "prompt": a.prompt, "response": a.response, "dry_run": a.dry_run}
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        a.json.parent.mkdir(parents=True, exist_ok=True)  # after each size: a run cut short keeps what it measured
+        a.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        if a.models is None:  # an 8B pair is 32 GB on disk
+            shutil.rmtree(models / name, ignore_errors=True)
     print(table(results))
     if not (a.dry_run or a.skip_peer):
         return subprocess.call([sys.executable, str(HERE / "bench.py"), "--gpu", "--skip-8b"])

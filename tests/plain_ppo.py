@@ -21,6 +21,8 @@ import math
 
 import torch
 
+from tests.devices import device_of
+
 
 def real_length(response: list[int], stop_token_id: int | None) -> int:
     """Tokens up to and including the first stop token (all of them when there is none)."""
@@ -32,7 +34,7 @@ def real_length(response: list[int], stop_token_id: int | None) -> int:
 
 def run_alone(lm, ids: list[int]):
     """Logits (T, vocab) and the final hidden states (T, hidden) of one unpadded sequence, with no KV cache."""
-    out = lm(input_ids=torch.tensor([ids]), use_cache=False, output_hidden_states=True)
+    out = lm(input_ids=torch.tensor([ids], device=device_of(lm)), use_cache=False, output_hidden_states=True)
     logits, hidden = out.logits[0].float(), out.hidden_states[-1][0]
     # The value head must read the state the LM head reads: check that this is it.
     torch.testing.assert_close(lm.get_output_embeddings()(hidden).float(), logits, rtol=1e-4, atol=1e-5)
@@ -64,7 +66,7 @@ def kl_token(logp: float, ref_logp: float, estimator: str) -> float:
 @torch.no_grad()
 def score_alone(reward_model, ids: list[int]) -> float:
     """The reward model on one unpadded sequence: its own pooling reads the last (= last real) token."""
-    return reward_model(input_ids=torch.tensor([ids])).logits[0, 0].item()
+    return reward_model(input_ids=torch.tensor([ids], device=device_of(reward_model))).logits[0, 0].item()
 
 
 @torch.no_grad()

@@ -72,7 +72,13 @@ def PPOConfig(**kwargs) -> _PPOConfig:  # noqa: N802 - TRL 0.11's class name, so
                       f"gradient_accumulation_steps = {step_size}.")
     if errors:
         raise ValueError("TRL 0.11 PPOConfig settings hf_ppo cannot reproduce:\n- " + "\n- ".join(errors))
-    ignored = sorted(k for k in kwargs if k in COSMETIC)
+    # Precision: TRL 0.11 trained in fp32 unless its Accelerator was told otherwise (accelerator_kwargs'
+    # mixed_precision), where hf_ppo's own default is bf16 on a GPU that supports it.
+    accelerator_kwargs = dict(kwargs.get("accelerator_kwargs") or {})
+    mixed = accelerator_kwargs.pop("mixed_precision", "no")
+    if mixed not in ("no", "fp16", "bf16"):
+        raise ValueError(f"accelerator_kwargs['mixed_precision']={mixed!r}: 'no', 'fp16' or 'bf16'.")
+    ignored = sorted(k for k in kwargs if k in COSMETIC and (k != "accelerator_kwargs" or accelerator_kwargs))
     if ignored:
         warnings.warn(f"PPOConfig: {ignored} have no effect on training in hf_ppo and are ignored.", stacklevel=2)
     args = _PPOConfig(
@@ -89,6 +95,7 @@ def PPOConfig(**kwargs) -> _PPOConfig:  # noqa: N802 - TRL 0.11's class name, so
         max_grad_norm=0.0 if trl["max_grad_norm"] is None else trl["max_grad_norm"],
         gradient_checkpointing=trl["gradient_checkpointing"], exp_name=trl["exp_name"],
         report_to=[trl["log_with"]] if trl["log_with"] else [], save_strategy="no",
+        bf16=mixed == "bf16", fp16=mixed == "fp16",
     )
     for name, default in READ_BACK.items():
         setattr(args, name, kwargs.get(name, default))

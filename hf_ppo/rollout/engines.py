@@ -231,6 +231,16 @@ def stop_tensor(stop_token_ids, device) -> torch.Tensor:
     return torch.as_tensor(list(stop_token_ids), dtype=torch.long, device=device)
 
 
+def input_device(model: nn.Module) -> torch.device:
+    """Where `model` takes its input ids: its input embedding's device (the first of a `device_map`), else its first
+    parameter's."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(embeddings, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight.device
+    return next(model.parameters()).device
+
+
 def sample_token(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float) -> torch.Tensor:
     """One token per row from softmax(logits / temperature), restricted to the top-k / top-p (nucleus) set.
 

@@ -23,8 +23,8 @@ from .scoring import scores_given
 
 
 class Prompt(NamedTuple):
-    """One prompt as an environment gets it: `ids` (P,) long, its token ids without padding, and `text`, the
-    dataset's prompt (text, or a chat's messages)."""
+    """One prompt as an environment gets it: `ids` (P,) long, its token ids without padding, on the CPU whatever the
+    policy's device, and `text`, the dataset's prompt (text, or a chat's messages)."""
 
     ids: torch.Tensor
     text: object
@@ -36,7 +36,8 @@ class EnvSample(NamedTuple):
     score the whole episode with the trainer's reward model / callables; `rewards` (T,) float or None: rewards at
     positions (a per-turn or per-step reward), each credited to the policy token at or before its position (a reward
     on an environment token goes to the policy token that led to it). T <= `response_length`. `collate` checks each
-    field where it enters (integer ids the policy can embed, a number or None as the score) and names the sample."""
+    field where it enters (integer ids the policy can embed, a number or None as the score) and names the sample.
+    The tensors may be on any device (the trainer takes them to the CPU to check them, then to the policy's)."""
 
     tokens: torch.Tensor
     policy_mask: torch.Tensor
@@ -59,6 +60,11 @@ class Environment:
         far) with the current policy and returns its new tokens (1-D, up to and including a stop token, at most
         `max_new_tokens` and `response_length`); call it once per turn for the whole batch (a non-empty list of 1-D
         sequences without padding), as the rollout engine samples a batch at once.
+
+        Devices: the environment works on the CPU whatever the policy's device. `Prompt.ids` and what `sample`
+        returns are CPU tensors, so `torch.cat([prompt.ids, answer, torch.tensor(reply)])` works as it is on a GPU
+        run; `sample` takes sequences on any device (the trainer moves them to the policy's device to sample), and
+        the `EnvSample`s may hold tensors on any device (they are collated on the CPU and moved to the policy's).
         """
         raise NotImplementedError
 

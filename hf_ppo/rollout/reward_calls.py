@@ -129,10 +129,15 @@ def check_reward_function(func, columns: list[str] | None, name: str) -> None:
     """Raise TypeError when `func` cannot take the call hf_ppo will make: a keyword-style function (see
     `keyword_style`) with a required parameter that is neither a dataset column (`columns`; None: not known yet, that
     check is skipped) nor prompts/completions/completion_ids, or one that can only be given by position. A column
-    named like one of those three is refused too (the call's own value would hide it)."""
+    named like one of those three is refused too (the call's own value would hide it), and so is a class (passed where
+    its instance was meant: calling it would build an instance, not score)."""
     if not callable(func):
         raise TypeError(f"The reward function {name!r} is a {type(func).__name__}, not callable: give a function "
                         "(prompts, completions, **kwargs) -> list[float].")
+    if inspect.isclass(func):  # callable, but calling it builds an instance: never one score per completion
+        raise TypeError(f"The reward function {name!r} is the class {func.__qualname__}, not a reward function: pass "
+                        f"an instance of it ({func.__qualname__}(...), whose __call__ scores the completions), or a "
+                        "function (completions, **kwargs) -> list[float].")
     clash = sorted(set(columns or ()) & (set(CALL_NAMES) | set(HOOK_NAMES)))
     if clash:
         raise TypeError(f"The prompt dataset has a column named {clash[0]!r}, which the reward function {name!r} is "

@@ -33,7 +33,7 @@ from ..models.reward_model import RewardLoading, load_rewards, naming_reward, re
 from ..models.tokenizers import (load_reward_tokenizer, render_chat_prompt, same_checkpoint, same_tokenizer,
                                  with_completion, with_scoring_pad)
 from ..runtime.warn import warn_user
-from .engines import chunks, sequence_inputs
+from .engines import chunks, input_device, sequence_inputs
 from .reward_calls import (
     RewardHooks,
     call_reward,
@@ -167,10 +167,18 @@ def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batc
     that pools itself (encoders: [CLS] through `pooler` + `classifier`) runs its own forward on right-padded inputs
     (real tokens moved to the front, pad slots masked and filled with its pad id), exactly as it was trained.
     Inputs longer than the reward model's context (`max_position_embeddings`) never run past it (`fit_context`).
+    The inputs may be on another device than the reward model (which may sit elsewhere than the policy, or be spread
+    by a `device_map`): they are moved to the device of its input embedding, and the scores come back on the
+    inputs' device.
     """
     scores = []
     own_pooling = pools_itself(reward_model)
     attention_mask = fit_context(attention_mask, reward_context(reward_model), own_pooling)
+    device = input_device(reward_model)
+    returned_on = input_ids.device
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    if token_type_ids is not None:
+        token_type_ids = token_type_ids.to(device)
     for rows in chunks(input_ids.shape[0], batch_size):
         ids, mask = input_ids[rows], attention_mask[rows].bool()
         if own_pooling:
@@ -187,10 +195,10 @@ def reward_model_scores(reward_model: nn.Module, input_ids, attention_mask, batc
         backbone = getattr(reward_model, reward_model.base_model_prefix)
         position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
         hidden = backbone(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids).last_hidden_state
-        per_token = reward_model.score(hidden)[..., 0]
-        last = last_token_index(mask)
-        scores.append(per_token[torch.arange(ids.shape[0], device=ids.device), last].float())
-    return torch.cat(scores)
+        per_token = reward_model.score(hidden)[..., 0]  # on the score head's device (a device_map's last)
+        last = last_token_index(mask).to(per_token.device)
+        scores.append(per_token[torch.arange(ids.shape[0], device=per_token.device), last].float())
+    return torch.cat([s.to(returned_on) for s in scores])
 
 
 def reward_context(reward_model: nn.Module) -> int | None:

@@ -44,7 +44,7 @@ from ..algorithms.ppo_math import (
 from ..models.adapters import adapter_active
 from ..runtime.sharding import gathered
 from .batch import RolloutBatch
-from .engines import RolloutEngine, SamplingSettings, chunks, engine_stats, sequence_inputs, stop_tensor
+from .engines import RolloutEngine, SamplingSettings, chunks, engine_stats, input_device, sequence_inputs, stop_tensor
 from .environments import Prompt, check_sequences, collate, embedding_rows
 from .reward_calls import RewardHooks
 from .scoring import RewardSet, penalize
@@ -350,25 +350,33 @@ def environment_samples(parts: RolloutParts, policy: nn.Module, queries, query_m
                         response_length: int, columns: dict[str, list] | None = None) -> Samples:
     """Steps 1-3 through `parts.environment` (`rollout/environments.py`): its episodes, sampled with `parts.engine`
     from the policy, padded to `response_length`; samples without a score of their own are scored with
-    `parts.reward` on the whole episode. `contains_stop`: the policy sampled a stop token somewhere in the episode."""
+    `parts.reward` on the whole episode. `contains_stop`: the policy sampled a stop token somewhere in the episode.
+
+    The environment works on the CPU whatever the policy's device: the prompts' `ids` it gets and the tokens `sample`
+    returns are CPU tensors (an environment written and tested on a CPU runs unchanged on a GPU); the sequences it
+    passes to `sample` and the samples it returns may be on any device (`check_sequences` and `collate` take them to
+    the CPU; the engine then samples on the policy's device, and the episodes come back on the queries')."""
     environment, engine, tokenizer, stop_token_ids = parts.environment, parts.engine, parts.tokenizer, \
         parts.stop_token_ids
     start, pad = time.perf_counter(), tokenizer.pad_token_id
     # Who gave the samples, for the errors of the boundary checks (`check_sequences`, `collate`).
     source = getattr(environment, "source", None) or f"{type(environment).__name__}.rollout"
-    rows = embedding_rows(policy.policy_model)
+    rows, device = embedding_rows(policy.policy_model), input_device(policy.policy_model)
 
     def sample(sequences: list[torch.Tensor], max_new_tokens: int | None = None) -> list[torch.Tensor]:
-        sequences = check_sequences(sequences, source, rows)
+        sequences = check_sequences(sequences, source, rows)  # 1-D long CPU tensors
         width = max(len(seq) for seq in sequences)
-        ids = queries.new_full((len(sequences), width), pad)
+        ids = torch.full((len(sequences), width), pad, dtype=queries.dtype)
         mask = torch.zeros_like(ids, dtype=torch.bool)
         for row, seq in enumerate(sequences):
-            ids[row, width - len(seq):], mask[row, width - len(seq):] = torch.as_tensor(seq).to(ids.device), True
+            ids[row, width - len(seq):], mask[row, width - len(seq):] = seq, True
+        ids, mask = ids.to(device), mask.to(device)
         new, new_mask, _ = truncate_after_stop(engine.generate(policy.policy_model, ids, mask), stop_token_ids, pad)
+        new, new_mask = new.cpu(), new_mask.cpu()  # one copy for the batch, not one per row
         return [row[keep][:max_new_tokens] for row, keep in zip(new, new_mask)]
 
-    episodes = environment.rollout([Prompt(q[m], p) for q, m, p in zip(queries, query_mask, prompts)], sample)
+    cpu_queries, cpu_mask = queries.cpu(), query_mask.cpu().bool()
+    episodes = environment.rollout([Prompt(q[m], p) for q, m, p in zip(cpu_queries, cpu_mask, prompts)], sample)
     out = collate(episodes, len(queries), response_length, pad, queries.device, source=source, rows=rows)
     contains_stop = (torch.isin(out.responses, stop_tensor(stop_token_ids, queries.device)) & out.policy_mask).any(1)
     generated = time.perf_counter()

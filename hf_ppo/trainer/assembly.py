@@ -172,6 +172,11 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
             warn_user(f"critic={args.critic!r}: the value head of the model passed is not used (the critic has "
                       "its own). Pass the causal LM alone, or use critic='shared' to train that head.")
         policy = PolicyAndCritic(body, critic)
+        if (getattr(critic, "quantization_method", None) and not getattr(body, "quantization_method", None)
+                and not (args.fsdp or args.deepspeed)):
+            # Trainer moves no model that reports a quantization method, and this pair reports the critic's 4-bit
+            # one: the full-precision policy goes where the critic already is, as Trainer would have put it.
+            body.to(args.device)
     if saved is not None:
         policy.load_critic_state_dict(saved.state)
     models = [m for m in (policy, ref, *(reward if isinstance(reward, list) else [reward])) if isinstance(m, nn.Module)]

@@ -508,7 +508,8 @@ class PPOConfig(TrainingArguments):
     )
     logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
     bf16: bool | None = field(
-        default=None, metadata={"help": "bf16 mixed precision. None: on when a CUDA GPU supports it, else off."}
+        default=None, metadata={"help": "bf16 mixed precision. None: on when the run is on a CUDA GPU that supports "
+                                      "it (not with use_cpu=True), else off."}
     )
 
     # Dict fields also take a JSON object as a string, as on the command line (`--reward_model_init_kwargs
@@ -531,7 +532,9 @@ class PPOConfig(TrainingArguments):
                     raise ValueError(f"{name}={value!r}: give a JSON object ({{...}}), the keyword arguments of "
                                      "from_pretrained.")
         if self.bf16 is None:
-            self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()) and not self.fp16
+            # use_cpu=True runs on the CPU where a GPU is visible too: its default is the CPU's (fp32), not the GPU's.
+            self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()) and not (
+                self.fp16 or self.use_cpu)
         if self.exp_name is not None and self.run_name is None:
             self.run_name = self.exp_name
         if self.dataloader_pin_memory is None:

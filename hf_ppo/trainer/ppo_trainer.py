@@ -213,7 +213,10 @@ class PPOLMTrainer(StepAPI, Trainer):
         if "response_length" in inputs:  # step(): its longest response
             settings = settings.with_response_length(inputs["response_length"])
         parts = self.rollout_parts(inputs.get("environment", self.environment))
-        with showing_sampling(self.callback_handler.callbacks, self.state, "rollout"):  # per-token status on the bar
+        # Under the run's mixed precision (accelerate's autocast, as the prepared policy's own forward): the reference,
+        # the reward model and the sampling then compute as the policy does, so that at step 0 the policy is its
+        # reference bit for bit (KL 0) on a GPU's bf16 too, not only the policy's pass.
+        with showing_sampling(self.callback_handler.callbacks, self.state, "rollout"), self.accelerator.autocast():
             result = rollout_with_refill(
                 model, inputs["queries"], inputs["query_mask"], inputs["prompts"], parts, settings,
                 columns=inputs.get("columns"),  # the dataset's other columns, for the reward functions
@@ -317,7 +320,7 @@ class PPOLMTrainer(StepAPI, Trainer):
 
     # ---- evaluation: the policy against its reference (evaluation/; eval_loss = -mean training score) -------------
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        with showing_sampling(self.callback_handler.callbacks, self.state, "evaluation"):
+        with showing_sampling(self.callback_handler.callbacks, self.state, "evaluation"), self.accelerator.autocast():
             loss = self.evaluator.step(self, super()._prepare_inputs(inputs), self.args.eval_settings)
         return loss.detach(), None, None
 

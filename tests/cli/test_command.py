@@ -22,6 +22,7 @@ from peft import LoraConfig
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.cli.command import main
 from hf_ppo.models import gguf
+from tests.devices import CUDA
 from tests.hub_fixtures import TEST_USER
 
 REPO = Path(__file__).resolve().parents[2]
@@ -273,7 +274,9 @@ def test_hf_ppo_evaluate_samples_the_reference_training_evaluated_against(tiny_m
     recorded (full precision here), the reference's responses and scores are the very ones training evaluated."""
     from hf_ppo.cli.command import evaluate
 
-    _, trained, folder = _trained_adapter(tiny_models, tmp_path)
+    # Trained where hf-ppo evaluate runs (it has no device option: a GPU where one is visible), in fp32 on either
+    # machine: the two evaluations sample the same tokens only on the same device with the same numerics.
+    _, trained, folder = _trained_adapter(tiny_models, tmp_path, use_cpu=not CUDA, bf16=False)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     monkeypatch.chdir(tmp_path)

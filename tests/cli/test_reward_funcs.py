@@ -395,3 +395,41 @@ def test_a_resume_with_more_reward_functions_is_one_line(tmp_path, tiny_models, 
     message = str(info.value.code)
     assert message.startswith("hf-ppo train: error: ") and "rewards: checkpoint [exact (function " in message
     assert "think_format_reward (function trl.rewards" in message and "allow_config_change_on_resume" in message
+
+
+# ---- issue 51: a single entry without its list; a class named as an entry ------------------------------------------
+def test_a_single_entry_written_without_its_list_is_a_one_element_list(tmp_path, tiny_models, no_model_loads):
+    """`reward_funcs: tests.cli.test_reward_funcs.exact_text` (a string, not a list) in the YAML: the function,
+    exactly as `reward_funcs: [tests.cli.test_reward_funcs.exact_text]` gives it."""
+    given = {}
+    for form, entry in (("string", "tests.cli.test_reward_funcs.exact_text"),
+                        ("list", ["tests.cli.test_reward_funcs.exact_text"])):
+        root = _project(tmp_path / form, tiny_models, reward_funcs=entry)
+        no_model_loads.clear()
+        with pytest.raises(Built):
+            train.main(["--config", str(root / "configs" / "run.yaml")])
+        given[form] = no_model_loads[0]["reward_model"]
+    assert given["string"] is exact_text and given["list"] is exact_text
+
+
+class ScaledReward:
+    """A reward written as a class: its instance (made by a factory entry) is the reward function."""
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale
+
+    def __call__(self, completions, **kwargs):
+        return [self.scale] * len(completions)
+
+
+def test_a_class_named_in_reward_funcs_is_refused_and_its_factory_form_works(tmp_path, tiny_models, no_model_loads):
+    path = "tests.cli.test_reward_funcs.ScaledReward"
+    root = _project(tmp_path, tiny_models, reward_funcs=[path])
+    with pytest.raises(train.ConfigError) as info:
+        train.main(["--config", str(root / "configs" / "run.yaml")])
+    message = str(info.value)
+    assert f"reward_funcs entry '{path}' is a class, not a reward function: write it as a factory, " \
+           f"{{'{path}': {{<its arguments>}}}} in YAML" in message, message
+    assert len(message.splitlines()) == 1 and no_model_loads == []
+    (loaded,) = load_reward_funcs([{path: {"scale": 2.0}}])  # the fix named: its instance is the reward
+    assert isinstance(loaded.func, ScaledReward) and loaded.func(completions=["a", "b"]) == [2.0, 2.0]

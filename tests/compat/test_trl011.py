@@ -105,6 +105,19 @@ def test_unmappable_and_unknown_names_error_and_cosmetic_ones_warn():
         PPOConfig(tracker_project_name="x", optimize_device_cache=True)
 
 
+def test_precision_is_trl_0_11s_fp32_unless_its_accelerator_kwargs_ask(recwarn):
+    """TRL 0.11 trained in fp32 unless `accelerator_kwargs` set `mixed_precision`: the shim does too, where
+    hf_ppo's own default turns bf16 on with a GPU that supports it (on a GPU machine this test pins that)."""
+    trl = PPOConfig()
+    assert (trl.bf16, trl.fp16, trl.precision) == (False, False, "fp32")
+    assert PPOConfig(accelerator_kwargs={"mixed_precision": "no"}).precision == "fp32"
+    assert not [w for w in recwarn if "accelerator_kwargs" in str(w.message)]  # mixed_precision alone is not ignored
+    with pytest.warns(UserWarning, match=r"\['accelerator_kwargs'\]"):  # its other keys are
+        PPOConfig(accelerator_kwargs={"mixed_precision": "no", "log_with": "wandb"})
+    with pytest.raises(ValueError, match="mixed_precision.*'no', 'fp16' or 'bf16'"):
+        PPOConfig(accelerator_kwargs={"mixed_precision": "fp8"})
+
+
 def test_trainer_arguments_it_does_not_offer_error_before_loading(tmp_path):
     config = PPOConfig(output_dir=str(tmp_path))
     with pytest.raises(ValueError, match="num_shared_layers is not offered"):

@@ -22,6 +22,8 @@ from hf_ppo.evaluation.evaluator import evaluation_metrics, pass_at_k, pass_at_k
 from hf_ppo.evaluation.report import REPORT_FILE, REPORT_MARK, metrics_markdown, write_report
 from hf_ppo.rollout import make_rollout_engine
 from hf_ppo.rollout.reward_calls import RewardFunctionError
+from tests.devices import device_of
+from tests.prompt_codes import CodeCheck, LastTokenEngine, coded_prompts, group_codes
 from tests.scripted_engine import ScriptedEngine
 
 
@@ -94,9 +96,12 @@ def test_evaluate_compares_policy_and_reference_and_writes_the_report(tiny_model
     assert "Evaluation against the reference (step 2)" in card and "| judge/length_judge |" in card
 
 
-def test_at_step_zero_the_policy_is_its_reference(tiny_models, tokenizer, tmp_path):
-    """With no training the policy is the reference: KL 0 on its own samples."""
-    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args(tmp_path), processing_class=tokenizer,
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_at_step_zero_the_policy_is_its_reference(tiny_models, tokenizer, tmp_path, bf16):
+    """With no training the policy is the reference: KL 0 on its own samples. Under bf16 mixed precision (a GPU's
+    default) the reference's pass runs under the policy's autocast too (without it: -0.00018 nats on an H200)."""
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args(tmp_path, bf16=bf16, use_cpu=True),
+                           processing_class=tokenizer,
                            reward_model=count_e, train_dataset=PROMPTS, eval_dataset=PROMPTS.select(range(4)))
     metrics = trainer.evaluate()
     assert metrics["eval_kl_to_reference"] == pytest.approx(0.0, abs=1e-5)
@@ -358,6 +363,52 @@ def test_evaluate_leaves_a_functions_none_out_of_its_pass_at_k(tiny_models, toke
     assert metrics["eval_reward/contains_answer/not_applicable"] == 0
     text = open(os.path.join(trainer.args.output_dir, REPORT_FILE), encoding="utf-8").read()
     assert "skips_the_food: None (does not apply)" in text and "pass@4 over 3 of 4 prompts" in text
+
+
+def test_evaluate_keeps_each_samples_tokens_with_its_prompts_text_and_columns(tiny_models, tokenizer, tmp_path):
+    """num_eval_samples=k: the k rows of a prompt must carry its TOKENS, its text and its dataset columns together
+    (`repeated`: one repeat_interleave of all of them), on the policy's and the reference's side, for a training reward
+    and a judge, over an uneven last batch too. The engine answers each query row with the row's last prompt token
+    (tests/prompt_codes.py); the rewards check that against the row's `code` column and the prompt text, and score the
+    row with its `value` column. A repeat for a repeat_interleave, or one side's rows reordered, shows as a mismatch,
+    as rows of a group from other prompts, or as a sample scored with another prompt's value."""
+    length, k = 4, 3
+    data = coded_prompts(tokenizer, 5)  # eval batches of 2, 2 and 1 prompts
+    reward, judge = CodeCheck(tokenizer, length), CodeCheck(tokenizer, length, name="code_judge")
+    args = PPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, per_device_eval_batch_size=2,
+                     num_ppo_epochs=1, max_steps=1, response_length=length, report_to=[], save_strategy="no",
+                     num_sample_generations=0, disable_tqdm=True, seed=0, num_eval_samples=k,
+                     apply_chat_template_to_text=False)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer, reward_model=reward,
+                           eval_reward_model=judge, train_dataset=data, eval_dataset=data)
+    reward.reset()  # the construction probes' empty completions
+    judge.reset()
+    engine = trainer.rollout_engine = LastTokenEngine(length)
+    real, gathered = trainer.gather_function, []
+    # Each batch's (prompts, k) tensors, as the evaluator gathers them (Trainer gathers its losses there too).
+    trainer.gather_function = lambda x: (gathered.append(x) if isinstance(x, dict) else None) or real(x)
+    metrics = trainer.evaluate()
+    # Each batch sampled by the reference, then by the policy: k consecutive rows per prompt, the prompts in order.
+    assert [len(queries) for queries, _ in engine.calls] == [2 * k, 2 * k, 2 * k, 2 * k, k, k]
+    codes, problems = group_codes(engine.calls, k)
+    assert problems == []
+    assert codes == [c for b in (0, 2, 4) for _side in ("reference", "policy") for c in data["code"][b:b + 2]]
+    # Every completion met its own prompt's text and columns, in the training reward and in the judge.
+    assert reward.rows == judge.rows == 2 * 5 * k
+    assert reward.mismatches == [] and judge.mismatches == []
+    # Each sample's score is its prompt's value: in every batch's gathered (prompts, k) scores, the means, the report.
+    values = torch.tensor(data["value"])[:, None].expand(-1, k)
+    assert [len(batch["kl"]) for batch in gathered] == [2, 2, 1]
+    for name in ("reward/code_check", "judge/code_judge"):
+        for side in ("policy", "reference"):
+            assert torch.equal(torch.cat([batch[f"{side}|{name}"].cpu() for batch in gathered]), values), (side, name)
+            assert metrics[f"eval_{name}/{side}"] == pytest.approx(sum(data["value"]) / 5)
+    expected = [(f"{p} (sample {j}/{k})", tokenizer.decode([c] * length).strip(),
+                 f"reward/code_check: {v:g}<br>judge/code_judge: {v:g}")
+                for p, c, v in zip(data["prompt"], data["code"], data["value"]) for j in range(1, k + 1)]
+    rows = report_rows(trainer)
+    assert [tuple(row[:3]) for row in rows] == expected  # the reference's responses and scores
+    assert [(row[0], *row[3:]) for row in rows] == expected  # the policy's
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, None])
@@ -668,7 +719,8 @@ def evaluate_with(trainer, judge: ChangedJudge, engine) -> dict[str, float]:
 @pytest.fixture(scope="module", params=["full", "lora"])
 def trained(request, tiny_models, tmp_path_factory):
     """A policy trained for two steps (a full fine-tune: KL estimator k1; LoRA, the reference its adapter disabled:
-    k3), and its judge, holding the untrained model's greedy completions."""
+    k3), and its judge, holding the untrained model's greedy completions. fp32 on any machine (bf16=False): the KL
+    below is checked against one computed by hand in fp32, which bf16 autocast (a GPU's default) would not match."""
     from peft import LoraConfig
 
     lora = request.param == "lora"
@@ -676,7 +728,7 @@ def trained(request, tiny_models, tmp_path_factory):
                      per_device_eval_batch_size=4, num_ppo_epochs=1, max_steps=2, response_length=6, report_to=[],
                      save_strategy="no", num_sample_generations=0, disable_tqdm=True, seed=0, num_eval_samples=K,
                      apply_chat_template_to_text=False,
-                     learning_rate=1e-2 if lora else 3e-3, kl_estimator="k3" if lora else "k1")
+                     learning_rate=1e-2 if lora else 3e-3, kl_estimator="k3" if lora else "k1", bf16=False)
     judge = ChangedJudge()
     trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, reward_model=count_e, eval_reward_model=judge,
                            train_dataset=FOUR_PROMPTS, eval_dataset=FOUR_PROMPTS,
@@ -725,9 +777,11 @@ def test_after_training_the_reference_side_samples_the_frozen_reference_and_the_
 
 
 def response_logprobs(model, query: list[int], response: list[int], temperature: float) -> torch.Tensor:
-    """log pi(response_t | query, response_<t) of each response token, one unpadded row, logits / temperature."""
+    """log pi(response_t | query, response_<t) of each response token, one unpadded row, logits / temperature:
+    computed where `model` is (a trainer's model: on a GPU where one is visible), returned on the CPU."""
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([query + response])).logits[0, len(query) - 1:-1].float()
+        ids = torch.tensor([query + response], device=device_of(model))
+        logits = model(input_ids=ids).logits[0, len(query) - 1:-1].float().cpu()
     return torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
 
 
@@ -746,7 +800,8 @@ def test_eval_kl_is_the_per_response_sum_of_policy_against_the_frozen_reference(
     metrics = evaluate_with(trainer, judge, engine)
     queries, query_mask = engine.queries[-1]
     assert len(queries) == K * len(FOUR_PROMPTS)
-    policy, reference = trainer.model.policy_model, AutoModelForCausalLM.from_pretrained(tiny_models["policy"])
+    policy = trainer.model.policy_model
+    reference = AutoModelForCausalLM.from_pretrained(tiny_models["policy"]).to(device_of(policy))  # as the policy
     estimator, temperature = trainer.args.kl_estimator, trainer.args.temperature
     per_response = []
     for i, (row, mask) in enumerate(zip(queries.tolist(), query_mask.tolist())):
@@ -790,3 +845,27 @@ def test_report_rows_show_the_last_user_turn_and_the_system_prompt_once(tiny_mod
     assert text.count(system) == 1
     rows = [line for line in text.splitlines() if line.startswith("| review the")]
     assert len(rows) == 4 and all("&lt;|user|&gt;" not in row for row in rows)
+
+
+# ---- issue 51: a judge reading a column of the eval dataset ---------------------------------------------------------
+def judge_by_answer(completions, **kwargs):
+    """An evaluation-only judge in TRL's form, reading the eval rows' `answer` column from kwargs; it records what it
+    was given and scores each row by its answer (e 0, o 1, a 2, s 3)."""
+    judge_by_answer.seen.extend(zip(kwargs["prompts"], kwargs["answer"]))
+    return [float("eoas".index(a)) for a in kwargs["answer"]]
+
+
+judge_by_answer.seen = []
+
+
+def test_a_judge_gets_the_eval_rows_column_values_aligned_with_their_prompts(tiny_models, tokenizer, tmp_path):
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args(tmp_path, num_eval_samples=2, response_length=4),
+                           processing_class=tokenizer, reward_model=count_e, eval_reward_model=judge_by_answer,
+                           train_dataset=QUESTIONS, eval_dataset=QUESTIONS)
+    judge_by_answer.seen = []  # the construction probes' calls
+    metrics = trainer.evaluate()
+    assert all(ANSWER_OF[prompt] == answer for prompt, answer in judge_by_answer.seen), judge_by_answer.seen
+    # 4 prompts x 2 samples, for the policy and for the reference: each row once per sample and side.
+    assert sorted(judge_by_answer.seen) == sorted(list(ANSWER_OF.items()) * 4)
+    assert metrics["eval_judge/judge_by_answer/policy"] == pytest.approx(1.5)  # (0 + 1 + 2 + 3) / 4
+    assert metrics["eval_judge/judge_by_answer/reference"] == pytest.approx(1.5)

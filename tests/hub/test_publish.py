@@ -32,6 +32,7 @@ from hf_ppo.hub.publish import (
     push_policy_folder,
     resolve_repo_id,
 )
+from tests.devices import device_of
 from tests.hub_fixtures import HUB_ENDPOINT, TEST_ORG, TEST_TOKEN, TEST_USER
 
 ADAPTER_FILES = {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -520,10 +521,10 @@ def test_train_push_load_generate(tiny_models, tokenizer, prompts_dataset, lora_
     inputs = tok(["the movie was"], return_tensors="pt")
     out = policy.generate(**inputs, max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id)
     assert out.shape[1] > inputs["input_ids"].shape[1]
-    trained = trainer.model.pretrained_model
+    trained = dict(trainer.model.pretrained_model.named_parameters())  # on the trainer's device (a GPU where visible)
     for name, value in policy.named_parameters():
         if "lora_" in name:
-            torch.testing.assert_close(value, dict(trained.named_parameters())[name])
+            torch.testing.assert_close(value, trained[name].detach().cpu())
 
 
 def test_push_to_hub_pushes_the_critic_to_its_own_repo(tiny_models, tokenizer, prompts_dataset, lora_config, tmp_path,
@@ -567,11 +568,11 @@ def test_push_merged_model(tiny_models, tokenizer, prompts_dataset, lora_config,
 
     from transformers import AutoModelForCausalLM
 
-    merged = AutoModelForCausalLM.from_pretrained(repo_id, token=hub_token)
-    probe = tokenizer(["the movie was great"], return_tensors="pt")
+    trained = trainer.model.pretrained_model
+    merged = AutoModelForCausalLM.from_pretrained(repo_id, token=hub_token).to(device_of(trained))  # as the trained
+    probe = tokenizer(["the movie was great"], return_tensors="pt").to(device_of(trained))
     with torch.no_grad():
-        torch.testing.assert_close(merged(**probe).logits, trainer.model.pretrained_model(**probe).logits,
-                                   atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(merged(**probe).logits, trained(**probe).logits, atol=1e-4, rtol=1e-4)
 
 
 def test_failed_push_keeps_output_and_can_be_retried(tiny_models, tokenizer, prompts_dataset, lora_config, tmp_path,
@@ -645,10 +646,11 @@ def test_reward_model_with_a_different_tokenizer(tiny_models, tokenizer, tmp_pat
                             reward_tokenizer=trainer.reward_tokenizer)
     text = reward_tok.apply_chat_template([{"role": "user", "content": "the movie was"},
                                            {"role": "assistant", "content": " great fun"}], tokenize=False)
-    encoded = reward_tok([text], return_tensors="pt", add_special_tokens=False)
+    encoded = reward_tok([text], return_tensors="pt", add_special_tokens=False).to(device_of(trainer.reward_model))
     with torch.no_grad():
         expected = trainer.reward_model(**encoded).logits[0, 0]
-    torch.testing.assert_close(score[0], expected, atol=1e-5, rtol=1e-5)
+    # score_responses returns fp32 scores on its inputs' device (the CPU here), whatever the reward model's.
+    torch.testing.assert_close(score[0], expected.float().to(score.device), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("use_lora", [True, False])

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.cli.tiny import synthetic_reviews
+from tests.devices import on_device_of
 
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
@@ -327,8 +328,9 @@ def test_architecture_trains_with_zero_step0_kl_and_reloads(saved_arch, tmp_path
     assert generated.shape[1] > prompt["input_ids"].shape[1]
     if mode == "full":  # the saved weights are the trained ones
         body.eval()
-        with torch.no_grad():
-            torch.testing.assert_close(reloaded(**prompt).logits, body(**prompt).logits)
+        with torch.no_grad():  # the reloaded model on the CPU, the run's on its device
+            trained = body(**{k: on_device_of(body, v) for k, v in prompt.items()}).logits.cpu()
+            torch.testing.assert_close(reloaded(**prompt).logits, trained)
 
 
 def test_no_unused_special_token_fails_with_the_fix_for_an_id(saved_arch, tmp_path):

@@ -76,7 +76,7 @@ def test_critic_starts_from_the_one_model_of_a_reward_list(critic, tiny_models, 
                     loss_aggregation="seq_mean_token_mean", reward_quantization="none")
     score_head = AutoModelForSequenceClassification.from_pretrained(tiny_models["reward"]).score.weight
     score_head = score_head.detach().float().reshape(-1)
-    head = trainer.model.critic.head.weight.detach().float().reshape(-1)
+    head = trainer.model.critic.head.weight.detach().float().reshape(-1).cpu()  # the run's is on its device
     assert torch.equal(head, score_head)  # the value head starts as the list's reward model's score head
     critic_before = {n: p.detach().clone() for n, p in trainer.model.critic.named_parameters() if p.requires_grad}
     history = check_trains(trainer)

@@ -89,7 +89,11 @@ def test_two_cpu_processes_train_identical_adapters_and_save_once(tmp_path, vari
     ranks = tmp_path / "ranks"
     ranks.mkdir()
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    # The checkout first on the path, before what the tests' own PYTHONPATH holds (packages may be installed there).
+    # CUDA hidden: the test is about gloo DDP between CPU processes (use_cpu), also where a GPU is visible.
+    python_path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": python_path,
+           "CUDA_VISIBLE_DEVICES": ""}
     # The interpreter running the tests, not whichever `accelerate` comes first on PATH (another environment's).
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "recipes/accelerate/ddp.yaml"),
                "--num_processes", "2", "--main_process_port", "29533", str(tmp_path / "driver.py"), str(ROOT / "recipes/ppo.py"),

@@ -64,7 +64,7 @@ def test_rollout_follows_the_reward_kl_and_whitening_settings(run):
     assert len(rows) == len(PROMPTS)
     raw = torch.tensor([count_e([""], [tokenizer.decode(real_tokens(b, i, "responses"), skip_special_tokens=True)])[0]
                         for b, i in rows], dtype=torch.float64)
-    torch.testing.assert_close(torch.stack([b.scores[i] for b, i in rows]).double(), raw)  # the batch keeps them raw
+    torch.testing.assert_close(torch.stack([b.scores[i] for b, i in rows]).double().cpu(), raw)  # kept raw
     # The rewards see them normalised by the running moments of the only batch seen so far (population std), then
     # clipped to +- reward_clip.
     scores = ((raw - raw.mean()) / raw.std(unbiased=False)).clamp(-args.reward_clip, args.reward_clip)
@@ -154,7 +154,7 @@ def expected_loss(model, batch, normalizer, s: dict):
             unclipped_pg, clipped_pg = -a * ratio, -a * torch.clamp(ratio, 1 - low, 1 + high)
             pg = torch.maximum(unclipped_pg, clipped_pg)
             if s["dual_clip"] is not None and a < 0:
-                pg = torch.minimum(pg, torch.tensor(-s["dual_clip"] * a))
+                pg = torch.minimum(pg, torch.tensor(-s["dual_clip"] * a, device=pg.device))
             old, ret = batch.values[i, t].item(), batch.returns[i, t].item()
             v_clipped = old + torch.clamp(values[t] - old, -s["cliprange_value"], s["cliprange_value"])
             unclipped_v, clipped_v = (values[t] - ret) ** 2, (v_clipped - ret) ** 2

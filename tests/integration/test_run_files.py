@@ -23,6 +23,7 @@ from datasets import Dataset
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.trainer.checkpoint import PPO_STATE_FILE, ROLLOUT_BUFFER_FILE, CheckpointError
+from tests.devices import on_device_of
 from tests.hub_fixtures import TEST_USER
 
 PROMPTS = ["the movie was", "the food was", "the book was", "the show was"] * 4
@@ -215,6 +216,7 @@ def test_a_saved_full_critic_loads_after_its_base_folder_is_gone(tiny_models, to
     loaded = second.model.critic_state_dict()
     assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
     enc = tokenizer(["the movie was great", "bad"], return_tensors="pt", padding=True)
+    enc = {k: on_device_of(first.model, v) for k, v in enc.items()}  # the models are on the run's device
     with torch.no_grad():
         assert torch.equal(first.model(**enc).value, second.model(**enc).value)
 

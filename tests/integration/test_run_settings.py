@@ -113,8 +113,11 @@ def test_reward_clip_without_normalize_rewards_clips_the_rewards_of_a_real_run(k
 def grpo_bias_corrected_run(tiny_models, tokenizer, tmp_path_factory):
     """grpo + use_bias_correction_kl, 2 responses per prompt, two optimizer steps on one rollout; the model copied
     before the second micro-batch (after a step, so the importance ratio is no longer 1)."""
+    # bf16=False: fp32 where CUDA is visible too (bf16 is the GPU's default), as the fp32 pass by hand it is compared
+    # with (a loss gap of kl_coef * k3 * (r - 1), far below bf16 rounding). On the CPU this is the default.
     args = make_args(tmp_path_factory.mktemp("grpo_bc"), advantage_estimator="grpo", num_generations=2,
-                     use_bias_correction_kl=True, kl_coef=0.3, num_ppo_epochs=2, max_steps=2, learning_rate=5e-2)
+                     use_bias_correction_kl=True, kl_coef=0.3, num_ppo_epochs=2, max_steps=2, learning_rate=5e-2,
+                     bf16=False)
     trainer = RecordingTrainer(model=tiny_models["policy"], ref_model=perturbed_reference(tiny_models), args=args,
                                processing_class=tokenizer, reward_model=length_score, train_dataset=dataset(),
                                snapshot_calls=[1])

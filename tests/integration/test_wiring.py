@@ -22,6 +22,7 @@ from transformers import (
 )
 
 from tests import plain_ppo
+from tests.devices import on_device_of
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.models.value_head import AutoModelForCausalLMWithValueHead
 from tests.wiring_models import PROMPTS, RecordingTrainer, build_wiring_models, row_key
@@ -38,6 +39,9 @@ def config(tmp_path, **overrides) -> PPOConfig:
         num_mini_batches=1, num_ppo_epochs=1, max_steps=1, response_length=8, learning_rate=1e-3,
         reward_quantization="none", report_to=[], save_strategy="no", num_sample_generations=0, disable_tqdm=True,
         logging_steps=1, seed=0,
+        # fp32 where CUDA is visible too (bf16 is the GPU's default): these tests compare the run with fp32 passes
+        # of the models by hand, at tolerances of fp32 rounding. On the CPU this is the default.
+        bf16=False,
     )
     defaults.update(overrides)
     return PPOConfig(**defaults)
@@ -104,7 +108,8 @@ def iteration_rows(trainer, iteration: int) -> dict:
 
 
 def real_tokens(batch, i, field):
-    return getattr(batch, field)[i][batch.response_mask[i]]
+    """Row i's `field` at its real response tokens, on the CPU (where the models by hand run and tensors are built)."""
+    return getattr(batch, field)[i][batch.response_mask[i]].cpu()
 
 
 def test_minibatch_order_differs_between_epochs(lora_run):
@@ -330,7 +335,7 @@ def test_sampled_token_distribution_is_softmax_of_logits_over_temperature(tmp_pa
     trainer = RecordingTrainer(model=model, args=args, processing_class=tokenizer, reward_model=count_e,
                                train_dataset=Dataset.from_dict({"prompt": [prompt] * n}))
     trainer.train()
-    first = trainer.micro_batches[0].responses[:, 0]
+    first = trainer.micro_batches[0].responses[:, 0].cpu()  # `expected` was computed on the CPU, before training
     empirical = torch.bincount(first, minlength=8).double() / n
     tv = 0.5 * (empirical - expected.double()).abs().sum().item()
     assert 0.5 * (expected - untempered).abs().sum() > 0.1, "the test needs logits where temperature matters"
@@ -398,6 +403,7 @@ def test_dropout_is_off_in_every_model(paths, tmp_path):
                             ("reward", trainer.reward_model)]:
             was_training = model.training
             model.train()
-            first, second = model(**probe).logits, model(**probe).logits
+            inputs = {k: on_device_of(model, v) for k, v in probe.items()}
+            first, second = model(**inputs).logits, model(**inputs).logits
             model.train(was_training)
             assert torch.equal(first, second), f"dropout is still active in the {name} model"

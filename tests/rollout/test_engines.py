@@ -85,15 +85,15 @@ def test_training_samples_from_the_assigned_engine_truncated_after_the_stop_toke
     assert sorted(tokenizer.batch_decode(queries.masked_fill(~query_mask, tokenizer.pad_token_id),
                                          skip_special_tokens=True)) == sorted(PROMPTS)
     # The last rollout trained on is the script, with the junk after each row's first stop token padded away.
-    batch = trainer._schedule.batch
+    batch = trainer._schedule.batch  # on the policy's device: compared on the CPU
     expected = truncated_script(tokenizer)
-    assert torch.equal(batch.responses, expected)
-    assert torch.equal(batch.response_mask, expected != tokenizer.pad_token_id)
+    assert torch.equal(batch.responses.cpu(), expected)
+    assert torch.equal(batch.response_mask.cpu(), expected != tokenizer.pad_token_id)
     assert batch.contains_stop.tolist() == [True, False, True, True]
     # The reward scored the truncated script's text (stop token and padding not included).
     completions = reward.calls[-1][1]
     assert completions == tokenizer.batch_decode(expected, skip_special_tokens=True)
-    assert torch.equal(batch.scores, torch.tensor([c.count("e") for c in completions], dtype=torch.float32))
+    assert torch.equal(batch.scores.cpu(), torch.tensor([c.count("e") for c in completions], dtype=torch.float32))
 
 
 def test_weights_changed_after_every_optimizer_step(scripted_run):

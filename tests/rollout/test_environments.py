@@ -19,6 +19,7 @@ from hf_ppo.algorithms.ppo_math import LossSettings, ppo_loss
 from hf_ppo.rollout.engines import KVCacheSampler, RolloutEngine, StaticCacheSampler
 from hf_ppo.rollout.environments import collate, credit_to_policy_tokens
 from hf_ppo.rollout.steps import RolloutParts, compute_advantages, environment_samples, sample_and_score
+from tests.devices import device_of
 from tests.trainer.test_checkpoint import assert_same_weights, logged, make_args
 from tests.wiring_models import RecordingTrainer
 
@@ -60,9 +61,10 @@ def env_trainer(tiny_models, tokenizer, out, environment=None, reward=None, **ov
 
 
 def rollout_batch(trainer):
-    """One rollout (steps 1-10) of the trainer's first prompts."""
+    """One rollout (steps 1-10) of the trainer's first prompts, on the policy's device as training hands them over."""
     inputs = trainer.data_collator([trainer.train_dataset[i] for i in range(trainer.args.rollout_batch_size)])
-    return trainer._rollout(inputs)
+    device = device_of(trainer.model)
+    return trainer._rollout({k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()})
 
 
 # ---- the pieces ------------------------------------------------------------------------------------------------------
@@ -148,12 +150,13 @@ def test_environment_tokens_get_zero_kl_zero_advantage_and_zero_gradient(env_bat
         assert torch.all(getattr(batch, name)[env] == 0), name
     # The reply's 0.5 reward sits on the first answer's last token (with its KL penalty).
     last_first = env.long().argmax(1) - 1
-    rows = torch.arange(len(batch))
+    device = batch.responses.device  # the policy's
+    rows = torch.arange(len(batch), device=device)
     assert torch.allclose(batch.rewards[rows, last_first] - batch.non_score_rewards[rows, last_first],
-                          torch.full((len(batch),), 0.5))
+                          torch.full((len(batch),), 0.5, device=device))
     # Every loss term: d loss / d logits is exactly zero at the environment's positions, non-zero at the policy's.
-    logits = torch.randn(*batch.responses.shape, trainer.model.config.vocab_size, requires_grad=True)
-    values = torch.randn(batch.responses.shape, requires_grad=True)
+    logits = torch.randn(*batch.responses.shape, trainer.model.config.vocab_size, device=device, requires_grad=True)
+    values = torch.randn(batch.responses.shape, device=device, requires_grad=True)
     loss, _ = ppo_loss(logits, values, batch, batch.policy_mask.sum(),
                        LossSettings(temperature=1.0, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1,
                                     entropy_coef=0.01), kl_loss_coef=0.1)
@@ -230,6 +233,57 @@ def test_a_missing_score_without_a_reward_model_is_an_error_naming_the_fix(tiny_
     trainer = env_trainer(tiny_models, tokenizer, tmp_path, environment=Unscored())
     with pytest.raises(ValueError, match="EnvSample.score"):
         rollout_batch(trainer)
+
+
+class OnDevice(TwoTurn):
+    """`TwoTurn` (whose `torch.cat([p.ids, f, torch.tensor(REPLY)])` needs CPU tensors), recording the device of
+    every tensor it is given, and handing `sample` and the trainer everything on `device` (the policy's)."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.device, self.given = device, []
+
+    def rollout(self, prompts, sample):
+        self.given += [p.ids.device for p in prompts]
+
+        def sample_on_device(sequences, max_new_tokens=None):
+            new = sample([s.to(self.device) for s in sequences], max_new_tokens=max_new_tokens)
+            self.given += [t.device for t in new]
+            return new
+
+        return [EnvSample(*(t.to(self.device) if torch.is_tensor(t) else t for t in s))
+                for s in super().rollout(prompts, sample_on_device)]
+
+
+class RecordsDevices(RolloutEngine):
+    """The trainer's engine, recording the devices of the prompts it is asked to continue."""
+
+    def __init__(self, engine):
+        self.engine, self.devices = engine, []
+
+    def generate(self, model, queries, query_mask):
+        self.devices.append((queries.device, query_mask.device))
+        return self.engine.generate(model, queries, query_mask)
+
+
+def test_the_environment_works_on_cpu_tensors_whatever_the_policys_device(tiny_models, tokenizer, tmp_path):
+    """An environment written and tested on a CPU runs unchanged on a GPU: `Prompt.ids` and what `sample` returns are
+    CPU tensors; the sequences it passes to `sample` and the samples it returns may be on any device (here the
+    policy's); the engine samples on the policy's device and the batch lands there. With CUDA visible the policy is
+    on the GPU and every one of these crosses devices; on a CPU-only machine they pin the same contract."""
+    trainer = env_trainer(tiny_models, tokenizer, tmp_path)
+    device = device_of(trainer.model)
+    trainer.environment = env = OnDevice(device)
+    trainer.rollout_engine = recorder = RecordsDevices(trainer.rollout_engine)
+    batch = rollout_batch(trainer)
+    assert env.calls == 1 and len(env.given) == 3 * len(batch)  # the prompts, then two turns of new tokens
+    assert {d.type for d in env.given} == {"cpu"}
+    assert len(recorder.devices) == 2 and set(recorder.devices) == {(device, device)}
+    assert batch.responses.device == device and batch.policy_mask.device == device
+    for row in range(len(batch)):  # the episodes came through as the environment returned them
+        env_positions = ~batch.policy_mask[row] & batch.response_mask[row]
+        assert batch.responses[row][env_positions].tolist() == REPLY
+        assert batch.scores[row] == batch.policy_mask[row, int(env_positions.nonzero().max()) + 1:].sum()
 
 
 def test_an_environment_that_is_not_one_fails_at_construction(tiny_models, tokenizer, tmp_path):

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.rollout import RewardFunctionError, RewardSet, check_reward_function
 from hf_ppo.trainer.data import PromptCollator, prepare_prompts
+from tests.prompt_codes import CodeCheck, LastTokenEngine, batch_problems, coded_prompts, group_codes
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["movie", "food", "book", "show", "play", "song", "game", "town"]
@@ -116,6 +117,37 @@ def test_refill_prompts_carry_their_own_columns(tiny_models, tokenizer, tmp_path
                           num_generations=4, drop_uniform_groups=True, max_refill_rounds=2, max_steps=2)
     trainer.train()
     assert max(logged(trainer, "rollout/refill_rounds")) == 2  # the refill ran, its rows checked by `exact`
+
+
+@pytest.mark.parametrize("estimator,k", [("grpo", 4), ("rloo", 2)])
+def test_the_k_rows_of_a_prompt_keep_its_tokens_text_and_columns(tiny_models, tokenizer, tmp_path, estimator, k):
+    """With k responses per prompt, each row's TOKENS (the query the engine answers, the completion_ids the reward
+    gets) must stay with its prompt's text and its dataset columns, and a prompt's k rows must be consecutive. The
+    engine answers each query row with the row's last prompt token (tests/prompt_codes.py); the reward checks that
+    against the row's `code` column and the prompt text, and scores the row with its `value` column. A reordering of
+    the token rows against the texts or columns (a repeat for a repeat_interleave, one side shuffled) shows as a
+    mismatch, and as a score on another prompt's tokens in the rollout batch."""
+    length = 4
+    reward = CodeCheck(tokenizer, length)
+    trainer = trainer_for(tiny_models, tokenizer, tmp_path, reward=reward, dataset=coded_prompts(tokenizer),
+                          advantage_estimator=estimator, num_generations=k, response_length=length,
+                          apply_chat_template_to_text=False)
+    reward.reset()  # the construction probe's empty completions
+    engine = trainer.rollout_engine = LastTokenEngine(length)
+    real, batches = trainer._rollout, []
+
+    def recorded(inputs):
+        batches.append(real(inputs))
+        return batches[-1]
+
+    trainer._rollout = recorded
+    trainer.train()
+    assert len(batches) == 2 and reward.calls == 2 and reward.rows == 16  # 2 iterations x 8 rows, every one checked
+    assert reward.mismatches == []
+    for batch in batches:  # each row's score is the value of the prompt in its tokens; groups consecutive
+        assert batch_problems(batch, tokenizer, length, k) == []
+    codes, problems = group_codes(engine.calls, k)
+    assert problems == [] and len(codes) == 16 // k == len(set(codes))  # one epoch's draw: every group its own prompt
 
 
 def test_resumed_run_keeps_columns_aligned(tiny_models, tokenizer, tmp_path):
@@ -433,7 +465,11 @@ def tokenizer_of(path):
 
 def test_two_ddp_processes_keep_columns_aligned(tiny_models, tmp_path):
     (tmp_path / "driver.py").write_text(DRIVER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    # The children import what this process imports: the checkout first, then the PYTHONPATH this run was given
+    # (where the packages may live). Two CPU (gloo) ranks, as the driver's use_cpu=True says: CUDA hidden from them,
+    # so that a visible GPU changes nothing (no rank touches it, no bf16 default from it).
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                str(ROOT / "recipes/accelerate/ddp.yaml"), "--num_processes", "2", "--main_process_port", "29537",
                str(tmp_path / "driver.py"), str(tmp_path), str(ROOT), tiny_models["policy"]]
@@ -466,3 +502,95 @@ def test_a_prefill_leads_the_completion_reward_functions_get_as_in_trl():
     assert seen["completions"] == [[{"role": "assistant", "content": "The answer is #### 4"}],
                                    [{"role": "assistant", "content": "#### 4"}]]
     assert prompts[0][-1] == {"role": "assistant", "content": "The answer is ####"}  # untouched
+
+
+# ---- issue 51: the signatures users write, and the refusals ----------------------------------------------------------
+KWARGS_ONLY_SCORES: list[list[float]] = []
+
+
+def kwargs_only(completions, **kwargs):
+    """TRL's most common form: the prompts and the dataset column read from kwargs. Each row scores 7 x its number
+    (its `answer`), so a score from another row would move the logged mean."""
+    prompts, answers = kwargs["prompts"], kwargs["answer"]
+    assert len(prompts) == len(completions) == len(answers) == len(kwargs["completion_ids"])
+    for p, a in zip(prompts, answers):
+        if a != answer_of(p):
+            raise AssertionError(f"misaligned: prompt {p!r} got answer {a!r}")
+    scores = [float(a) for a in answers]
+    KWARGS_ONLY_SCORES.append(scores)
+    return scores
+
+
+@pytest.mark.parametrize("form", ["alone", "in_a_list"])
+def test_a_kwargs_only_function_reads_its_rows_column_and_its_scores_are_logged(tiny_models, tokenizer, tmp_path,
+                                                                                form):
+    """`def f(completions, **kwargs)` reading kwargs["answer"]: every row's own answer, and the scores it returns are
+    the logged reward; given alone (reward_model=f) it works as the one-element list [f]."""
+    KWARGS_ONLY_SCORES.clear()
+    trainer = trainer_for(tiny_models, tokenizer, tmp_path, max_steps=2,
+                          reward=kwargs_only if form == "alone" else [kwargs_only])
+    trainer.train()
+    probe, *rollouts = KWARGS_ONLY_SCORES
+    assert len(probe) == 2 and [len(r) for r in rollouts] == [8]  # the probe's two rows, then one rollout of 8
+    mean = sum(rollouts[0]) / 8
+    assert logged(trainer, "rewards/kwargs_only/mean") == [pytest.approx(mean)]
+    assert logged(trainer, "reward") == [pytest.approx(mean)]
+
+
+def test_a_function_without_kwargs_gets_only_the_names_it_declares(tokenizer):
+    """`def f(completions, answer)`: called with those two only (the batch has more columns, and prompts,
+    completion_ids, trainer_state... exist), each completion with its own row's answer (docs: "A function without
+    **kwargs gets only the names it declares")."""
+    seen = []
+
+    def strict(completions, answer):
+        seen.append((completions, answer))
+        return [float(a in c) for c, a in zip(completions, answer)]
+
+    check_reward_function(strict, ["answer", "row_id"], "strict")  # accepted at construction
+    batch = rows_of(tokenizer, ["the movie was", "the food was"], [" great fun", " bad"])
+    scores, _ = RewardSet.single(strict).score(**batch, columns={"answer": ["great", "bad"], "row_id": [0, 1]})
+    assert scores.tolist() == [1.0, 1.0]
+    assert seen == [([" great fun", " bad"], ["great", "bad"])]
+
+
+class ScaledReward:
+    """A reward written as a class: its instance is the reward function."""
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale
+
+    def __call__(self, completions, **kwargs):
+        return [self.scale] * len(completions)
+
+
+def test_a_class_given_where_its_instance_was_meant_is_refused_naming_the_fix(tiny_models, tokenizer, tmp_path):
+    for given in (ScaledReward, [exact, ScaledReward]):
+        with pytest.raises(TypeError, match=r"'ScaledReward' is the class ScaledReward, not a reward function: pass "
+                                            r"an instance of it \(ScaledReward\(\.\.\.\), whose __call__ scores"):
+            trainer_for(tiny_models, tokenizer, tmp_path, reward=given)
+    trainer_for(tiny_models, tokenizer, tmp_path, reward=ScaledReward(2.0))  # its instance: accepted
+
+
+def test_a_column_not_aligned_with_the_completions_is_refused_before_the_call(tokenizer):
+    seen = []
+
+    def reads(completions, answer, **kwargs):
+        seen.append(answer)
+        return [0.0] * len(completions)
+
+    batch = rows_of(tokenizer, ["x", "y"], ["u", "v"])
+    for answers in (["1", "2", "3"], ["1"]):  # longer than the batch, and shorter
+        with pytest.raises(ValueError, match=rf"The column 'answer' has {len(answers)} values for 2 completions: "
+                                             r"each batch's columns must be aligned with its prompts"):
+            RewardSet.single(reads).score(**batch, columns={"answer": answers})
+    assert seen == []  # never called with a misaligned column
+
+
+@pytest.mark.parametrize("column", ["completions", "prompts", "completion_ids"])
+def test_a_column_named_like_a_call_keyword_is_refused_naming_the_rename(tiny_models, tokenizer, tmp_path, column):
+    data = answers_dataset().add_column(column, ["x"] * 16)
+    with pytest.raises(TypeError, match=rf"column named '{column}', which the reward function "
+                                        rf"'exact_ignoring_answer' is given as the call's own '{column}': rename the "
+                                        rf"column, e\.g\. dataset\.rename_column\('{column}', '{column}_ref'\)"):
+        trainer_for(tiny_models, tokenizer, tmp_path, reward=exact_ignoring_answer, dataset=data)

@@ -13,6 +13,7 @@ from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.algorithms.ppo_math import overlong_penalty
 from hf_ppo.hub.cards import model_sources, write_model_card
 from hf_ppo.rollout.scoring import RewardSet, penalize, reward_input_format, score_responses
+from tests.devices import CUDA, device_of
 from tests.hub_fixtures import TEST_USER
 
 QUESTION, ANSWER = "the movie was", " great fun"
@@ -75,9 +76,10 @@ def deberta(tmp_path_factory):
 
 
 def by_hand(model, tokenizer, *texts):
-    """The reward model run alone on one unpadded input."""
+    """The reward model run alone on one unpadded input, on its device (a trainer's reward model may be on a GPU);
+    the score on the CPU."""
     with torch.no_grad():
-        return model(**tokenizer(*texts, return_tensors="pt")).logits[0, 0]
+        return model(**tokenizer(*texts, return_tensors="pt").to(device_of(model))).logits[0, 0].cpu()
 
 
 def rollout_of(tokenizer, prompts, answers):
@@ -105,7 +107,10 @@ def test_pair_format_scores_a_deberta_reward_model_like_by_hand(deberta, tiny_mo
     assert reward_tok is not None and reward_input_format("auto", trainer.reward_model, reward_tok, False) == "pair"
     scores = score_responses(trainer.reward_model, **rollout_of(tokenizer, prompts, answers), tokenizer=tokenizer,
                              prompts=prompts, batch_size=2, reward_tokenizer=reward_tok)
-    model = AutoModelForSequenceClassification.from_pretrained(deberta).eval()
+    # The rollout's tensors are on the CPU, the trainer's reward model on the run's device: the scores come back on
+    # the CPU, and by hand the same weights run on the reward model's device.
+    assert scores.device.type == "cpu"
+    model = AutoModelForSequenceClassification.from_pretrained(deberta).to(device_of(trainer.reward_model)).eval()
     pair_tok = AutoTokenizer.from_pretrained(deberta)
     expected = torch.stack([by_hand(model, pair_tok, q, a) for q, a in zip(prompts, answers)])
     torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-5)
@@ -288,8 +293,10 @@ def test_continue_from_an_sft_adapter(sft_adapter, tiny_models, tokenizer, promp
     with safe_open(out / "adapter_model.safetensors", "pt") as f:
         assert f.keys() and not any("reference" in k for k in f.keys())
     if full:
-        reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_models["policy"]), out).eval()
-        probe = tokenizer(["the movie was great", "the food"], return_tensors="pt", padding=True)
+        device = device_of(policy)  # both on the trained policy's device, the probe too
+        reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_models["policy"]),
+                                             out).to(device).eval()
+        probe = tokenizer(["the movie was great", "the food"], return_tensors="pt", padding=True).to(device)
         with torch.no_grad():
             torch.testing.assert_close(reloaded(**probe).logits, policy(**probe).logits, rtol=0, atol=1e-5)
 
@@ -362,8 +369,10 @@ def test_named_adapters_train_one_and_use_the_other_as_reference(sft_adapter, ti
     sft = adapter_weights(model, "sft")
     assert set(model.peft_config) == {"sft", "ppo"} and model.active_adapter == "ppo"
 
-    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
-    responses = torch.randint(7, len(tokenizer), (4, 5))
+    device = device_of(trainer.model)  # the trainer moved the policy to the run's device
+    batch = {k: v.to(device) if torch.is_tensor(v) else v
+             for k, v in trainer.data_collator([trainer.train_dataset[i] for i in range(4)]).items()}
+    responses = torch.randint(7, len(tokenizer), (4, 5), device=device)
     mask = torch.ones_like(responses, dtype=torch.bool)
     ref = reference_logprobs(trainer.model, None, batch["queries"], batch["query_mask"], responses, mask,
                              temperature=0.7, batch_size=4, ref_adapter=trainer.ref_adapter)
@@ -389,8 +398,9 @@ def test_named_adapters_train_one_and_use_the_other_as_reference(sft_adapter, ti
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(pushed)
     assert not [f for f in pushed if "/" in f or f.startswith(("ppo", "sft", "reference"))]
     assert pushed["adapter_model.safetensors"] == (out / "adapter_model.safetensors").read_bytes()
-    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_models["policy"]), out).eval()
-    probe = tokenizer(["the movie was great"], return_tensors="pt")
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_models["policy"]),
+                                         out).to(device).eval()
+    probe = tokenizer(["the movie was great"], return_tensors="pt").to(device)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(**probe).logits, model(**probe).logits, rtol=0, atol=1e-5)
 
@@ -418,6 +428,33 @@ def test_a_decoder_reward_scores_a_too_long_input_on_its_last_tokens(tiny_models
     torch.testing.assert_close(scores[0], alone[0], rtol=1e-5, atol=1e-5)  # the last 6 tokens, positions from 0
     assert not torch.allclose(scores[0], full_scores[0])
     assert torch.equal(scores[1], full_scores[1])  # a row that fits is scored as before
+
+
+@pytest.mark.parametrize("where", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no GPU"))])
+@pytest.mark.parametrize("kind", ["decoder", "encoder"])
+def test_a_reward_model_scores_inputs_from_another_device(kind, where, deberta, tiny_models, tokenizer):
+    """A reward model may sit elsewhere than the rollout's tensors (on the GPU while they are on the CPU, or spread
+    by a device_map): `reward_model_scores` moves the inputs to its input embedding's device and returns the scores
+    on the inputs' device. The embedding records the device its ids arrive on. On a CPU-only machine both are the
+    CPU (the contract, and the scores by hand); with CUDA visible the model also sits on the GPU with the inputs on
+    the CPU, the case that broke. Both paths: a decoder's score head, an encoder's own pooling (token types too)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from hf_ppo.rollout.scoring import reward_model_scores
+
+    path = tiny_models["reward"] if kind == "decoder" else deberta
+    tok = tokenizer if kind == "decoder" else AutoTokenizer.from_pretrained(deberta)
+    model = AutoModelForSequenceClassification.from_pretrained(path).to(where).eval()
+    arrived = []
+    model.get_input_embeddings().register_forward_pre_hook(lambda module, args: arrived.append(args[0].device))
+    texts = ["the movie was great fun", "bad"]
+    encoded = tok(texts, return_tensors="pt", padding=True, return_token_type_ids=kind == "encoder")  # on the CPU
+    assert not encoded["attention_mask"].bool().all()  # padding, so the last real token / pooling position matters
+    token_types = encoded["token_type_ids"] if kind == "encoder" else None  # all 0 (one segment), as by hand
+    scores = reward_model_scores(model, encoded["input_ids"], encoded["attention_mask"], 2, token_types)
+    assert scores.device.type == "cpu" and set(arrived) == {device_of(model)}
+    expected = torch.stack([by_hand(model, tok, text) for text in texts])
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_an_encoder_reward_cuts_the_question_or_names_the_fix(deberta, tiny_models, tokenizer):
@@ -790,3 +827,53 @@ def test_a_nonfinite_score_warns_once_per_reward_and_never_moves_the_statistics(
     shaped = shape_scores(torch.tensor([1.0, float("inf"), 3.0]), reward_moments=moments, reward_clip=None,
                           gather=lambda t: t)
     assert moments.count == 2 and moments.mean == 2.0 and not torch.isfinite(shaped[1])
+
+
+# ---- issue 51: what reward functions are given, and score_responses' refusal of None --------------------------------
+def test_completion_ids_are_each_responses_tokens_cut_after_the_stop_token_without_padding(tiny_models, tokenizer,
+                                                                                           tmp_path):
+    """A reward's `completion_ids` in a training rollout: exactly the response's tokens, up to and including its first
+    stop token, no padding (the stop token cut mid-response and first, two stop tokens, and none), each row with its
+    own completion. The responses are scripted, so the expected ids are known here."""
+    from tests.scripted_engine import ScriptedEngine
+
+    seen = []
+
+    def records(completions, completion_ids, **kwargs):
+        seen.append((completions, completion_ids))
+        return [float(len(ids)) for ids in completion_ids]
+
+    trainer = PPOLMTrainer(model=tiny_models["policy"], processing_class=tokenizer, reward_model=records,
+                           args=make_args(tmp_path, max_steps=1, gradient_accumulation_steps=1, num_ppo_epochs=1),
+                           train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
+    eos, stops = tokenizer.eos_token_id, set(trainer.stop_token_ids)
+    words = tokenizer(" great fun but the plot was bad and dull", add_special_tokens=False)["input_ids"]
+    assert eos in stops and not stops & set(words) and tokenizer.pad_token_id not in words
+    script = [words[:2] + [eos] + words[2:5], words[:6], [eos] + words[1:6], words[3:5] + [eos, eos] + words[5:7]]
+    cut = [row[:next((i + 1 for i, t in enumerate(row) if t in stops), len(row))] for row in script]
+    assert [len(c) for c in cut] == [3, 6, 1, 3]
+    expected = {tokenizer.decode(ids, skip_special_tokens=True): ids for ids in cut}  # by the completion's text
+    assert len(expected) == 4
+    trainer.rollout_engine = ScriptedEngine(script)
+    seen.clear()  # the construction probe's call
+    trainer.train()
+    rows = [(c if isinstance(c, str) else c[0]["content"], ids) for completions, completion_ids in seen
+            for c, ids in zip(completions, completion_ids)]
+    assert len(rows) == 4 and sorted(map(tuple, (ids for _, ids in rows))) == sorted(map(tuple, cut))
+    for text, ids in rows:
+        assert ids == expected[text], (text, ids)
+
+
+def test_score_responses_refuses_a_none_naming_the_function_and_the_fix(tokenizer):
+    def sometimes(prompts, completions):
+        return [1.0, None, 2.0, None]
+
+    batch = batch_of(tokenizer, PROMPTS, [" eee", " e", " ", " ee e"])
+    with pytest.raises(ValueError, match=r"The reward function 'sometimes' returned None \(does not apply\) for 2 "
+                                         r"row\(s\): score through a RewardSet, which leaves them out of the weighted "
+                                         r"sum, or return a number for every row\."):
+        score_responses(sometimes, **batch, tokenizer=tokenizer, prompts=PROMPTS, batch_size=4)
+    # The fix named: a RewardSet leaves the None rows out of the weighted sum (count_e applies to every row).
+    scores, _ = RewardSet([sometimes, count_e], [None, None], ["sometimes", "count_e"], [1.0, 1.0]).score(
+        **batch, tokenizer=tokenizer, prompts=PROMPTS, batch_size=4)
+    assert scores.tolist() == [1.0 + 3, 0.0 + 1, 2.0 + 0, 0.0 + 3]

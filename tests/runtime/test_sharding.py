@@ -91,7 +91,11 @@ def launch(run: Path, models: tuple[str, str], prompts: Path, accelerate_config:
     (run / "driver.py").write_text(DRIVER)
     ranks = run / "ranks"
     ranks.mkdir(exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    # The checkout first on the path, before what the caller's PYTHONPATH holds (packages may be installed there, as
+    # on the GPU machine); gloo CPU processes: CUDA hidden from them.
+    python_path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": python_path,
+           "CUDA_VISIBLE_DEVICES": ""}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                str(ROOT / "recipes/accelerate" / accelerate_config), "--num_processes", "2",
                "--main_process_port", str(port), str(run / "driver.py"), str(ROOT / "recipes/ppo.py"), str(ranks),

@@ -107,7 +107,28 @@ def test_every_checked_package_has_a_floor_and_a_ceiling_and_the_floor_is_what_c
         assert Version(floors[ranges._normal(name)]) == Version(lows[0]), f"{name}: pyproject floor != CI's floor"
 
 
-def test_import_warns_once_naming_the_range_when_a_version_is_outside(monkeypatch):
+def _declared_requires() -> list[str] | None:
+    """hf_ppo's requirements as installing it records them (pyproject.toml's dependencies) when this interpreter
+    finds no installed hf_ppo (a source tree on PYTHONPATH, as on the GPU machine, where `out_of_range` has nothing to
+    read and stays silent by design); None when hf_ppo is installed: its own metadata is read then."""
+    try:
+        importlib.metadata.requires("hf_ppo")
+        return None
+    except importlib.metadata.PackageNotFoundError:
+        return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+@pytest.fixture
+def declared_range(monkeypatch):
+    """The range check reads hf_ppo's declared range whether or not hf_ppo is installed here (_declared_requires)."""
+    declared = _declared_requires()
+    if declared is not None:
+        real = importlib.metadata.requires
+        monkeypatch.setattr(importlib.metadata, "requires", lambda name: declared if name == "hf_ppo" else real(name))
+    return declared
+
+
+def test_import_warns_once_naming_the_range_when_a_version_is_outside(monkeypatch, declared_range):
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version",
                         lambda name: "5.99.0" if name == "transformers" else real(name))
@@ -124,14 +145,19 @@ def test_the_warning_points_at_the_importers_line(tmp_path, monkeypatch):
     import subprocess
 
     script = tmp_path / "user_script.py"
-    script.write_text("import importlib.metadata as m\n"
-                      "real = m.version\n"
-                      "m.version = lambda n: '0.1.0' if n == 'peft' else real(n)\n"
-                      "import hf_ppo\n")
+    lines = ["import importlib.metadata as m",
+             "real = m.version",
+             "m.version = lambda n: '0.1.0' if n == 'peft' else real(n)"]
+    declared = _declared_requires()
+    if declared is not None:  # no installed hf_ppo here: its declared range, as an install records it
+        lines += ["real_requires = m.requires",
+                  f"m.requires = lambda n: {declared!r} if n == 'hf_ppo' else real_requires(n)"]
+    lines.append("import hf_ppo")  # the line the warning must point at
+    script.write_text("\n".join(lines) + "\n")
     done = subprocess.run([sys.executable, "-W", "always", str(script)], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert f"{script}:4: UserWarning: hf_ppo is tested with" in done.stderr
+    assert f"{script}:{len(lines)}: UserWarning: hf_ppo is tested with" in done.stderr
     assert "peft 0.1.0 (tested: " in done.stderr
 
 

@@ -14,6 +14,7 @@ from safetensors import safe_open
 from transformers import Trainer, TrainerState
 
 from hf_ppo import PPOConfig, PPOLMTrainer
+from tests.devices import device_of
 
 METRICS = [
     "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward", "objective/scores",
@@ -52,7 +53,7 @@ def test_qlora_policy_4bit_reward_adapter_disabled_reference(tiny_models, tokeni
     # 4-bit weights may be repacked in place by bitsandbytes' CPU backend, so the base is checked by what it computes
     # (adapter disabled) and, for its unquantized tensors (norms, embeddings), by value.
     plain = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" not in n and p.dtype != torch.uint8}
-    probe = tokenizer(["the movie was great", "the food"], return_tensors="pt", padding=True)
+    probe = tokenizer(["the movie was great", "the food"], return_tensors="pt", padding=True).to(device_of(policy))
     with torch.no_grad(), policy.disable_adapter():
         base_logits = policy(**probe).logits
     head = trainer.model.v_head.weight.detach().clone()
@@ -96,7 +97,7 @@ def test_qlora_gradients_still_flow_through_4bit_layers_after_an_eval_pass(tiny_
     trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer,
                            reward_model=tiny_models["reward"], train_dataset=prompts_dataset, peft_config=lora_config)
     policy = trainer.model.pretrained_model
-    probe = tokenizer(["the movie was great", "the food"], return_tensors="pt", padding=True)
+    probe = tokenizer(["the movie was great", "the food"], return_tensors="pt", padding=True).to(device_of(policy))
 
     def lora_grads():
         policy.train()
@@ -137,11 +138,13 @@ def test_rule_based_reward_rises_full_finetune(tiny_models, tokenizer, tmp_path)
 
 
 def test_gradient_accumulation_gives_the_whole_minibatch_gradient(tiny_models, tokenizer, prompts_dataset, tmp_path):
-    """One optimizer step on a minibatch of 8: 1 x 8 and 2 x 4 (accumulated) must move the weights identically."""
+    """One optimizer step on a minibatch of 8: 1 x 8 and 2 x 4 (accumulated) must move the weights identically.
+    fp32 on any machine (bf16=False): this checks how the accumulation normalises, not a precision; under a GPU's
+    default bf16 autocast the two batch shapes round differently (q_proj off by more than 1e-4 on an H200)."""
     weights = []
     for micro, accumulation in [(8, 1), (4, 2)]:
         args = make_args(tmp_path, per_device_train_batch_size=micro, gradient_accumulation_steps=accumulation,
-                         num_ppo_epochs=1, max_steps=1, optim="sgd", learning_rate=1.0, max_grad_norm=0.0)
+                         num_ppo_epochs=1, max_steps=1, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, bf16=False)
         trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer,
                                reward_model=count_e, train_dataset=prompts_dataset)
         trainer.train()
@@ -265,6 +268,23 @@ def test_reward_model_with_another_vocabulary_needs_its_tokenizer(tiny_models, t
         build(tiny_models, tokenizer, tmp_path, reward=build_reward_model(small))
 
 
+@pytest.mark.parametrize("peft", [False, True], ids=["separate_reference", "adapter_disabled_reference"])
+def test_under_bf16_mixed_precision_the_reference_computes_as_the_policy(tiny_models, tokenizer, prompts_dataset,
+                                                                        lora_config, tmp_path, peft):
+    """bf16 is on by default on a GPU: accelerate runs the prepared policy's forward under autocast, so every other
+    pass of the rollout (the reference, a frozen model or the adapter-disabled policy) must run under it too, or the
+    step-0 KL is the precision gap (0.00067 nats here before, 0.0015 on an H200) instead of 0. The CPU's autocast
+    shows the same gap."""
+    args = make_args(tmp_path, bf16=True, use_cpu=True, max_steps=2, gradient_accumulation_steps=1)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer,
+                           reward_model=tiny_models["reward"], train_dataset=prompts_dataset,
+                           peft_config=lora_config if peft else None)
+    assert (trainer.ref_model is None) == peft
+    trainer.train()
+    first = trainer.state.log_history[0]
+    assert first["objective/kl"] == 0.0 and first["val/ratio"] == 1.0, first
+
+
 def test_evaluate_samples_and_scores_eval_prompts(tiny_models, tokenizer, prompts_dataset, tmp_path):
     trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, reward=count_e)
     trainer.eval_dataset = trainer.train_dataset
@@ -292,9 +312,24 @@ def test_critic_learning_rate_gives_the_value_head_its_own_param_group(tiny_mode
 
 
 def test_config_constructs_without_flags_on_cpu(tmp_path, monkeypatch):
+    """PPOConfig() with no flags constructs on any machine: without a GPU mixed precision stays off instead of
+    failing; where CUDA is visible bf16 is on exactly when the GPU supports it (fp16 is never turned on by itself).
+    use_cpu=True runs on the CPU on either machine, so it keeps the CPU's default (off)."""
     monkeypatch.chdir(tmp_path)
     args = PPOConfig()
-    assert args.bf16 is False and args.fp16 is False  # no GPU: mixed precision stays off instead of failing
+    bf16_supported = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    assert args.bf16 is bf16_supported and args.fp16 is False
+    assert PPOConfig(use_cpu=True).bf16 is False
+
+
+def test_use_cpu_keeps_the_cpus_precision_where_a_bf16_gpu_is_visible(tmp_path, monkeypatch):
+    """bf16=None turns bf16 on for a run on a GPU that supports it; use_cpu=True runs on the CPU, so its default stays
+    the CPU's fp32 (a test or a run pinned to the CPU on a GPU machine computes as on a machine without one)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    args = PPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    assert args.bf16 is False and args.device.type == "cpu"
+    assert PPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=True).bf16 is True  # asked: on
     assert (args.rollout_batch_size, args.optimizer_steps_per_iteration) == (8, 4)
     assert (args.gamma, args.lam, args.cliprange, args.vf_coef, args.kl_coef, args.temperature) == (
         1.0, 0.95, 0.2, 0.1, 0.05, 0.7)
@@ -342,12 +377,13 @@ def test_loss_variants_train_with_finite_metrics_and_a_sequence_normalizer(tiny_
 
 def test_seq_mean_aggregation_accumulates_exactly(tiny_models, tokenizer, prompts_dataset, tmp_path):
     """1 x 8 and 2 x 4 (accumulated) move the weights identically under a sequence-level aggregation too (the
-    normalizer is the minibatch's 8 sequences; each micro-batch's own 4 would double the 2 x 4 gradient)."""
+    normalizer is the minibatch's 8 sequences; each micro-batch's own 4 would double the 2 x 4 gradient). fp32 on any
+    machine (bf16=False), as in the test above."""
     weights = []
     for micro, accumulation in [(8, 1), (4, 2)]:
         trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, per_device_train_batch_size=micro,
                         gradient_accumulation_steps=accumulation, num_ppo_epochs=1, max_steps=1, optim="sgd",
-                        learning_rate=1.0, max_grad_norm=0.0, loss_aggregation="seq_mean_token_mean")
+                        learning_rate=1.0, max_grad_norm=0.0, loss_aggregation="seq_mean_token_mean", bf16=False)
         trainer.train()
         weights.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
     for name, value in weights[0].items():

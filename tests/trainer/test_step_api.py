@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 from datasets import Dataset
+from tests.devices import device_of
 from tests.trainer.test_checkpoint import make_args
 from transformers import AutoModelForCausalLM
 
@@ -239,7 +240,8 @@ def env_trainer(tiny_models, tokenizer, tmp_path_factory):
 def run_rollout(trainer, fault):
     trainer.environment = Faulty(fault)
     inputs = trainer.data_collator([trainer.train_dataset[i] for i in range(trainer.args.rollout_batch_size)])
-    return trainer._rollout(inputs)
+    device = device_of(trainer.model)  # where training hands the prompts over (`_prepare_inputs`)
+    return trainer._rollout({k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()})
 
 
 FIX = "1-D token tensors, one per conversation to continue"
