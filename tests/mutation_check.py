@@ -143,6 +143,33 @@ SUBSET = [
             "test_save_strategy_best_after_the_stop_is_refused_by_save_checkpoint",
             "test_a_step_call_that_stops_on_a_save_step_writes_no_checkpoint"),
     "tests/cli/test_train.py::test_a_run_the_collapse_watch_stopped_saves_and_pushes_no_policy",
+    # subset:i52 (the rollout and evaluation under bf16 autocast, use_cpu's precision, the TRL 0.11 shim's)
+    *select("tests/trainer/test_ppo_trainer.py",
+            "test_use_cpu_keeps_the_cpus_precision_where_a_bf16_gpu_is_visible",
+            "test_under_bf16_mixed_precision_the_reference_computes_as_the_policy[separate_reference]"),
+    "tests/evaluation/test_evaluator.py::test_at_step_zero_the_policy_is_its_reference[bf16]",
+    "tests/compat/test_trl011.py::test_accelerator_kwargs_mixed_precision_reaches_the_run",
+    # subset:i51b (the refusals, each row's tokens with its text and columns; completion_ids: test_scoring.py, above)
+    *select("tests/rollout/test_reward_calls.py",
+            "test_a_class_given_where_its_instance_was_meant_is_refused_naming_the_fix",
+            "test_a_column_not_aligned_with_the_completions_is_refused_before_the_call",
+            "test_a_column_named_like_a_call_keyword_is_refused_naming_the_rename"),
+    "tests/evaluation/test_evaluator.py::test_evaluate_keeps_each_samples_tokens_with_its_prompts_text_and_columns",
+    # subset:i49-50 (system_prompt: test_data.py, a user's metrics.json: test_command.py, both above)
+    "tests/trainer/test_run_lock.py::test_the_lock_is_held_while_training_and_released_at_the_end_and_on_error",
+    *select("tests/rewards/test_answers.py",
+            "test_float_answers_compare_as_the_decimals_they_were_written_as",
+            "test_a_comma_that_is_no_thousands_separator_is_no_answer"),
+    *select("tests/rollout/test_steps.py",
+            "test_frac_reward_zero_std_counts_the_groups_without_spread",
+            "test_uniform_rewards_names_each_reward_and_the_score_that_gave_every_sample_one_value"),
+    "tests/trainer/test_watch.py::test_no_signal_warns_once_per_reward_and_suggests_groups_to_a_run_without_them",
+    # subset:i48 (the vLLM engine's checks that run without vLLM; its sampling runs in the vLLM leg only)
+    *select("tests/rollout/test_vllm_engine.py",
+            "test_engine_stats_are_the_gap_over_real_tokens",
+            "test_vllm_settings_given_to_another_engine_are_refused",
+            "test_what_vllm_cannot_work_with_is_refused_by_the_config",
+            "test_bases_vllm_cannot_hold_as_the_policy_does_are_named"),
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -756,6 +783,85 @@ MUTATIONS = [
                '            raise ValueError(f"step(): stop_on_collapse')]),
     Mutation("i51_recipe_saves_collapsed", "hf-ppo train saves (and pushes) the collapsed policy after a stop",
              [("cli/train.py", "    if stop is not None:  # stop_on_collapse", "    if False:  # stop_on_collapse")]),
+    # -- issue 52: the rollout and evaluation under the run's autocast, use_cpu's precision, the TRL 0.11 shim's ------
+    # mutations:i52
+    Mutation("i52_rollout_no_autocast", "the rollout's passes (reference, reward, sampling) run outside the run's "
+             "bf16 autocast, so step 0's KL is the precision gap",
+             [(T, 'with showing_sampling(self.callback_handler.callbacks, self.state, "rollout"), '
+                  "self.accelerator.autocast():",
+               'with showing_sampling(self.callback_handler.callbacks, self.state, "rollout"):')]),
+    Mutation("i52_eval_no_autocast", "evaluation runs outside the run's bf16 autocast (the policy is not its reference "
+             "at step 0)",
+             [(T, 'with showing_sampling(self.callback_handler.callbacks, self.state, "evaluation"), '
+                  "self.accelerator.autocast():",
+               'with showing_sampling(self.callback_handler.callbacks, self.state, "evaluation"):')]),
+    Mutation("i52_use_cpu_takes_gpu_bf16", "bf16=None turns bf16 on with use_cpu=True where a bf16 GPU is visible",
+             [(C, "and not (\n                self.fp16 or self.use_cpu)", "and not (\n                self.fp16)")]),
+    Mutation("i52_trl011_precision_dropped", "the TRL 0.11 shim drops accelerator_kwargs' mixed_precision (hf_ppo's "
+             "default precision applies)",
+             [("compat/trl011.py", '        bf16=mixed == "bf16", fp16=mixed == "fp16",\n', "")]),
+    # -- issue 51 (b): the refusals no test triggered, and each row's tokens, text and columns together under k > 1 --
+    # mutations:i51b
+    Mutation("i51b_class_reward_accepted", "a class given as a reward function is called (building an instance)",
+             [("rollout/reward_calls.py", "    if inspect.isclass(func):  # callable,", "    if False:  # callable,")]),
+    Mutation("i51b_call_name_column_hidden", "a dataset column named prompts/completions/completion_ids is silently "
+             "hidden by the call's own value",
+             [("rollout/reward_calls.py", "clash = sorted(set(columns or ()) & (set(CALL_NAMES) | set(HOOK_NAMES)))",
+               "clash = sorted(set(columns or ()) & set(HOOK_NAMES))")]),
+    Mutation("i51b_long_column_accepted", "a column longer than the batch reaches the reward function",
+             [("rollout/reward_calls.py", "        if len(values) != len(texts):  # a misaligned column",
+               "        if len(values) < len(texts):  # a misaligned column")]),
+    Mutation("i51b_eval_tokens_tiled", "evaluate's k samples: the prompt tokens repeated (tiled) where the texts and "
+             "columns are repeat_interleaved",
+             [("evaluation/evaluator.py", 'out["queries"] = inputs["queries"].repeat_interleave(k, dim=0)',
+               'out["queries"] = inputs["queries"].repeat(k, 1)'),
+              ("evaluation/evaluator.py", 'out["query_mask"] = inputs["query_mask"].repeat_interleave(k, dim=0)',
+               'out["query_mask"] = inputs["query_mask"].repeat(k, 1)')]),
+    Mutation("i51b_eval_columns_tiled", "evaluate's k samples: the dataset columns tiled, not each row's k times",
+             [("evaluation/evaluator.py", "{name: [v for v in values for _ in range(k)]",
+               "{name: [v for _ in range(k) for v in values]")]),
+    Mutation("i51b_completion_ids_padded", "a reward's completion_ids keep the padding after the stop token",
+             [(W, "                    ids = [row[keep].tolist() for row, keep in zip(responses, "
+                  "response_mask.bool())]",
+               "                    ids = [row.tolist() for row in responses]")]),
+    # -- issues 49 and 50: one run per output_dir, exact_answer's numbers, the no-signal warning, prompting, files ----
+    # mutations:i49, i50
+    Mutation("i49_lock_kept_on_error", "a train() that raises leaves output_dir locked",
+             [("trainer/run_lock.py", "    try:\n        yield lock\n    finally:\n        if lock is not None:\n"
+                                      "            lock.release()",
+               "    yield lock\n    if lock is not None:\n        lock.release()")]),
+    Mutation("i49_float_answer_binary", "a float answer compared as its binary fraction (0.1 != '0.1')",
+             [("rewards/answers.py", "        return Fraction(Decimal(str(answer)))", "        return Fraction(answer)")]),
+    Mutation("i49_decimal_comma_read", "'#### 1,5' read as 15 (any comma dropped, not only thousands separators)",
+             [("rewards/answers.py", '    if "," in numerator and not _GROUPED.fullmatch(numerator):\n'
+                                     "        return None\n", "")]),
+    Mutation("i50_zero_std_per_row_k1", "frac_reward_zero_std with num_generations=1 counts each row as a group "
+             "(always 1.0)",
+             [(R, "size = k if k > 1 else scores.numel()", "size = k")]),
+    Mutation("i50_uniform_counts_unapplied", "the no-signal check counts the rows a reward does not apply to",
+             [(R, "kept = values.float() if applies is None else values[applies].float()",
+               "kept = values.float()")]),
+    Mutation("i50_no_signal_each_iteration", "the no-signal warning repeats every iteration, not once per reward",
+             [("trainer/watch.py", "        self.warned |= set(new)\n", "")]),
+    Mutation("i50_system_prompt_last", "system_prompt appended after the prompt's turns, not first",
+             [(D, 'return {key: [{"role": "system", "content": system_prompt}, *turns]}',
+               'return {key: [*turns, {"role": "system", "content": system_prompt}]}')]),
+    Mutation("i50_users_metrics_replaced", "hf-ppo evaluate overwrites a metrics.json the user wrote",
+             [("evaluation/report.py", "    if not _our_metrics(path):\n        warn_user(",
+               "    if False:\n        warn_user(")]),
+    # Issue 48: the vLLM engine's statistics and refusals (the ones a machine without vLLM can run).
+    Mutation("i48_gap_over_padding", "the vLLM log-prob gap averaged over padding too, not the real tokens alone",
+             [("rollout/engines.py", "gap = (logprobs.float() - sampled.to(logprobs.device)).abs().masked_fill("
+               "~mask.bool(), 0.0)", "gap = (logprobs.float() - sampled.to(logprobs.device)).abs()")]),
+    Mutation("i48_vllm_field_silently_ignored", "a vllm_* setting given to another engine is silently ignored",
+             [("trainer/config_checks.py", "                if getattr(config, name) != "
+               "config.__dataclass_fields__[name].default]", "                if False]")]),
+    Mutation("i48_8bit_base_accepted", "rollout_engine='vllm' accepts an 8-bit base it cannot load as the policy does",
+             [("trainer/config_checks.py", '    if config.policy_quantization == "8bit":\n        errors.append('
+               '"rollout_engine=\'vllm\' with', '    if False:\n        errors.append("rollout_engine=\'vllm\' with')]),
+    Mutation("i48_8bit_model_accepted", "an 8-bit policy model object is handed to vLLM",
+             [("rollout/vllm_engine.py", '    if getattr(base, "is_loaded_in_8bit", False):',
+               "    if False:")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

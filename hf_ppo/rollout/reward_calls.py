@@ -138,11 +138,7 @@ def check_reward_function(func, columns: list[str] | None, name: str) -> None:
         raise TypeError(f"The reward function {name!r} is the class {func.__qualname__}, not a reward function: pass "
                         f"an instance of it ({func.__qualname__}(...), whose __call__ scores the completions), or a "
                         "function (completions, **kwargs) -> list[float].")
-    clash = sorted(set(columns or ()) & (set(CALL_NAMES) | set(HOOK_NAMES)))
-    if clash:
-        raise TypeError(f"The prompt dataset has a column named {clash[0]!r}, which the reward function {name!r} is "
-                        f"given as the call's own {clash[0]!r}: rename the column, e.g. "
-                        f"dataset.rename_column({clash[0]!r}, '{clash[0]}_ref').")
+    _refuse_clashing_columns(columns, name)
     if not keyword_style(func, columns):
         return
     params = _signature(func).parameters.values()
@@ -256,6 +252,16 @@ class RewardCall:
                                   "already saved are kept.") from err
 
 
+def _refuse_clashing_columns(columns, name: str) -> None:
+    """A column named like one of the call's own keywords (prompts, completions, completion_ids, the hooks) would
+    replace the call's value, or be replaced by it: refused, naming the rename."""
+    clash = sorted(set(columns or ()) & (set(CALL_NAMES) | set(HOOK_NAMES)))
+    if clash:
+        raise TypeError(f"The prompt dataset has a column named {clash[0]!r}, which the reward function {name!r} is "
+                        f"given as the call's own {clash[0]!r}: rename the column, e.g. "
+                        f"dataset.rename_column({clash[0]!r}, '{clash[0]}_ref').")
+
+
 def start_reward_call(func, name: str, *, prompts: list, prompt_texts: list[str], texts: list[str],
                       completion_ids: list[list[int]], columns: dict[str, list] | None,
                       hooks: RewardHooks | None = None) -> RewardCall:
@@ -265,6 +271,7 @@ def start_reward_call(func, name: str, *, prompts: list, prompt_texts: list[str]
     declares. Every call gets its own copy of the prompts, completions and columns. An `async def` function's
     coroutine is left pending for `finish_reward_calls`."""
     columns = columns or {}
+    _refuse_clashing_columns(columns, name)  # also where the columns come straight to a call (RewardSet.score)
     for column, values in columns.items():
         if len(values) != len(texts):  # a misaligned column would score completions against other rows' data
             raise ValueError(f"The column {column!r} has {len(values)} values for {len(texts)} completions: each "

@@ -118,6 +118,24 @@ def test_precision_is_trl_0_11s_fp32_unless_its_accelerator_kwargs_ask(recwarn):
         PPOConfig(accelerator_kwargs={"mixed_precision": "fp8"})
 
 
+def test_accelerator_kwargs_mixed_precision_reaches_the_run(monkeypatch):
+    """accelerator_kwargs={'mixed_precision': 'bf16'} trains in bf16, and the default is asked for as fp32 in so many
+    words (not left to hf_ppo's bf16=None, which a GPU turns on). On the CPU, TrainingArguments takes bf16 only with
+    use_cpu=True: the shim's config is built with it here, which leaves its own bf16=None at fp32 too."""
+    from hf_ppo.compat import trl011
+
+    built = []
+
+    def on_the_cpu(**kwargs):
+        built.append(kwargs)
+        return HfPPOConfig(**kwargs, use_cpu=True)
+
+    monkeypatch.setattr(trl011, "_PPOConfig", on_the_cpu)
+    assert PPOConfig(accelerator_kwargs={"mixed_precision": "bf16"}).precision == "bf16"
+    assert PPOConfig().precision == "fp32"
+    assert (built[-1].get("bf16"), built[-1].get("fp16")) == (False, False)  # fp32 asked for, not left to a default
+
+
 def test_trainer_arguments_it_does_not_offer_error_before_loading(tmp_path):
     config = PPOConfig(output_dir=str(tmp_path))
     with pytest.raises(ValueError, match="num_shared_layers is not offered"):

@@ -594,3 +594,21 @@ def test_a_column_named_like_a_call_keyword_is_refused_naming_the_rename(tiny_mo
                                         rf"'exact_ignoring_answer' is given as the call's own '{column}': rename the "
                                         rf"column, e\.g\. dataset\.rename_column\('{column}', '{column}_ref'\)"):
         trainer_for(tiny_models, tokenizer, tmp_path, reward=exact_ignoring_answer, dataset=data)
+
+
+@pytest.mark.parametrize("column", ["completions", "prompts", "completion_ids", "trainer_state"])
+def test_a_clashing_column_given_straight_to_a_call_is_refused_too(column):
+    """Outside a trainer (RewardSet.score, call_reward), where no construction check ran: the column would otherwise
+    replace the call's own value, or be replaced by it, silently."""
+    from hf_ppo.rollout.reward_calls import call_reward
+
+    seen = []
+
+    def reward(completions, **kwargs):
+        seen.append(kwargs)
+        return [0.0] * len(completions)
+
+    with pytest.raises(TypeError, match=rf"column named '{column}'.*rename_column\('{column}', '{column}_ref'\)"):
+        call_reward(reward, "reward", prompts=["q", "q"], prompt_texts=["q", "q"], texts=["a", "b"],
+                    completion_ids=[[1], [2]], columns={column: ["x", "y"]})
+    assert not seen  # refused before the call
