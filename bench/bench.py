@@ -313,6 +313,9 @@ def main():
     p.add_argument("--clock", choices=["auto", "cpu", "wall"], default="auto",
                    help="time per iteration in the table: the process's CPU seconds (robust to other load; auto "
                    "picks it with --threads 1) or wall seconds")
+    p.add_argument("--interleaved", action="store_true",
+                   help="instead: hf_ppo and the peer (gc off) in one process, an iteration each in turn "
+                        "(bench/interleaved.py), the ratio that other load cannot bend; prints its table")
     p.add_argument("--from-json", default=None, help="re-render the table from a results.json instead of running")
     p.add_argument("--results", default=None, help="markdown file to write (default bench/RESULTS.md; "
                    "--quick: bench/out/RESULTS-quick.md)")
@@ -353,6 +356,10 @@ def main():
     ensure_peer_env()
     from setup_models import build_row
 
+    if a.interleaved:  # in the peer's environment, where trl 1.12 and hf_ppo import side by side
+        env = peer_env(dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+        return subprocess.run([str(peer_python()), str(HERE / "interleaved.py"), "--rows", *names, "--iters",
+                               str(a.iters), "--warmup", str(a.warmup)], env=env, cwd=REPO).returncode
     if a.threads is None:
         a.threads = 0 if a.gpu else 1
     clock = a.clock if a.clock != "auto" else ("cpu" if a.threads == 1 else "wall")
@@ -431,4 +438,4 @@ def report(results_md: Path, command: str, meta: dict, aggs: list[dict], mem_8b:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

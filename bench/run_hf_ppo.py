@@ -33,25 +33,9 @@ def rule_reward(prompts: list[str], completions: list[str]) -> list[float]:
     return [rule_score(c) for c in completions]
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--row-dir", required=True)
-    p.add_argument("--iters", type=int, default=6, help="timed PPO iterations (after the warm-up)")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--reward", choices=["model", "rule"], default="model")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--no-floor", action="store_true", help="skip the compute-floor measurement")
-    p.add_argument("--floor-repeats", type=int, default=3)
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a PPOConfig field (JSON value), e.g. --set max_grad_norm=0 --set vf_coef=0.05")
-    a = p.parse_args()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import warnings
-
-    warnings.filterwarnings("ignore")
-
+def build_trainer(a, row_dir: Path, callbacks: list):
+    """`PPOLMTrainer` on the row saved in `row_dir`, wired as a user would (see the module's docstring); `a` holds
+    --iters, --warmup, --reward, --seed and --set. Returns (trainer, tokenizer, prompts as text, learning rate)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -59,14 +43,9 @@ def main():
 
     from hf_ppo import PPOConfig, PPOLMTrainer
 
-    rss_after_imports = current_rss_mb()  # libraries only: the models come after
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    row_dir = Path(a.row_dir)
     row = row_from_json((row_dir / "row.json").read_text())
     cuda = torch.cuda.is_available()
     steps_per_iter = row.num_ppo_epochs * row.num_mini_batches
-
     tok = AutoTokenizer.from_pretrained(row_dir / "policy")
     prompts = json.loads((row_dir / "prompts.json").read_text())
     if row.gguf_file:  # a real checkpoint's row: chat messages, which the trainer puts through the chat template
@@ -102,14 +81,52 @@ def main():
         **{k: json.loads(v) for k, v in (item.split("=", 1) for item in a.set)},
     )
 
-    clock, scores = IterationClock(), []
-
     torch.manual_seed(a.seed)
     trainer = PPOLMTrainer(
         model=str(row_dir / "policy"), args=args, processing_class=tok,
         reward_model=rule_reward if a.reward == "rule" else str(row_dir / "reward"),
-        ref_model=None, train_dataset=data, peft_config=peft_config, callbacks=[iteration_callback(clock, scores, steps_per_iter, cuda)],
+        ref_model=None, train_dataset=data, peft_config=peft_config, callbacks=callbacks,
     )
+    return trainer, tok, prompts, lr
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--row-dir", required=True)
+    p.add_argument("--iters", type=int, default=6, help="timed PPO iterations (after the warm-up)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--reward", choices=["model", "rule"], default="model")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--no-floor", action="store_true", help="skip the compute-floor measurement")
+    p.add_argument("--floor-repeats", type=int, default=3)
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a PPOConfig field (JSON value), e.g. --set max_grad_norm=0 --set vf_coef=0.05")
+    a = p.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import warnings
+
+    warnings.filterwarnings("ignore")
+
+    import torch
+    # Imported here for the RSS "after imports" (the trainer is built by build_trainer).
+    import datasets  # noqa: F401
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+
+    import hf_ppo  # noqa: F401
+
+    rss_after_imports = current_rss_mb()  # libraries only: the models come after
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    row_dir = Path(a.row_dir)
+    row = row_from_json((row_dir / "row.json").read_text())
+    cuda = torch.cuda.is_available()
+    steps_per_iter = row.num_ppo_epochs * row.num_mini_batches
+
+    clock, scores = IterationClock(), []
+    trainer, tok, prompts, lr = build_trainer(a, row_dir, [iteration_callback(clock, scores, steps_per_iter, cuda)])
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     with contextlib.redirect_stdout(io.StringIO()):  # Trainer prints each log dict

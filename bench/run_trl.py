@@ -71,34 +71,16 @@ def build_rule_reward_model(tokenizer):
     return RuleRewardModel()
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--row-dir", required=True)
-    p.add_argument("--iters", type=int, default=6, help="timed PPO iterations (after the warm-up)")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--reward", choices=["model", "rule"], default="model")
-    p.add_argument("--no-gc", action="store_true", help="switch off the peer's per-iteration gc.collect()")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    a = p.parse_args()
-    _quiet()
-
+def build_trainer(a, row_dir: Path, callbacks: list):
+    """The peer's `PPOTrainer` on the row saved in `row_dir`, wired as a user of trl 1.12 would (see the module's
+    docstring); `a` holds --iters, --warmup, --reward and --seed. Returns (trainer, learning rate)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, BitsAndBytesConfig
 
-    import trl
-    import trl.experimental.ppo.ppo_trainer as ppo_module
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
-    rss_after_imports = current_rss_mb()  # libraries only: the models come after
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    if a.no_gc:
-        ppo_module.gc = types.SimpleNamespace(collect=lambda *args, **kwargs: 0)
-
-    row_dir = Path(a.row_dir)
     row = row_from_json((row_dir / "row.json").read_text())
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -152,13 +134,46 @@ def main():
         seed=a.seed,
     )
 
-    clock, scores = IterationClock(), []
-
     torch.manual_seed(a.seed)
     trainer = PPOTrainer(
         args=args, processing_class=tok, model=policy, ref_model=None, reward_model=reward, train_dataset=data,
-        value_model=value, eval_dataset=data.select(range(row.batch)), callbacks=[iteration_callback(clock, scores, 1, cuda)], peft_config=peft_config,
+        value_model=value, eval_dataset=data.select(range(row.batch)), callbacks=callbacks, peft_config=peft_config,
     )
+    return trainer, lr
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--row-dir", required=True)
+    p.add_argument("--iters", type=int, default=6, help="timed PPO iterations (after the warm-up)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--reward", choices=["model", "rule"], default="model")
+    p.add_argument("--no-gc", action="store_true", help="switch off the peer's per-iteration gc.collect()")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    a = p.parse_args()
+    _quiet()
+
+    import torch
+    # Imported here for the RSS "after imports" (the trainer is built by build_trainer).
+    import datasets  # noqa: F401
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+
+    import trl
+    import trl.experimental.ppo.ppo_trainer as ppo_module
+
+    rss_after_imports = current_rss_mb()  # libraries only: the models come after
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.no_gc:
+        ppo_module.gc = types.SimpleNamespace(collect=lambda *args, **kwargs: 0)
+
+    row_dir = Path(a.row_dir)
+    row = row_from_json((row_dir / "row.json").read_text())
+    cuda = torch.cuda.is_available()
+    clock, scores = IterationClock(), []
+    trainer, lr = build_trainer(a, row_dir, [iteration_callback(clock, scores, 1, cuda)])
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     import contextlib

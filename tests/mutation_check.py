@@ -862,6 +862,14 @@ MUTATIONS = [
     Mutation("i48_8bit_model_accepted", "an 8-bit policy model object is handed to vLLM",
              [("rollout/vllm_engine.py", '    if getattr(base, "is_loaded_in_8bit", False):',
                "    if False:")]),
+    # -- issue 48 item 8: the rollout's prompts read once per iteration -------------------------------------------
+    Mutation("i48_prompts_memory_ignores_indices", "the DataLoader's one-batch memory hands back the last rows for any "
+             "batch, so every iteration trains on the first iteration's prompts",
+             [(D, "        if self._last[0] == list(indices):", "        if self._last[0] is not None:")]),
+    Mutation("i48_collator_memory_by_equality", "the collator hands back its last batch for rows of equal length, "
+             "not only for the very same rows",
+             [(D, "        if features is self._last[0]:",
+               "        if self._last[0] is not None and len(features) == len(self._last[0]):")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

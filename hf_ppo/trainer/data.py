@@ -6,7 +6,7 @@ import hashlib
 import math
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import Dataset, Sampler
 
 from ..models.tokenizers import render_chat_prompt
 from ..rollout.reward_calls import data_columns
@@ -21,8 +21,18 @@ class PromptCollator:
 
     def __init__(self, pad_token_id: int):
         self.pad_token_id = pad_token_id
+        self._last: tuple[list | None, dict | None] = (None, None)  # the rows last collated, and their batch
 
     def __call__(self, features: list[dict]) -> dict:
+        # The very rows of the last call (`RolloutPrompts` hands the same list again for each micro-batch of an
+        # iteration): the batch already made. Only an identical object counts, never equal rows read anew.
+        if features is self._last[0]:
+            return self._last[1]
+        batch = self._collate(features)
+        self._last = (features, batch)
+        return batch
+
+    def _collate(self, features: list[dict]) -> dict:
         width = max(len(f["input_ids"]) for f in features)
         queries = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(features), width), dtype=torch.bool)
@@ -286,6 +296,32 @@ class RolloutRepeatSampler(Sampler):
 
     def __len__(self) -> int:
         return self.num_batches * self.global_batch_size * self.repeat
+
+
+class RolloutPrompts(Dataset):
+    """The training prompts as Trainer's DataLoader reads them. `RolloutRepeatSampler` asks for the same rollout batch
+    once per micro-batch of a PPO iteration (so that Trainer counts its steps right), but only the iteration's first
+    micro-batch samples from it; the others train on the rollout (`MinibatchSchedule`). So a batch asked for right
+    after itself is handed back as the rows already read, the same list (which `PromptCollator` then recognises),
+    instead of being read from `dataset` and collated once per micro-batch. Any other batch is read as usual."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+        self._last: tuple[list[int] | None, list | None] = (None, None)  # the indices last read, and their rows
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> list:
+        if self._last[0] == list(indices):
+            return self._last[1]
+        many = getattr(self.dataset, "__getitems__", None)
+        rows = many(list(indices)) if many is not None else [self.dataset[i] for i in indices]
+        self._last = (list(indices), rows)
+        return rows
 
 
 class RefillPrompts:

@@ -37,7 +37,8 @@ from ..rollout.steps import RolloutParts
 from ..runtime import sharding
 from . import assembly, checkpoint, run_lock, watch
 from .config import PPOConfig
-from .data import PromptCollator, RefillPrompts, RolloutRepeatSampler, check_prompt_columns, prepare_datasets
+from .data import (PromptCollator, RefillPrompts, RolloutPrompts, RolloutRepeatSampler, check_prompt_columns,
+                   prepare_datasets)
 from .guard import NonFiniteGuard, check_finite_weights, nonfinite_problem, score_hint
 from .progress import PPOProgressCallback, maybe_log_samples, showing_sampling
 from .schedule import MinibatchSchedule
@@ -154,7 +155,8 @@ class PPOLMTrainer(StepAPI, Trainer):
     def get_train_dataloader(self):
         if self.train_dataset is None:
             raise ValueError("PPOLMTrainer: training requires a train_dataset of prompts.")
-        return self._get_dataloader(dataset=self.train_dataset, description="Training",
+        # Read once per iteration, not once per micro-batch (`RolloutPrompts`).
+        return self._get_dataloader(dataset=RolloutPrompts(self.train_dataset), description="Training",
                                     batch_size=self.args.rollout_batch_size, sampler_fn=self._get_train_sampler,
                                     is_training=True)
 

