@@ -113,21 +113,30 @@ def over_positions(fn, logits: torch.Tensor, *per_position: torch.Tensor, fp32_c
     -> (batch, len), a chunk of positions at a time.
 
     A chunk holds as many positions as `fp32_copies` fp32 vocabulary vectors each fit in `memory_bytes` (the chunk
-    follows from the budget and the vocabulary, at least one position). Chunks are views (no copy of `logits`); with
-    gradients each chunk is recomputed in the backward (activation checkpointing), so autograd keeps only the views,
-    never the chunks' fp32 intermediates.
+    follows from the budget and the vocabulary, at least one position): whole rows of the batch when a row fits,
+    else a part of one row. Chunks are views (no copy of `logits`); with gradients each chunk is recomputed in the
+    backward (activation checkpointing), so autograd keeps only the views, never the chunks' fp32 intermediates.
+    The chunks are cut with `split` alone, whose backward writes every chunk's gradient into ONE tensor of the
+    logits' size (indexing a row, `logits[b]`, would make a zero-filled tensor of the whole logits' size per row).
     """
     batch, length, vocab = logits.shape
     rows = max(1, memory_bytes // (fp32_copies * 4 * vocab))
     if batch * length <= rows:
         return fn(logits, *per_position)
     recompute = torch.is_grad_enabled() and logits.requires_grad
-    out = []
-    for b in range(batch):
-        pieces = zip(logits[b].split(rows), *(t[b].split(rows) for t in per_position))
-        out.append(torch.cat([torch.utils.checkpoint.checkpoint(fn, *piece, use_reentrant=False) if recompute
-                              else fn(*piece) for piece in pieces]))
-    return torch.stack(out)
+
+    def run(*piece):
+        return torch.utils.checkpoint.checkpoint(fn, *piece, use_reentrant=False) if recompute else fn(*piece)
+
+    if rows >= length:  # whole rows per chunk
+        per_chunk = rows // length
+        pieces = zip(logits.split(per_chunk), *(t.split(per_chunk) for t in per_position))
+        return torch.cat([run(*piece) for piece in pieces])
+    out = []  # a row is larger than the budget: each row, a chunk of positions at a time
+    for row in zip(logits.split(1), *(t.split(1) for t in per_position)):
+        pieces = zip(*(t.squeeze(0).split(rows) for t in row))
+        out.append(torch.cat([run(*piece) for piece in pieces]).unsqueeze(0))
+    return torch.cat(out)
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:

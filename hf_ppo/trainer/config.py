@@ -182,8 +182,10 @@ class PPOConfig(TrainingArguments):
     logits_memory_mb: float = field(
         default=256,
         metadata={"help": "Memory budget (MiB) of the vocabulary-wide fp32 work on logits (log-probs, entropy), in "
-                  "the rollout and the loss: positions are processed in chunks that fit it, so no (batch, length, "
-                  "vocab) fp32 tensor is made. The numbers do not depend on it."},
+                  "the rollout and the loss: positions are processed in chunks that fit it, so that work makes no "
+                  "(batch, length, vocab) fp32 tensor. The numbers do not depend on it. The model's own logits (in "
+                  "its dtype: fp32 for an fp32 model) are still made whole, once per forward: "
+                  "local_rollout_forward_batch_size and per_device_train_batch_size bound those."},
     )
 
     # ---- Steps 3-4, scoring: what the reward model reads, mixed rewards, the penalties (docs/concepts/rewards.md) --

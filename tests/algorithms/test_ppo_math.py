@@ -175,6 +175,49 @@ def test_no_whole_fp32_logits_tensor_is_made_in_the_forward_or_the_backward():
     assert largest(budget) <= budget
 
 
+class _WholeSizeTensors(torch.utils._python_dispatch.TorchDispatchMode):
+    """The distinct storages of at least `nbytes` that operations make, with their shapes. Each storage is kept
+    alive, so that none is counted twice when the allocator hands its address out again; the storage, not the
+    tensor, so that autograd may still take a gradient over as `.grad` without copying it."""
+
+    def __init__(self, nbytes: int, exclude: torch.Tensor):
+        super().__init__()
+        self.nbytes, self.storages, self.skip = nbytes, {}, exclude.untyped_storage().data_ptr()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() >= self.nbytes:
+                storage = t.untyped_storage()
+                if storage.data_ptr() != self.skip:
+                    self.storages.setdefault(storage.data_ptr(), (storage, tuple(t.shape)))
+        return out
+
+
+@pytest.mark.parametrize("of", ["logprobs", "entropy"])
+@pytest.mark.parametrize("budget_positions", [16, 3])  # whole rows (8 positions) per chunk; parts of a row
+def test_chunked_backward_makes_one_logits_sized_gradient(budget_positions, of):
+    """fp32 logits (an fp32 model's): the backward of the chunked log-probs (entropy) writes every chunk's gradient
+    into ONE tensor of the logits' size, the gradient itself, never one zero-filled copy per row of the batch (issue
+    50: at SmolLM2's 49k vocabulary and 8 x 129 positions, each copy is 195 MiB)."""
+    B, R, V = 5, 8, 64
+    logits = torch.randn(B, R, V, requires_grad=True)
+    tokens = torch.randint(0, V, (B, R))
+    budget = budget_positions * 5 * 4 * V  # about `budget_positions` positions a chunk (3 or 5 fp32 copies each)
+
+    def run(memory_bytes):
+        if of == "logprobs":
+            return logprobs_from_logits(logits, tokens, 0.7, memory_bytes=memory_bytes)
+        return entropy_from_logits(logits, 0.7, memory_bytes=memory_bytes)
+
+    out = run(budget)
+    torch.testing.assert_close(out, run(2**30))
+    with _WholeSizeTensors(B * R * V * 4, exclude=logits) as made:
+        out.sum().backward()
+    shapes = [shape for _, shape in made.storages.values()]
+    assert len(shapes) <= 1, f"{len(shapes)} logits-sized tensors in the backward: {shapes}"
+
+
 def test_entropy_uniform_is_log_vocab():
     for vocab in (2, 7, 100):
         logits = torch.full((3, 4, vocab), 1.7)
