@@ -85,6 +85,7 @@ SUBSET = [
             "test_first_ratio_is_exactly_one_and_the_loss_reads_the_policy_mask",
             "test_per_position_rewards_join_gae_rewards_and_critic_free_scores"),
     "tests/algorithms/test_ppo_math.py::test_gae_bootstraps_across_an_environment_segment_hand_example",
+    "tests/algorithms/test_ppo_math.py::test_chunked_backward_makes_one_logits_sized_gradient",
     # the newest paths' pinning tests
     # subset:evaluation
     *select("tests/evaluation/test_evaluator.py",
@@ -862,6 +863,12 @@ MUTATIONS = [
     Mutation("i48_8bit_model_accepted", "an 8-bit policy model object is handed to vLLM",
              [("rollout/vllm_engine.py", '    if getattr(base, "is_loaded_in_8bit", False):',
                "    if False:")]),
+    # -- issue 50 item 6: the chunked log-probs' backward makes one logits-sized gradient ------------------------------
+    Mutation("i50_chunks_by_slicing", "the chunked log-probs cut their chunks by slicing, whose backward makes a "
+             "zero-filled tensor the size of the whole logits per chunk (195 MiB each at SmolLM2's 8 x 129)",
+             [(P, "        pieces = zip(logits.split(per_chunk), *(t.split(per_chunk) for t in per_position))",
+               "        pieces = zip([logits[i:i + per_chunk] for i in range(0, len(logits), per_chunk)],\n"
+               "                     *(t.split(per_chunk) for t in per_position))")]),
     # -- issue 48 item 8: the rollout's prompts read once per iteration -------------------------------------------
     Mutation("i48_prompts_memory_ignores_indices", "the DataLoader's one-batch memory hands back the last rows for any "
              "batch, so every iteration trains on the first iteration's prompts",
