@@ -48,6 +48,9 @@ long task `run_trl.build_rule_reward_model`; for arithmetic a stand-in that read
 (`learning_peer.build_arithmetic_reward_model`). Its critic is the SFT checkpoint with a new score head, trained in
 full, and it pads with the token hf_ppo chose (SmolLM2 pads with its EOS, which trl would mask out of the prompts).
 
+**The crossover table** (issue 50, `bench/crossover.py`): the word-problem tasks "words1" and "words2" (SmolLM2 as
+in "arithmetic", 32-token responses, 6 iterations x 16 responses) and `CROSSOVER_CONFIGS`, run through `launch`.
+
 `--quick` numbers mean nothing: it proves the pipeline (the tests run it).
 """
 
@@ -118,7 +121,17 @@ CRITIC_FOLLOW_UPS = {
     "separate critic + adaptive lambda": {"critic": "separate", "lam_length_alpha": 0.5},
     "separate critic, critic lr 10x": {"critic": "separate", "critic_learning_rate": "10x"},
 }
-ALL = {**CONFIGS, **FOLLOW_UPS, **CRITIC_CONFIGS, **CRITIC_FOLLOW_UPS}
+# The crossover table (issue 50, `bench/crossover.py`): the value head against grpo k=4 on SmolLM2's word problems,
+# and existing options that might close the gap a fresh head leaves at a small budget. With whitened advantages the
+# baseline is the batch mean whatever the head has learned (whitening subtracts it), so one success among 16 pushes
+# every failure down; grpo's all-wrong groups get 0. Without whitening the baseline is the head itself, given 10x the
+# policy's learning rate to reach the mean score in a few steps.
+CROSSOVER_CONFIGS = {
+    "default (shared head)": {},
+    "grpo k=4": {"advantage_estimator": "grpo", "num_generations": 4},
+    "shared head, no whitening, critic lr 10x": {"whiten_advantages": False, "critic_learning_rate": "10x"},
+}
+ALL = {**CONFIGS, **FOLLOW_UPS, **CRITIC_CONFIGS, **CRITIC_FOLLOW_UPS, **CROSSOVER_CONFIGS}
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
 # The demo recipe's settings, shared by hf_ppo's runs, the peer's and the evaluator.
 SETTINGS = {"response_length": 12, "temperature": 0.7, "missing_eos_penalty": 1.0, "learning_rate": 2e-4,
@@ -162,7 +175,18 @@ TASKS = {
                         "constant", "kl_coef": 0.05, "vf_coef": 0.1, "num_ppo_epochs": 2, "num_mini_batches": 2},
                        iterations=12, responses=16, held_out=80, quantization="none", seeds=(0, 1, 2),
                        quick=(2, 8, 8), chat=True),
+    # Word problems (issue 50): SmolLM2-135M-Instruct as in "arithmetic", on locally generated one-step ("words1":
+    # "Mia has 7 pens. Mia buys 5 more. How many pens does Mia have now?") or two-step ("words2": "..., then gives 3
+    # away.") problems with an `answer` column, as chat turns with no system prompt; the same lenient reward (the
+    # completion's final number). Two start accuracies from one pipeline. 32-token responses (SmolLM2 writes its
+    # working before the number). The budget is what 2 shared CPU cores allow in the time of issue 50 (a run: about
+    # 5 CPU minutes, 46 CPU s an iteration): 6 iterations x 16 responses = 96 samples, 32 held-out problems.
+    **{task: Task({"response_length": 32, "temperature": 0.7, "learning_rate": 2e-4, "lr_scheduler_type": "constant",
+                   "kl_coef": 0.05, "vf_coef": 0.1, "num_ppo_epochs": 2, "num_mini_batches": 2},
+                  iterations=6, responses=16, held_out=32, quantization="none", seeds=(0, 1, 2), quick=(2, 8, 8),
+                  chat=True) for task in ("words1", "words2")},
 }
+SMOLLM2_TASKS = ("arithmetic", "words1", "words2")
 # The tables: which tasks each holds, its configurations, its marks in RESULTS.md.
 TABLES = {
     ("demo", "rule"): (CONFIGS, BEGIN, END),
@@ -220,7 +244,7 @@ def smollm2() -> str:
 
 def models(task: str, quick: bool) -> tuple[str, str | None]:
     """(SFT policy, reward model or None) of a task."""
-    return (smollm2(), None) if task == "arithmetic" else demo_models(quick)
+    return (smollm2(), None) if task in SMOLLM2_TASKS else demo_models(quick)
 
 
 def rule_reward(prompts: list[str], completions: list[str]) -> list[float]:
@@ -236,7 +260,7 @@ def arithmetic_reward(completions: list[str], answer: list[str], **kwargs) -> li
 
 
 def reward_of(task: str, reward: str | None):
-    return {"demo": reward, "arithmetic": arithmetic_reward}.get(task, rule_reward)
+    return reward if task == "demo" else arithmetic_reward if task in SMOLLM2_TASKS else rule_reward
 
 
 def prompts(n: int, seed: int) -> list[str]:
@@ -254,8 +278,39 @@ def held_out_prompts(n: int) -> list[str]:
     return prompts(n, seed=2000)
 
 
+NAMES = ("Tom", "Ana", "Ben", "Mia", "Sam", "Lily", "Omar", "Zoe", "Raj", "Eva")
+ITEMS = ("apples", "books", "pens", "stickers", "cards", "marbles", "shells", "coins")
+
+
+def word_problem(rng, steps: int) -> tuple[str, int]:
+    """One word problem and its answer: one step (a + b) or two (a + b - c, 0 < c < a + b)."""
+    name, item, a, b = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(3, 19), rng.randint(2, 9)
+    if steps == 1:
+        return f"{name} has {a} {item}. {name} buys {b} more. How many {item} does {name} have now?", a + b
+    c = rng.randint(1, a + b - 1)
+    return (f"{name} has {a} {item}. {name} buys {b} more, then gives {c} away. How many {item} does {name} have "
+            "now?"), a + b - c
+
+
+def word_problems(steps: int, train: int = 400, held_out: int = 64) -> tuple[list, list]:
+    """(train, held-out) distinct problems of `steps` steps; no held-out problem is in the training set."""
+    import random
+
+    rng, seen = random.Random(steps), {}
+    while len(seen) < train + held_out:
+        question, answer = word_problem(rng, steps)
+        seen.setdefault(question, answer)
+    pairs = list(seen.items())
+    return pairs[held_out:], pairs[:held_out]
+
+
 def rows(task: str, split: str, n: int | None = None) -> dict:
-    """A task's prompts as dataset columns: {"prompt"} (and {"answer"} for arithmetic); `n` held-out rows."""
+    """A task's prompts as dataset columns: {"prompt"} (and {"answer"} for arithmetic and the word problems); `n`
+    held-out rows."""
+    if task in ("words1", "words2"):
+        train, held_out = word_problems(int(task[-1]))
+        pairs = train if split == "train" else held_out[:n]
+        return {"prompt": [q for q, _ in pairs], "answer": [str(a) for _, a in pairs]}
     if task == "arithmetic":
         from hf_ppo.cli import arithmetic
 
@@ -289,7 +344,10 @@ def train_hf_ppo(task: str, config: str, seed: int, iterations: int, responses: 
 
     spec, overrides = TASKS[task], config_overrides(task, config)
     settings = spec.settings
-    quantization = {"policy_quantization": spec.quantization}
+    # The reference is the SFT policy at the policy's own precision: a 4-bit reference (ref_quantization's default) of
+    # a full-precision policy would add the quantization gap to the KL and sample the reference side from the 4-bit
+    # model (the SmolLM2 tasks before 2026-12-01: held-out KL 13-16 nats).
+    quantization = {"policy_quantization": spec.quantization, "ref_quantization": spec.quantization}
     if reward is not None:
         quantization["reward_quantization"] = spec.quantization
     args = PPOConfig(
@@ -311,7 +369,9 @@ def train_hf_ppo(task: str, config: str, seed: int, iterations: int, responses: 
     trainer.save_model(policy_dir)
     logs = [e for e in trainer.state.log_history if "objective/kl" in e]
     return {"cpu_seconds": round(seconds, 1), "train_kl": logs[-1]["objective/kl"],
-            "pad_token": trainer.processing_class.pad_token}
+            "pad_token": trainer.processing_class.pad_token,
+            # the mean score of each iteration's sampled responses: the learning curve at every sample budget
+            "train_scores": [e["objective/scores"] for e in logs if "objective/scores" in e]}
 
 
 def hf_ppo_pad_token(sft: str) -> str:
@@ -360,7 +420,10 @@ def evaluate(task: str, seed: int, held_out: int, sft: str, reward: str | None, 
     spec = TASKS[task]
     keep = {k: spec.settings[k] for k in ("response_length", "temperature", "missing_eos_penalty",
                                                         "stop_token") if k in spec.settings}
-    quantization = {"policy_quantization": spec.quantization}
+    # The reference is the SFT policy at the policy's own precision: a 4-bit reference (ref_quantization's default) of
+    # a full-precision policy would add the quantization gap to the KL and sample the reference side from the 4-bit
+    # model (the SmolLM2 tasks before 2026-12-01: held-out KL 13-16 nats).
+    quantization = {"policy_quantization": spec.quantization, "ref_quantization": spec.quantization}
     if reward is not None:
         quantization["reward_quantization"] = spec.quantization
     args = PPOConfig(output_dir=tempfile.mkdtemp(), per_device_eval_batch_size=held_out, seed=seed, report_to=[],

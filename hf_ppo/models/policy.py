@@ -126,15 +126,49 @@ def without_critic(policy: AutoModelForCausalLMWithValueHead, estimator: str,
     return PolicyAndCritic(policy.policy_model, None)
 
 
+def _starting_checkpoint(policy) -> str | None:
+    """The id/path the policy was loaded from (the base of an adapter), or None when that is unknown."""
+    if isinstance(policy, str):
+        return policy
+    body = getattr(policy, "pretrained_model", policy)
+    peft_config = getattr(body, "peft_config", None)
+    if isinstance(peft_config, dict) and peft_config:
+        return next(iter(peft_config.values())).base_model_name_or_path
+    return getattr(getattr(body, "config", None), "_name_or_path", None) or None
+
+
+def _warn_if_precision_differs(ref_model: str, policy_source, policy: nn.Module | None, quantization: str) -> None:
+    """Say so when `ref_model` is the very checkpoint the policy starts from but loads at another precision
+    (`quantization`, the ref_quantization, against the policy's): the two then differ from the first step by the
+    quantization alone, so the KL penalty starts at that gap instead of 0 and the penalty trains the policy towards
+    the quantized model."""
+    if policy is None:
+        return
+    starts = {str(c).rstrip("/") for c in (policy_source if isinstance(policy_source, str) else None,
+                                           _starting_checkpoint(policy)) if c}
+    if ref_model.rstrip("/") not in starts:
+        return
+    ours = _quantization_of(policy)
+    if ours == quantization:
+        return
+    warn_user(f"ref_model={ref_model!r} is the checkpoint the policy starts from, but it loads in "
+              f"{quantization!r} (ref_quantization) while the policy is {ours!r}: the two differ from the first step "
+              "by the quantization alone, so the KL penalty starts at that gap instead of 0 and pulls the policy "
+              f"towards the quantized copy. Set ref_quantization={ours!r}, or pass ref_model=None (a frozen copy of "
+              "the starting policy in its own precision; with LoRA, the policy with its adapter disabled).")
+
+
 def load_reference(
-    ref_model, policy_source, init_kwargs: dict | None, quantization: str, dtype: torch.dtype, device, uses_peft: bool
+    ref_model, policy_source, init_kwargs: dict | None, quantization: str, dtype: torch.dtype, device, uses_peft: bool,
+    policy: nn.Module | None = None,
 ) -> nn.Module | None:
     """The frozen reference policy. None means "inside the policy" (only with LoRA): its adapter disabled, or a
     reference adapter beside the trained one (see `adapters.prepare_adapters`).
 
     Without LoRA and without `ref_model`, the reference is a second copy of the starting policy, in the policy's
     own precision (so step-0 KL is exactly 0): loaded again from the same id/path or deep-copied from the model
-    object. `quantization` applies to a reference given by id/path.
+    object. `quantization` applies to a reference given by id/path; `policy` (the loaded policy) lets a reference of
+    the policy's own checkpoint at another precision be said (`_warn_if_precision_differs`).
     """
     if ref_model is None and uses_peft:
         return None
@@ -143,6 +177,7 @@ def load_reference(
     if isinstance(ref_model, AutoModelForCausalLMWithValueHead):
         ref_model = ref_model.pretrained_model
     if isinstance(ref_model, str):
+        _warn_if_precision_differs(ref_model, policy_source, policy, quantization)
         ref_model = from_pretrained(AutoModelForCausalLM, ref_model, "reference model",
                                     missing_fix="Pass the checkpoint the policy starts from as ref_model (or "
                                     "ref_model=None for a frozen copy of the policy).",

@@ -156,7 +156,7 @@ def load_models(model, processing_class, reward_model, ref_model, reward_process
         body, fresh=peft_config is not None, ref_model_given=ref_model is not None,
         model_adapter_name=args.model_adapter_name, ref_adapter_name=args.ref_adapter_name)
     ref = load_reference(ref_model, model, ref_init_kwargs, args.ref_quantization, dtype, device,
-                         uses_peft=policy.is_peft_model)
+                         uses_peft=policy.is_peft_model, policy=body)
     if ref is not None:
         # A reference of another model than the policy's (its vocabulary far larger) is said unless the policy's
         # check already named this tokenizer.
