@@ -86,6 +86,7 @@ SUBSET = [
             "test_per_position_rewards_join_gae_rewards_and_critic_free_scores"),
     "tests/algorithms/test_ppo_math.py::test_gae_bootstraps_across_an_environment_segment_hand_example",
     "tests/algorithms/test_ppo_math.py::test_chunked_backward_makes_one_logits_sized_gradient",
+    "tests/models/test_policy.py",  # a reference of the policy's checkpoint at another precision is said
     # the newest paths' pinning tests
     # subset:evaluation
     *select("tests/evaluation/test_evaluator.py",
@@ -869,6 +870,10 @@ MUTATIONS = [
              [(P, "        pieces = zip(logits.split(per_chunk), *(t.split(per_chunk) for t in per_position))",
                "        pieces = zip([logits[i:i + per_chunk] for i in range(0, len(logits), per_chunk)],\n"
                "                     *(t.split(per_chunk) for t in per_position))")]),
+    Mutation("i50_reference_precision_unsaid", "a reference of the policy's own checkpoint at another precision "
+             "loads in silence (the KL penalty starts at the quantization gap)",
+             [("models/policy.py", "    if ours == quantization:\n        return",
+               "    if ours == quantization or True:\n        return")]),
     # -- issue 48 item 8: the rollout's prompts read once per iteration -------------------------------------------
     Mutation("i48_prompts_memory_ignores_indices", "the DataLoader's one-batch memory hands back the last rows for any "
              "batch, so every iteration trains on the first iteration's prompts",
