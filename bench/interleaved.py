@@ -124,7 +124,8 @@ def run_row(row_dir: Path, iters: int, warmup: int, seed: int, against: str = "t
             times[name]["thread_total"] = time.thread_time() - start
             baton.pass_on(name, finished=True)
 
-    threads = [threading.Thread(target=train, args=(name, trainer)) for name, trainer in (("hf_ppo", hf), (other, peer))]
+    threads = [threading.Thread(target=train, args=(name, trainer))
+               for name, trainer in (("hf_ppo", hf), (other, peer))]
     process_start = time.process_time()
     with contextlib.redirect_stdout(io.StringIO()):  # both print every log dict
         for t in threads:
@@ -181,8 +182,8 @@ def main(argv=None) -> int:
               f"{result['other_threads_share']:.1%}", flush=True)
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(results, indent=1))
-    print("\n| row | hf_ppo CPU s/iter | trl 1.12 gc off CPU s/iter | hf/TRL, median of pairs (<= 0.8) | ratio of medians "
-          "| iterations | load average |\n|---|---|---|---|---|---|---|")
+    print("\n| row | hf_ppo CPU s/iter | trl 1.12 gc off CPU s/iter | hf/TRL, median of pairs (<= 0.8) "
+          "| ratio of medians | iterations | load average |\n|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['row']} | {r['hf_ppo_median']:.4f} | {r['trl_nogc_median']:.4f} | {r['median_pair_ratio']:.2f} "
               f"| {r['ratio_of_medians']:.2f} | {r['iters']} | {r['load_average'][0]:.1f} |")
