@@ -86,7 +86,20 @@ def turn_callback(name: str, baton: Baton, times: dict, steps_per_iteration: int
 
 def run_row(row_dir: Path, iters: int, warmup: int, seed: int, against: str = "trl-nogc") -> dict:
     """One row: hf_ppo against the peer (`against="trl-nogc"`), or against a second hf_ppo trainer of the same row
-    (`"hf_ppo"`: the method's own check, whose ratio must come out 1)."""
+    (`"hf_ppo"`: the method's own check, whose ratio must come out 1). With one torch thread (set here, and put back
+    after): with more, torch's worker threads do part of each trainer's work, which its thread's clock does not see
+    (a quarter of the process's CPU time, measured with 2)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run_row(row_dir, iters, warmup, seed, against)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_row(row_dir: Path, iters: int, warmup: int, seed: int, against: str) -> dict:
     import torch
 
     import run_hf_ppo
