@@ -880,7 +880,7 @@ MUTATIONS = [
              [(D, "        if self._last[0] == list(indices):", "        if self._last[0] is not None:")]),
     Mutation("i48_collator_memory_by_equality", "the collator hands back its last batch for rows of equal length, "
              "not only for the very same rows",
-             [(D, "        if features is self._last[0]:",
+             [(D, "        if features is self._last[0] and ids == self._last[1]:",
                "        if self._last[0] is not None and len(features) == len(self._last[0]):")]),
 ]
 

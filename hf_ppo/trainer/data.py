@@ -21,15 +21,17 @@ class PromptCollator:
 
     def __init__(self, pad_token_id: int):
         self.pad_token_id = pad_token_id
-        self._last: tuple[list | None, dict | None] = (None, None)  # the rows last collated, and their batch
+        self._last: tuple[list | None, tuple, dict | None] = (None, (), None)  # rows last collated, their ids, batch
 
     def __call__(self, features: list[dict]) -> dict:
         # The very rows of the last call (`RolloutPrompts` hands the same list again for each micro-batch of an
-        # iteration): the batch already made. Only an identical object counts, never equal rows read anew.
-        if features is self._last[0]:
-            return self._last[1]
+        # iteration): the batch already made. Only the identical list holding the identical rows counts, never equal
+        # rows read anew, nor a list whose rows were replaced in place.
+        ids = tuple(map(id, features))
+        if features is self._last[0] and ids == self._last[1]:
+            return self._last[2]
         batch = self._collate(features)
-        self._last = (features, batch)
+        self._last = (features, ids, batch)
         return batch
 
     def _collate(self, features: list[dict]) -> dict:
@@ -316,11 +318,12 @@ class RolloutPrompts(Dataset):
         return self.dataset[index]
 
     def __getitems__(self, indices: list[int]) -> list:
-        if self._last[0] == list(indices):
+        indices = list(indices)
+        if self._last[0] == indices:
             return self._last[1]
         many = getattr(self.dataset, "__getitems__", None)
-        rows = many(list(indices)) if many is not None else [self.dataset[i] for i in indices]
-        self._last = (list(indices), rows)
+        rows = many(indices) if many is not None else [self.dataset[i] for i in indices]
+        self._last = (indices, rows)
         return rows
 
 
