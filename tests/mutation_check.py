@@ -172,6 +172,48 @@ SUBSET = [
             "test_vllm_settings_given_to_another_engine_are_refused",
             "test_what_vllm_cannot_work_with_is_refused_by_the_config",
             "test_bases_vllm_cannot_hold_as_the_policy_does_are_named"),
+    # subset:i53 (the run lock over step() loops; the loss's kept positions)
+    *select("tests/trainer/test_run_lock.py",
+            "test_a_step_loop_in_another_process_holds_the_folder_until_its_process_ends",
+            "test_in_one_process_a_later_trainer_takes_the_folder_over_and_the_earlier_step_loop_is_refused"),
+    "tests/trainer/test_ppo_trainer.py::test_the_loss_keeps_only_the_positions_that_predict_the_response",
+    "tests/hub/test_publish.py::test_train_push_load_generate",  # (push_to_hub's card arguments and callback)
+    "tests/rollout/test_reward_calls.py::test_a_reference_completion_column_never_reaches_the_functions_as_in_trl",
+    # subset:i53 (a reward function probed once at start-up, the card written once; PEFT's blank card: test_cards.py)
+    *select("tests/cli/test_train.py",
+            "test_hf_ppo_train_calls_a_reward_function_once_per_prompt_set_at_start_up[train]",
+            "test_hf_ppo_train_writes_the_card_once_and_a_users_create_model_card_still_rewrites_it[save]"),
+    # subset:i53 (accelerate's state after refused constructions; the final save on a full disk)
+    "tests/trainer/test_ppo_trainer.py::test_a_trainer_trains_and_evaluates_after_refused_constructions_in_its_process",
+    *select("tests/trainer/test_checkpoint.py",
+            "test_a_full_disk_during_the_final_save_keeps_the_earlier_save_and_names_the_checkpoint[lora]"),
+    # subset:i53r (exact_answer reads the answers models write: bold markers, signs, boxed wrappers, expressions)
+    *select("tests/rewards/test_answers.py",
+            "test_markdown_emphasis_around_the_marker_is_part_of_it",
+            "test_a_negative_frac_reference_and_completion_compare_as_numbers",
+            "test_what_wraps_a_boxed_number_is_read_through",
+            "test_the_first_number_of_an_expression_is_never_paid_as_the_answer"),
+    # subset:i53s (space-grouped thousands, math delimiters, explicit signs; one-element numpy arrays refused)
+    *select("tests/rewards/test_answers.py",
+            "test_space_grouping_pays_the_grouped_number_only",
+            "test_numbers_side_by_side_that_are_no_grouping_are_no_answer",
+            "test_math_delimiters_around_the_answer_are_read_through",
+            "test_an_explicit_plus_sign_and_a_negative_denominator_are_read",
+            "test_signed_answers_score_against_their_references"),
+    "tests/rollout/test_reward_calls.py::test_one_element_numpy_arrays_in_the_list_are_refused_naming_the_function",
+    # subset:i53c (a split of a local file, the run's own reference, a test split nothing evaluates on, --config=)
+    *select("tests/cli/test_train.py",
+            "test_a_split_name_on_a_local_dataset_file_is_refused_not_read_as_the_whole_file",
+            "test_a_test_split_that_nothing_evaluates_on_is_said",
+            "test_config_with_an_equals_sign_is_read_and_a_second_config_is_refused"),
+    *select("tests/cli/test_command.py",
+            "test_hf_ppo_evaluate_compares_against_the_reference_the_run_gave",
+            "test_hf_ppo_evaluate_refuses_a_split_of_a_local_file"),
+    # subset:i53e (evaluate stops, truncates, scores and splits as the run trained; the record holds them)
+    *select("tests/cli/test_command.py",
+            "test_hf_ppo_evaluate_stops_truncates_scores_and_splits_as_the_run_trained",
+            "test_hf_ppo_evaluate_warns_on_the_training_file_and_names_the_held_out_one"),
+    "tests/hub/test_publish.py::test_the_run_record_holds_the_stop_truncation_scoring_and_dataset",
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -193,6 +235,7 @@ LP = "models/policy.py"
 PT = "models/pretrained.py"
 AS = "trainer/assembly.py"
 T = "trainer/ppo_trainer.py"
+SV = "trainer/saving.py"
 CR = "models/critics.py"
 M = "models/value_head.py"
 P = "algorithms/ppo_math.py"
@@ -244,14 +287,14 @@ MUTATIONS = [
               (R, "return responses.masked_fill(~mask, pad_token_id), mask, is_stop.any(dim=1)",
                "return responses, mask, is_stop.any(dim=1)")]),
     # -- positions and shifts -----------------------------------------------------------------------------------------
-    Mutation("logprobs_shifted", "log-probs shifted by one position, consistently in rollout and loss",
-             [(R, "logits = out.logits[:, :-1]\n", "logits = out.logits[:, 1:]\n"),
-              (T, "ppo_loss(out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch,",
-               "ppo_loss(out.logits[:, 1:], out.value if out.value is None else out.value[:, :-1], batch,")]),
+    Mutation("logprobs_shifted", "the model sees the whole sequence, consistently in rollout and loss: every "
+             "log-prob and value is read one position late",
+             [(G, "    return {name: value[:, :-1] for name, value in inputs.items()}",
+               "    return {name: value for name, value in inputs.items()}")]),
     Mutation("values_shifted", "values shifted by one position, consistently in rollout and loss",
-             [(R, "values.append(out.value[:, :-1].float())", "values.append(out.value[:, 1:].float())"),
-              (T, "ppo_loss(out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch,",
-               "ppo_loss(out.logits[:, :-1], out.value if out.value is None else out.value[:, 1:], batch,")]),
+             [(R, "values.append(out.value.float())", "values.append(torch.roll(out.value, -1, 1).float())"),
+              (T, "ppo_loss(out.logits, out.value, batch,",
+               "ppo_loss(out.logits, out.value if out.value is None else torch.roll(out.value, -1, 1), batch,")]),
     Mutation("value_from_wrong_layer", "value head reads a hidden state other than the LM head's",
              [(M, "lambda module, args: head_input.append(args[0]))",
                "lambda module, args: head_input.append(torch.nn.functional.layer_norm(args[0], args[0].shape[-1:])))")]),
@@ -550,10 +593,10 @@ MUTATIONS = [
     Mutation("numbered_name_collides", "a numbered reward name equal to another reward's own name",
              [(W, '        while f"{name}_{number}" in taken:\n            number += 1\n', "")]),
     Mutation("run_critic_push_public", "push_to_hub creates the critic's repo public in a hub_private_repo run",
-             [(T, "args.critic_hub_model_id, repo_id, private=args.hub_private_repo, token=token)",
+             [(SV, "args.critic_hub_model_id, repo_id, private=args.hub_private_repo, token=token)",
                "args.critic_hub_model_id, repo_id, private=None, token=token)")]),
     Mutation("critic_push_public", "push_critic_to_hub ignores the run's hub_private_repo",
-             [(T, "        private = private if private is not None else self.args.hub_private_repo\n", "")]),
+             [(SV, "        private = private if private is not None else self.args.hub_private_repo\n", "")]),
     Mutation("gitattributes_is_foreign", "a critic push refuses a repo holding only the Hub's .gitattributes",
              [("hub/publish.py", 'foreign = [f for f in existing if f != ".gitattributes"]', "foreign = list(existing)")]),
     Mutation("push_needs_a_new_repo", "a push into a repo created beforehand fails (create_repo without exist_ok)",
@@ -603,7 +646,7 @@ MUTATIONS = [
     Mutation("card_plot_against_steps", "the card's plot is drawn against optimizer steps, not PPO iterations",
              [("hub/cards.py", "x_key=x_axis(log_history),", 'x_key="step",')]),
     Mutation("card_chat_flag_forgotten", "the trainer does not tell the card that the prompts were chat",
-             [("trainer/ppo_trainer.py", "saved_locally=saved_locally, chat_prompts=self._chat_prompts)",
+             [(SV, "saved_locally=saved_locally,\n                                           chat_prompts=self._chat_prompts)",
                "saved_locally=saved_locally)")]),
     Mutation("card_unused_run_length", "the card lists the unused run length (epochs of a max_steps run)",
              [(C, 'unused = "num_train_epochs" if self.max_steps > 0 else "max_steps"',
@@ -747,8 +790,9 @@ MUTATIONS = [
              [("rollout/environments.py", "step_rewards[row, :T] = credit_to_policy_tokens(rewards, mask)",
                "step_rewards[row, :T] = rewards")]),
     Mutation("i51_one_placeholder_mark", "a README holding one of PEFT's placeholder marks is taken for the placeholder",
-             [("hub/cards.py", "return all(mark in text for mark in _PLACEHOLDER_MARKS)",
-               "return any(mark in text for mark in _PLACEHOLDER_MARKS)")]),
+             [("hub/cards.py", "    return is_hf_ppo_card(path) or is_peft_blank_card(path)\n",
+               "    return is_hf_ppo_card(path) or any(mark in Path(path).read_text(encoding='utf-8') for mark in "
+               "('# Model Card for Model ID', '<!-- Provide a quick summary of what the model is/does. -->'))\n")]),
     Mutation("i51_ppo_tag_is_hf_ppos", "a README tagged ppo or rlhf (not hf_ppo) is taken for hf_ppo's card",
              [("hub/cards.py", "return isinstance(tags, list) and CARD_TAGS[0] in tags",
                "return isinstance(tags, list) and any(tag in tags for tag in CARD_TAGS)")]),
@@ -776,7 +820,7 @@ MUTATIONS = [
     Mutation("i51_evaluate_saves", "an evaluation after the stop leaves its save on (on_evaluate not guarded)",
              [("trainer/watch.py", "    on_evaluate = on_epoch_end\n", "    on_evaluate = TrainerCallback.on_evaluate\n")]),
     Mutation("i51_checkpoint_unguarded", "_save_checkpoint saves after a stop (save_strategy='best', step())",
-             [(T, "        if watch.stopped_by_collapse(self.callback_handler.callbacks):  # save_strategy=",
+             [(SV, "        if watch.stopped_by_collapse(self.callback_handler.callbacks):  # save_strategy=",
                "        if False:  # save_strategy=")]),
     Mutation("i51_step_after_stop", "step() after a stop trains on",
              [("trainer/step_api.py", "        if stopped_by_collapse(self.callback_handler.callbacks):\n"
@@ -877,11 +921,144 @@ MUTATIONS = [
     # -- issue 48 item 8: the rollout's prompts read once per iteration -------------------------------------------
     Mutation("i48_prompts_memory_ignores_indices", "the DataLoader's one-batch memory hands back the last rows for any "
              "batch, so every iteration trains on the first iteration's prompts",
-             [(D, "        if self._last[0] == list(indices):", "        if self._last[0] is not None:")]),
+             [(D, "        if self._last[0] == indices:", "        if self._last[0] is not None:")]),
     Mutation("i48_collator_memory_by_equality", "the collator hands back its last batch for rows of equal length, "
              "not only for the very same rows",
              [(D, "        if features is self._last[0] and ids == self._last[1]:",
                "        if self._last[0] is not None and len(features) == len(self._last[0]):")]),
+    # -- the run lock over TRL 0.11's step() loops ----------------------------------------------------------------
+    Mutation("i53_step_loop_unlocked", "a step() loop with save_strategy='steps' holds nothing: two loops into one "
+             "output_dir overwrite each other's checkpoints in silence",
+             [("trainer/step_api.py", "        self._check_step_settings()\n        self._hold_output_dir()\n",
+               "        self._check_step_settings()\n")]),
+    Mutation("i53_step_takeover_unsaid", "an earlier trainer's step() loop goes on writing into a folder a later "
+             "trainer of the same process took over",
+             [("trainer/run_lock.py", "    if lock is None or lock.taken_over is None:\n        return None",
+               "    if True:\n        return None")]),
+    # -- issue 53: PEFT's blank card only when untouched, a reward function probed once, the card written once -----
+    Mutation("i53_card_marks_only", "a README holding both of PEFT's placeholder marks (the user's filled-in template) "
+             "is taken for PEFT's blank card and replaced",
+             [("hub/cards.py", "    return is_hf_ppo_card(path) or is_peft_blank_card(path)\n",
+               "    return is_hf_ppo_card(path) or all(mark in Path(path).read_text(encoding='utf-8') for mark in "
+               "('# Model Card for Model ID', '<!-- Provide a quick summary of what the model is/does. -->'))\n")]),
+    Mutation("i53_reward_probed_twice", "hf-ppo train calls each reward function twice at start-up (its early probe, "
+             "then the trainer's identical one)",
+             [(W, "        return  # this very call was made and passed (`probing_once`)\n",
+               "        pass  # this very call was made and passed (`probing_once`)\n")]),
+    Mutation("i53_card_written_twice", "hf-ppo train writes the card in save_model() and again in create_model_card()",
+             [("cli/train.py", "        trainer.save_model(ppo_config.output_dir, _internal_call=True)\n",
+               "        trainer.save_model(ppo_config.output_dir)\n")]),
+    # -- the loss keeps only the positions that predict the response ----------------------------------------------
+    Mutation("i53_loss_keeps_one_more", "the loss keeps R + 1 positions of the whole sequence and cuts the last off "
+             "(right numbers, one more logits-sized tensor in every backward)",
+             [(T, "        out = model(**predicting_inputs(batch.queries, batch.query_mask, batch.responses, "
+                  "batch.response_mask),\n                    logits_to_keep=batch.responses.shape[1],",
+               "        out = model(**__import__('hf_ppo.rollout.engines', fromlist=['_']).sequence_inputs("
+               "batch.queries, batch.query_mask, batch.responses, batch.response_mask),\n"
+               "                    logits_to_keep=batch.responses.shape[1] + 1,"),
+              (T, "        loss, stats = ppo_loss(out.logits, out.value, batch,",
+               "        loss, stats = ppo_loss(out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], "
+               "batch,")]),
+    # -- issue 53: accelerate's state after a refused construction; the final save on a full disk ---------------------
+    Mutation("i53_state_after_refusal", "a PPOConfig or trainer refused after TrainingArguments emptied accelerate's "
+             "state leaves a trainer built before unable to train (AcceleratorState has no distributed_type)",
+             [(T, "        sharding.reinstate_accelerate_state(self._accelerate_state)\n        "
+                  "super()._hp_search_setup(trial)\n", "        super()._hp_search_setup(trial)\n")]),
+    Mutation("i53_final_save_full_disk", "the final save_model() writes straight into the folder: a full disk leaves "
+             "a truncated policy over the earlier save and raises safetensors' raw error",
+             [(SV, "checkpoint.staged_save(output_dir, self.args.output_dir, size)) as folder:",
+               "contextlib.nullcontext(output_dir)) as folder:")]),
+    # -- push_to_hub: Trainer's card arguments refused, its push callback called -------------------------------------
+    Mutation("i53_push_drops_card_arguments", "push_to_hub(tags=..., model_name=...) pushes without them, in silence",
+             [(SV, "        if kwargs:\n            raise TypeError(f\"push_to_hub(", "        if False:\n            raise "
+                  "TypeError(f\"push_to_hub(")]),
+    Mutation("i53_push_begin_unsaid", "push_to_hub never calls the callbacks' on_push_begin (Trainer's does)",
+             [(SV, "        self.callback_handler.on_push_begin(self.args, self.state, self.control)  # as Trainer's "
+                  "push_to_hub\n", "")]),
+    # -- i53r: exact_answer reads the answers models write (each was a silent 0, or another number) ---------------
+    Mutation("i53r_bold_marker", "'**Answer:** 42' has no answer (the '**' after the marker read as the number): a "
+             "right answer scores 0",
+             [("rewards/answers.py", r'answer\**\s*(?:is|:)\s*:?(?:\s*\*+)?", re.IGNORECASE)',
+               r'answer\s*(?:is|:)\s*:?", re.IGNORECASE)')]),
+    Mutation("i53r_signed_latex", "'-\\frac{3}{4}' and '-$5' are no number: a right negative answer scores 0",
+             [("rewards/answers.py", '    negative = token.startswith("-") and not _NUMBER.fullmatch(token)\n',
+               "    negative = False\n")]),
+    Mutation("i53r_boxed_wrapper", "'\\boxed{\\text{42}}' drops the \\text{} as a unit and has no number",
+             [("rewards/answers.py", '_LATEX_NOISE.sub("", _unbraced(inner).replace(',
+               '_LATEX_NOISE.sub("", inner.replace(')]),
+    Mutation("i53r_expression_first", "'the answer is 48 - 12 = 36' is read as 48, its first token",
+             [("rewards/answers.py", "    numbers = [side[0] for side in sides if len(side) == 1]\n",
+               "    numbers = [first]\n")]),
+    # -- i53c: hf-ppo train / evaluate doing other than the user meant, in silence ------------------------------------
+    Mutation("i53c_local_split_whole_file", "dataset_test_split: test (or --dataset_split test) on a local file reads "
+             "the whole file: the training prompts evaluated as the test split",
+             [("cli/train.py", '        if split != "train":\n            fix = (',
+               '        if False:\n            fix = (')]),
+    Mutation("i53c_run_reference_ignored", "hf-ppo evaluate compares a LoRA policy against its base, not the "
+             "ref_model the run trained against (recorded beside it)",
+             [("cli/command.py", "    reference = args.reference or recorded_reference(args.policy)\n",
+               "    reference = args.reference\n")]),
+    Mutation("i53c_reference_path_compared_as_text", "--reference given as a relative path to the run's own "
+             "reference is taken for another model and loaded in full precision, not as the run loaded it",
+             [("cli/command.py", 'and not same_model(record["reference"], args.reference):',
+               'and record["reference"] != args.reference:')]),
+    Mutation("i53c_test_split_unevaluated_unsaid", "dataset_test_split without eval_strategy: loaded and never "
+             "evaluated on, in silence",
+             [("cli/train.py", '    if test is not None and ppo_config.eval_strategy == "no" and not',
+               '    if False and ppo_config.eval_strategy == "no" and not')]),
+    Mutation("i53c_config_equals_unread", "--config=run.yaml leaves the YAML unread",
+             [("cli/train.py", '(["--config", arg[len("--config="):]] if arg.startswith("--config=")',
+               '([arg] if arg.startswith("--config=")')]),
+    Mutation("i53_reference_column_passed", "a prompt-completion dataset's reference 'completion' column reaches "
+             "the reward functions (TRL leaves it out): a `completion` parameter scores the references in silence",
+             [("rollout/reward_calls.py",
+               "    return [c for c in column_names if c not in PROMPT_COLUMNS and c not in REFERENCE_COLUMNS]",
+               "    return [c for c in column_names if c not in PROMPT_COLUMNS]")]),
+    # -- i53s: exact_answer's space grouping, math delimiters, explicit signs; one-element numpy arrays refused -------
+    Mutation("i53s_space_groups", "'#### 1 000' reads 1 and '#### 12 345' reads 12 (space-grouped thousands split)",
+             [("rewards/answers.py", "    text = _space_groups_joined(text)\n", "    text = text\n")]),
+    Mutation("i53s_side_by_side_first", "'#### 3 5' (a list) and '#### 5 3/4' (a mixed number) read as 3 and 5",
+             [("rewards/answers.py",
+               "    if i < len(tokens) and tokens[i][:1].isdigit() and not tokens[i - 1].endswith(_ENDS):\n",
+               "    if False:\n")]),
+    Mutation("i53s_math_opening", "'The answer is \\( 42 \\)' has no answer (the '\\(' read as the number)",
+             [("rewards/answers.py", '            rest = _MATH_OPENING.sub("", text[match.end():].lstrip())\n',
+               "            rest = text[match.end():].lstrip()\n")]),
+    Mutation("i53s_close_paren_order", "'\\(42\\)' has no answer (')' stripped before '\\)', leaving '42\\')",
+             [("rewards/answers.py", '"?", "\\\\)", "\\\\]", ")", "`")', '"?", ")", "\\\\)", "\\\\]", "`")')]),
+    Mutation("i53s_plus_sign", "'#### +5' has no answer: a right answer with an explicit sign scores 0",
+             [("rewards/answers.py", '    if token.startswith("+") and token[1:2] not in ("+", "-"):',
+               "    if False:")]),
+    Mutation("i53s_frac_negative_denominator", "'\\boxed{\\frac{7}{-2}}' has no answer: a right -7/2 scores 0",
+             [("rewards/answers.py", '        if denominator.startswith("-"):  #', "        if False:  #")]),
+    Mutation("i53s_one_element_array", "a list of numpy arrays of shape (1,) passes the number check, then float() "
+             "raises numpy's bare error naming no function",
+             [("rollout/reward_calls.py",
+               '    one_element = isinstance(dtype, torch.dtype) and getattr(value, "shape", None) == (1,)',
+               '    one_element = getattr(value, "shape", None) == (1,)')]),
+    # -- i53e: evaluate stops, truncates, scores and splits as the run trained -----------------------------------------
+    Mutation("i53e_stop_unrecorded", "the run record holds no stop tokens, max_prompt_length or reward_input_format: "
+             "hf-ppo evaluate samples to 'eos' past the run's stop, keeps 512 prompt tokens, reads the rewards 'auto'",
+             [("hub/publish.py", '                    "format": None if chat_prompts is None else "chat" if '
+               'chat_prompts else "text",\n                    "max_prompt_length": settings.max_prompt_length},',
+               '                    "format": None if chat_prompts is None else "chat" if chat_prompts else "text"},'),
+              ("hub/publish.py", '"top_p": settings.top_p, "stop_token": settings.stop_token,\n'
+               '                     "stop_token_ids": None if settings.stop_token_ids is None else '
+               'list(settings.stop_token_ids)},\n        "scoring": {"reward_input_format": '
+               'settings.reward_input_format},', '"top_p": settings.top_p},')]),
+    Mutation("i53e_recorded_settings_ignored", "hf-ppo evaluate reads only the four sampling settings of the record: "
+             "the run's stop tokens, max_prompt_length and reward_input_format are not its defaults",
+             [("cli/command.py", "    for name, section in RECORD_SECTIONS.items():",
+               '    for name, section in {n: "sampling" for n in ("response_length", "temperature", "top_k", '
+               '"top_p")}.items():')]),
+    Mutation("i53e_split_train_default", "--dataset_split defaults to 'train' on the dataset the run trained on: "
+             "the training prompts scored in silence",
+             [("cli/command.py", "    if split is None and test is not None and not held_out_file:",
+               "    if False:")]),
+    Mutation("i53e_training_prompts_unsaid", "evaluating the split the run trained on says nothing",
+             [("cli/command.py", "    if training:\n        fix = (", "    if False:\n        fix = (")]),
+    Mutation("i53e_dataset_unrecorded", "hf-ppo train records no dataset beside the policy",
+             [("cli/train.py", "    if ppo_config.should_save:  # the dataset", "    if False:  # the dataset")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

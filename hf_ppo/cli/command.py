@@ -28,13 +28,19 @@ rates, and writes the side-by-side report to OUTPUT_DIR/eval_report.md.
 Rewards: --reward_model and/or --reward_funcs (as `reward_funcs` of hf-ppo train: dotted paths, files relative to the
 working directory, factories as JSON objects); each function gets the dataset's other columns as keyword arguments.
 
---reference defaults to the base model of a LoRA adapter policy (adapter_config.json's base_model_name_or_path);
-a full-model policy needs it. Each model loads as the run that trained the policy loaded it (hf_ppo_run.json, which
+--reference defaults to the reference the run that trained the policy gave (ref_model, recorded in hf_ppo_run.json),
+else to the base model of a LoRA adapter policy (adapter_config.json's base_model_name_or_path); a full-model
+policy needs it. Each model loads as the run that trained the policy loaded it (hf_ppo_run.json, which
 save_model() writes beside the policy: the reference of a LoRA run is its base in the policy's quantization), in
 full precision when nothing is recorded; --policy_quantization, --ref_quantization and --reward_quantization
 (4bit, 8bit or none, PPOConfig's names) choose. The compute dtype is the run's too (bf16, fp16 or fp32, recorded
 in the same file; fp32 when nothing is recorded); --precision chooses. Everything runs where torch finds a device
 (CPU or one GPU); fp16 needs a GPU, so on a CPU an fp16 run is evaluated in fp32, and the command says so.
+
+Prompts, responses and scores follow the run too (the same file): the prompt column, system prompt, chat template and
+max_prompt_length, the sampling settings and stop tokens, reward_input_format; an option that sets another value is
+said. With --dataset the dataset hf-ppo train trained on, --dataset_split defaults to the split it held out; its
+training split is evaluated if asked, with a warning that these are the training prompts.
 """
 
 
@@ -45,7 +51,9 @@ def evaluate_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--policy", required=True, help="The trained policy: a Hub id or folder (full model or LoRA adapter).")
-    add("--reference", default=None, help="The model it started from (default: a LoRA adapter's base model).")
+    add("--reference", default=None,
+        help="The model it started from (default: the run's ref_model, as its hf_ppo_run.json records it, else a "
+             "LoRA adapter's base model).")
     add("--reward_model", action="append", default=None,
         help="A training reward model (id or folder; num_labels=1). Repeat for several: each is reported.")
     add("--reward_funcs", nargs="+", action="extend", default=None, metavar="ENTRY",
@@ -54,8 +62,13 @@ def evaluate_parser() -> argparse.ArgumentParser:
              "directory), or factories as a JSON object ('{\"path\": {\"arg\": value}}').")
     add("--judge", action="append", default=None, help="A reward model training never saw (repeatable).")
     add("--dataset", required=True, help="Prompts: a local .json/.jsonl/.csv/.parquet file or a Hub dataset id.")
-    add("--dataset_config", default=None, help="Hub dataset configuration (subset) name.")
-    add("--dataset_split", default="train", help="Split of a Hub dataset.")
+    add("--dataset_config", default=None,
+        help="Hub dataset configuration (subset) name. Default: the run's, when --dataset is the dataset it trained on "
+             "(its hf_ppo_run.json).")
+    add("--dataset_split", default=None,
+        help="Split of a Hub dataset. Default: the split the run held out (its dataset_test_split, in its "
+             "hf_ppo_run.json) when --dataset is the dataset it trained on, else 'train'. Its training split is "
+             "evaluated if asked, with a warning: those are the prompts it trained on.")
     add("--prompt_column", default=None,
         help="Column of the prompts (text, or chat messages). Default: the run's (its hf_ppo_run.json), else "
              "'prompt'.")
@@ -75,6 +88,17 @@ def evaluate_parser() -> argparse.ArgumentParser:
         help=f"Sampling temperature. Default: the run's, else {SAMPLING_DEFAULTS['temperature']}.")
     add("--top_k", type=int, default=None, help="Top-k sampling (0: off). Default: the run's, else off.")
     add("--top_p", type=float, default=None, help="Nucleus sampling. Default: the run's, else 1.0 (off).")
+    add("--stop_token", choices=("eos", "none"), default=None, type=str.lower,
+        help="What ends a response, as PPOConfig's stop_token: 'eos' (the tokenizer's and the policy's end tokens) or "
+             "'none' (never stop, unless --stop_token_ids). Default: the run's stop tokens, else 'eos'.")
+    add("--stop_token_ids", type=int, nargs="+", default=None, metavar="ID",
+        help="Token ids that end a response (any of them), replacing --stop_token. Default: the run's, else none. "
+             "Either stop option replaces both of the run's stop settings.")
+    add("--max_prompt_length", type=_int_or_none, default=None, metavar="N",
+        help="Prompts longer than N tokens are cut from the left ('none': never). Default: the run's, else 512.")
+    add("--reward_input_format", choices=("auto", "chat", "pair", "concat"), default=None,
+        help="How the reward models read (prompt, response), as PPOConfig's reward_input_format. Default: the run's, "
+             "else 'auto'.")
     add("--batch_size", type=int, default=16, help="Prompts per sampling batch.")
     add("--num_samples", type=int, default=1,
         help="Responses sampled per prompt (k): with k > 1, pass@k of each 0/1 reward function (PPOConfig's "
@@ -95,39 +119,153 @@ def evaluate_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _int_or_none(value: str) -> int | str:
+    """An option's integer, or 'none' (kept as the word: None is "not given")."""
+    if value.strip().lower() == "none":
+        return "none"
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: give an integer, or 'none'") from None
+
+
 QUANTIZATIONS = ("4bit", "8bit", "none")
 PRECISIONS = ("bf16", "fp16", "fp32")
-# What `hf-ppo evaluate` samples with when neither an option nor the run record says (PPOConfig's defaults).
-SAMPLING_DEFAULTS = {"response_length": 53, "temperature": 0.7, "top_k": None, "top_p": 1.0}
-# The settings `recorded_prompting` resolves, and the option that overrides each.
-PROMPTING = ("prompt_column", "system_prompt", "apply_chat_template_to_text", *SAMPLING_DEFAULTS)
+# What `hf-ppo evaluate` samples with when neither an option nor the run record says (PPOConfig's defaults): the
+# `sampling` of the run record.
+SAMPLING_DEFAULTS = {"response_length": 53, "temperature": 0.7, "top_k": None, "top_p": 1.0, "stop_token": "eos",
+                     "stop_token_ids": None}
+# Every setting `recorded_prompting` resolves (each has the option of its name), its default (PPOConfig's), and the
+# section of the run record it is read from.
+PROMPTING_DEFAULTS = {"prompt_column": None, "system_prompt": None, "apply_chat_template_to_text": None,
+                      "max_prompt_length": 512, **SAMPLING_DEFAULTS, "reward_input_format": "auto"}
+PROMPTING = tuple(PROMPTING_DEFAULTS)
+RECORD_SECTIONS = {"max_prompt_length": "prompts", **{name: "sampling" for name in SAMPLING_DEFAULTS},
+                   "reward_input_format": "scoring"}
+STOP_SETTINGS = ("stop_token", "stop_token_ids")  # one setting: either option replaces both of the run's
 
 
-def recorded_prompting(policy: str, args: argparse.Namespace) -> tuple[dict, list[str]]:
-    """(settings, recorded): how this evaluation prompts and samples, keyed as PPOConfig's fields (`PROMPTING`):
-    each option when given, else what the run that trained `policy` recorded beside it (the `prompts` and `sampling`
-    of its `hub.publish.RUN_RECORD_FILE`), else the defaults ('prompt', no system prompt, the text as it is,
-    `SAMPLING_DEFAULTS`); and the names of the settings taken from the record. A record written before these keys
-    existed records none of them. `--system_prompt ''` means none; the prompt format follows the run's: prompts that
-    went through the chat template there (`format` 'chat') do here."""
+def _run_record(policy: str) -> dict | None:
     from ..hub.publish import read_run_record
 
-    record = (read_run_record(policy) if os.path.isdir(policy) else None) or {}
-    prompts, sampling = record.get("prompts") or {}, record.get("sampling") or {}
-    formats = {"chat": True, "text": False}
-    recorded = {"prompt_column": prompts.get("column"), "system_prompt": prompts.get("system_prompt"),
-                "apply_chat_template_to_text": formats.get(prompts.get("format"),
-                                                           prompts.get("apply_chat_template_to_text")),
-                **{name: sampling[name] for name in SAMPLING_DEFAULTS if name in sampling}}
-    recorded = {name: value for name, value in recorded.items() if value is not None or name in sampling}
+    return read_run_record(policy) if os.path.isdir(policy) else None
+
+
+def trained_prompting(record: dict) -> dict:
+    """The settings of `PROMPTING` a run record holds (a key it lacks is left out: not recorded), keyed as
+    PPOConfig's fields. The prompt format follows the run's: prompts that went through the chat template there
+    (`format` 'chat') do here."""
+    prompts = record.get("prompts") if isinstance(record.get("prompts"), dict) else {}
+    trained = {"prompt_column": prompts["column"]} if "column" in prompts else {}
+    if "system_prompt" in prompts:
+        trained["system_prompt"] = prompts["system_prompt"]
+    if "format" in prompts or "apply_chat_template_to_text" in prompts:
+        trained["apply_chat_template_to_text"] = {"chat": True, "text": False}.get(
+            prompts.get("format"), prompts.get("apply_chat_template_to_text"))
+    for name, section in RECORD_SECTIONS.items():
+        held = record.get(section)
+        if isinstance(held, dict) and name in held:
+            trained[name] = held[name]
+    return trained
+
+
+def given_prompting(args: argparse.Namespace) -> dict:
+    """The settings of `PROMPTING` given on the command line, as PPOConfig takes them: `--system_prompt ''` and the
+    word 'none' mean None; a stop option given sets both stop settings (the other at its default)."""
     given = {name: getattr(args, name) for name in PROMPTING if getattr(args, name) is not None}
     if "apply_chat_template_to_text" in given:
         given["apply_chat_template_to_text"] = given["apply_chat_template_to_text"] == "true"
     if given.get("system_prompt") == "":
         given["system_prompt"] = None
-    settings = {"prompt_column": None, "system_prompt": None, "apply_chat_template_to_text": None,
-                **SAMPLING_DEFAULTS, **recorded, **given}
+    for name in ("stop_token", "max_prompt_length"):
+        if given.get(name) == "none":
+            given[name] = None
+    if any(name in given for name in STOP_SETTINGS):
+        given = {**{name: PROMPTING_DEFAULTS[name] for name in STOP_SETTINGS}, **given}
+    return given
+
+
+def recorded_prompting(policy: str, args: argparse.Namespace) -> tuple[dict, list[str]]:
+    """(settings, recorded): how this evaluation prompts, samples and scores, keyed as PPOConfig's fields
+    (`PROMPTING`): each option when given, else what the run that trained `policy` recorded beside it (the `prompts`,
+    `sampling` and `scoring` of its `hub.publish.RUN_RECORD_FILE`, `trained_prompting`), else `PROMPTING_DEFAULTS`;
+    and the names of the settings taken from the record. A record written before a key existed lacks it: that
+    setting is the default (`prompting_notes` says which)."""
+    recorded, given = trained_prompting(_run_record(policy) or {}), given_prompting(args)
+    settings = {**PROMPTING_DEFAULTS, **recorded, **given}
     return settings, [name for name in PROMPTING if name in recorded and name not in given]
+
+
+def _stop(settings: dict) -> tuple[str, object]:
+    """What ends a response, as one comparable value: the ids when given (they replace the token), else the token."""
+    ids = settings.get("stop_token_ids")
+    return ("stop_token_ids", list(ids)) if ids is not None else ("stop_token", settings.get("stop_token"))
+
+
+def prompting_notes(policy: str, args: argparse.Namespace, settings: dict) -> tuple[dict, list[str], list[str]]:
+    """(not_as_trained, not_recorded, lines): the settings of `PROMPTING` an option gave another value than the run
+    recorded ({name: {"evaluated", "trained"}}: scores then measure other responses than training's), the ones the
+    run's record lacks and no option gave (a record written before they were recorded: PPOConfig's defaults here),
+    and the lines that say so. Nothing without a record (a Hub id, another tool's folder)."""
+    record = _run_record(policy)
+    if record is None:
+        return {}, [], []
+    trained, given = trained_prompting(record), given_prompting(args)
+    differs = {name: {"evaluated": settings[name], "trained": trained[name]} for name in PROMPTING
+               if name in given and name in trained and name not in STOP_SETTINGS and settings[name] != trained[name]}
+    if any(name in given for name in STOP_SETTINGS) and all(name in trained for name in STOP_SETTINGS) \
+            and _stop(settings) != _stop(trained):  # another stop than the run's (the same ids, given again, is not)
+        differs.update({name: {"evaluated": settings[name], "trained": trained[name]} for name in STOP_SETTINGS
+                        if settings[name] != trained[name]})
+    missing = [name for name in PROMPTING if name not in trained and name not in given]
+    lines = []
+    if differs:
+        shown = ", ".join(f"{name} {d['evaluated']!r} (trained: {d['trained']!r})" for name, d in differs.items())
+        lines.append(f"not as the run trained (its hf_ppo_run.json): {shown}. The scores are of other responses than "
+                     "training's; leave those options out to evaluate as it trained.")
+    if missing:
+        shown = ", ".join(f"{name} {settings[name]!r}" for name in missing)
+        lines.append(f"the run's hf_ppo_run.json (an older hf_ppo's) does not record {', '.join(missing)}: "
+                     f"evaluating with PPOConfig's defaults, {shown}; pass "
+                     + ", ".join(f"--{name}" for name in missing) + " to set them as the run trained.")
+    return differs, missing, lines
+
+
+def evaluation_dataset(policy: str, args: argparse.Namespace) -> tuple[dict, list[str], str | None]:
+    """(dataset, notes, warning): the prompts this evaluation reads, {"name", "config", "split", "training_prompts"},
+    as the run that trained `policy` recorded its dataset (`hub.publish.record_dataset`). When --dataset is the
+    dataset it trained on, --dataset_config defaults to the run's and --dataset_split to the split it held out (a
+    note says so); else (another dataset, nothing recorded, or the run held out a file of its own or nothing) to
+    'train'. The split it trained on (the whole file, for a local file) is evaluated if asked, with the warning that
+    says these are the training prompts; `training_prompts` is None when the record does not say."""
+    record = _run_record(policy) or {}
+    trained = record.get("dataset") if isinstance(record.get("dataset"), dict) else None
+    same = trained is not None and same_model(trained.get("name"), args.dataset)
+    config = args.dataset_config if args.dataset_config is not None or not same else trained.get("config")
+    test = trained.get("test_split") if same else None
+    held_out_file = isinstance(test, str) and (os.path.isabs(test) or os.path.isfile(test))
+    notes = []
+    if args.dataset_config is None and config is not None:
+        notes.append(f"--dataset_config {config!r}, the run's (its hf_ppo_run.json).")
+    split = args.dataset_split
+    if split is None and test is not None and not held_out_file:
+        split = test
+        notes.append(f"--dataset_split {test!r}: the split the run held out (dataset_test_split, in its "
+                     "hf_ppo_run.json); pass --dataset_split to choose another.")
+    split = split or "train"
+    training = None if trained is None else same and (os.path.isfile(args.dataset)
+                                                      or split == trained.get("train_split"))
+    warning = None
+    if training:
+        fix = (f"its held-out split is {test!r}: pass --dataset_split {test} (or leave --dataset_split out)"
+               if test is not None and not held_out_file else
+               f"it held out {test!r}: pass --dataset {test}" if held_out_file else
+               "it held none out: pass prompts it did not train on (another --dataset_split, or another --dataset)")
+        what = "the file" if os.path.isfile(args.dataset) else f"split {split!r} of {args.dataset!r}"
+        warning = (f"hf-ppo evaluate: these are the training prompts: {what} is what the run that trained "
+                   f"{policy!r} trained on (its hf_ppo_run.json), so the scores say how the policy fits prompts it "
+                   f"was optimised on, not how it does on new ones. To measure it on held-out prompts, {fix}.")
+    return {"name": args.dataset, "config": config, "split": split, "training_prompts": training}, notes, warning
 
 
 def recorded_step(policy: str) -> int:
@@ -152,11 +290,13 @@ def recorded_step(policy: str) -> int:
 
 
 def recorded_note(settings: dict, recorded: list[str]) -> str | None:
-    """The line that says which settings came from the run record, and how to override them; None when none did."""
+    """The line that says which settings came from the run record (those that are not PPOConfig's defaults, which
+    the others are too), and how to override them; None when none did."""
+    recorded = [name for name in recorded if settings[name] != PROMPTING_DEFAULTS[name]]
     if not recorded:
         return None
     shown = ", ".join(f"{name} {settings[name]!r}" for name in recorded)
-    return (f"prompting and sampling as the run trained (its hf_ppo_run.json): {shown}. Override with "
+    return (f"prompting, sampling and scoring as the run trained (its hf_ppo_run.json): {shown}. Override with "
             + ", ".join(f"--{name}" for name in recorded) + ".")
 
 
@@ -180,6 +320,30 @@ def recorded_precision(policy: str, args: argparse.Namespace) -> tuple[str, str 
     return chosen, None
 
 
+def recorded_reference(policy: str) -> str | None:
+    """The reference model the run that trained `policy` gave (`ref_model`, recorded beside the policy as its
+    `hub.publish.RUN_RECORD_FILE`'s `reference`), the default of --reference over a LoRA adapter's base: None when
+    the run's reference lived inside the policy (its adapter disabled, a reference adapter) or nothing is recorded.
+    A recorded local path that is gone is an error naming it: its base is another model."""
+    from ..hub.publish import read_run_record
+
+    reference = ((read_run_record(policy) if os.path.isdir(policy) else None) or {}).get("reference")
+    if not isinstance(reference, str) or reference.startswith("adapter "):
+        return None
+    if not os.path.exists(reference) and (os.path.isabs(reference) or reference.startswith(".")):
+        raise SystemExit(f"hf-ppo evaluate: the run that trained {policy!r} was evaluated against the reference "
+                         f"{reference!r} (its hf_ppo_run.json), which is not there any more: pass --reference, that "
+                         "model's folder or Hub id.")
+    return reference
+
+
+def same_model(a: str | None, b: str | None) -> bool:
+    """Whether two model ids/paths name one model (a relative and an absolute path to one folder do)."""
+    if a is None or b is None:
+        return a == b
+    return a == b or (os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b))
+
+
 def recorded_quantization(policy: str, args: argparse.Namespace) -> dict[str, str]:
     """{"policy", "ref", "reward"}: each model's quantization for this evaluation: the option when given, else what
     the run that trained `policy` recorded beside it (`hub.publish.RUN_RECORD_FILE`), else 'none'. A reference
@@ -192,8 +356,8 @@ def recorded_quantization(policy: str, args: argparse.Namespace) -> dict[str, st
     recorded = {"policy": loaded.get("policy"), "ref": loaded.get("reference"),
                 "reward": rewards.pop() if len(rewards) == 1 else None}
     chosen = {name: getattr(args, f"{name}_quantization") or recorded[name] or "none" for name in recorded}
-    if args.ref_quantization is None and args.reference is not None and record.get("reference") not in (
-            None, args.reference):
+    if args.ref_quantization is None and args.reference is not None and record.get("reference") is not None \
+            and not same_model(record["reference"], args.reference):
         chosen["ref"] = "none"  # another reference than the run's: nothing says how it was loaded
     return chosen
 
@@ -284,10 +448,16 @@ def evaluate(argv: list[str]) -> dict[str, float]:
         funcs = load_reward_funcs(args.reward_funcs)
     except RewardFuncsError as err:
         raise SystemExit(f"hf-ppo evaluate: {err}") from err
-    reference = args.reference or default_reference(args.policy)
+    # The run's own reference when it gave one (ref_model), else a LoRA adapter's base.
+    reference = args.reference or recorded_reference(args.policy)
+    if args.reference is None and reference is not None:
+        print(f"hf-ppo evaluate: reference {reference!r}, the one the run trained against (its hf_ppo_run.json). "
+              "Override with --reference.")
+    reference = reference or default_reference(args.policy)
     from ..evaluation.report import metrics_markdown, write_metrics
     from ..models import gguf
     from ..models.tokenizers import load_policy_tokenizer
+    from ..runtime.warn import warn_user
     from ..trainer import PPOConfig, PPOLMTrainer
     from .train import load_split, prompts_from_column, silence_known_warnings, with_system_prompt
 
@@ -297,9 +467,18 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     if note:
         print(f"hf-ppo evaluate: {note}")
     prompting, recorded = recorded_prompting(args.policy, args)
-    note = recorded_note(prompting, recorded)
-    if note:
-        print(f"hf-ppo evaluate: {note}")
+    not_as_trained, not_recorded, lines = prompting_notes(args.policy, args, prompting)
+    dataset, dataset_notes, training_prompts = evaluation_dataset(args.policy, args)
+    if args.dataset_split is None and _run_record(args.policy) is not None and dataset["training_prompts"] is None:
+        not_recorded.append("dataset")
+        lines.append("the run's hf_ppo_run.json does not record the dataset it trained on (hf-ppo train records it "
+                     "beside the final policy; a checkpoint, the Python API and older versions do not): evaluating "
+                     f"split {dataset['split']!r}; make sure those are not the prompts it trained on (--dataset_split).")
+    for note in [recorded_note(prompting, recorded), *dataset_notes, *lines]:
+        if note:
+            print(f"hf-ppo evaluate: {note}")
+    if training_prompts:
+        warn_user(training_prompts)
     try:
         config = PPOConfig(output_dir=args.output_dir, per_device_eval_batch_size=args.batch_size,
                            bf16=precision == "bf16", fp16=precision == "fp16",
@@ -315,8 +494,8 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     policy, policy_kwargs = gguf.split_gguf_path(args.policy, None)  # a .gguf file: its folder and name
     tokenizer = load_policy_tokenizer(*gguf.converted(policy, policy_kwargs, "policy"))
     try:  # the prompts checked as the trainer reads them, before any model loads
-        prompts = prompts_from_column(load_split(args.dataset, args.dataset_config, args.dataset_split),
-                                      prompting["prompt_column"], tokenizer, args.dataset)
+        loaded = load_split(args.dataset, dataset["config"], dataset["split"], "--dataset_split")
+        prompts = prompts_from_column(loaded, prompting["prompt_column"], tokenizer, args.dataset)
         if args.num_prompts is not None:
             prompts = prompts.select(range(min(args.num_prompts, len(prompts))))
         checked = with_system_prompt(prompts, config.system_prompt, tokenizer, args.dataset)
@@ -337,9 +516,14 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     metrics = trainer.evaluate()
     # A metrics.json (or eval_report.md) of the user's is kept, with a warning: the last line says what was written.
     metrics_path = write_metrics(args.output_dir, {"policy": args.policy, "reference": reference,
-                                                   "quantization": quantization, "precision": precision, **metrics})
+                                                   "quantization": quantization, "precision": precision,
+                                                   "dataset": dataset, "not_as_trained": not_as_trained,
+                                                   "not_recorded": not_recorded, **metrics})
     loaded = "quantization: " + ", ".join(f"{name} {q}" for name, q in quantization.items()) + f"; {precision}"
-    print(f"{args.policy} against {reference} on {len(prompts)} prompts of {args.dataset} ({loaded}):\n")
+    split = "" if os.path.isfile(args.dataset) else f" split {dataset['split']!r}"
+    training = ", the training prompts" if dataset["training_prompts"] else ""
+    print(f"{args.policy} against {reference} on {len(prompts)} prompts of {args.dataset}{split}{training} "
+          f"({loaded}):\n")
     print(metrics_markdown(metrics, "eval_"))
     print("\n" + written_files_line(args.output_dir, metrics_path))
     return metrics

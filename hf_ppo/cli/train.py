@@ -20,12 +20,13 @@ from datasets import Dataset, DatasetDict, load_dataset
 from transformers import AutoTokenizer, TrainingArguments
 from trl import TrlParser
 
-from ..hub.publish import pushed_policy_message
+from ..hub.publish import pushed_policy_message, record_dataset, saved_policy_message
 from ..models import gguf
 from ..models.reward_model import reward_name
 from ..rollout.reward_calls import RewardFunctionError
-from ..rollout.scoring import probe_reward_callable, unique_names
-from ..trainer.checkpoint import CheckpointError
+from ..rollout.scoring import probe_reward_callable, probing_once, unique_names
+from ..runtime.warn import warn_user
+from ..trainer.checkpoint import CheckpointError, SaveWriteError
 from ..trainer.config import PPOConfig
 from ..trainer.data import prepare_prompts, select_prompt_column
 from ..trainer.data import with_system_prompt as system_prompt_first
@@ -232,7 +233,15 @@ def parse_args(argv: list[str] | None = None, command: str = "python recipes/ppo
                ) -> tuple[ScriptArguments, ModelArguments, PPOConfig]:
     """Parse the YAML config (`--config`) and the command line on top of it; resolve and check the paths."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    config_file = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
+    # `--config=run.yaml` as `--config run.yaml`: TrlParser reads only the second form (the first would leave the
+    # YAML unread, ending in "unknown key '--config'" or a missing required option).
+    argv = [part for arg in argv for part in (["--config", arg[len("--config="):]] if arg.startswith("--config=")
+                                              else [arg])]
+    given = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--config"]
+    if len(given) > 1:
+        raise ConfigError(f"--config is given {len(given)} times ({', '.join(given)}): TrlParser reads one YAML. Put "
+                          "the settings in one file, and give the others on the command line (--key value).")
+    config_file = given[0] if given else None
     if config_file is not None and not os.path.isfile(config_file):
         raise ConfigError(f"--config {config_file}: no such file (relative to {os.getcwd()}).")
     parser = build_parser(command)
@@ -260,6 +269,14 @@ def parse_args(argv: list[str] | None = None, command: str = "python recipes/ppo
     except RewardFuncsError as err:
         raise ConfigError(str(err)) from err
     test = script_args.dataset_test_split
+    if isinstance(test, str) and test.strip().lower() in ("none", "null"):
+        # The command line's way to drop a YAML's `dataset_test_split` (the YAML writes `null`).
+        script_args.dataset_test_split = test = None
+    if test is not None and ppo_config.eval_strategy == "no" and not getattr(ppo_config, "eval_on_start", False):
+        warn_user(f"dataset_test_split={test!r} is set but eval_strategy is 'no': the evaluation prompts are loaded "
+                  "and checked, and never evaluated on. Set eval_strategy: steps and eval_steps: N (--eval_strategy "
+                  "steps --eval_steps N) to evaluate during training, or leave dataset_test_split out "
+                  "(--dataset_test_split none).")
     if test is not None and (os.sep in test or os.path.splitext(test)[1].lower() in LOCAL_BUILDERS):
         script_args.dataset_test_split = resolve_input(test, "dataset_test_split", config_dir, hub=False)
     resume = ppo_config.resume_from_checkpoint
@@ -324,17 +341,28 @@ def load_tokenizer(path: str, policy_init_kwargs: dict, model_args: ModelArgumen
                                          trust_remote_code=model_args.trust_remote_code)
 
 
-def load_split(name: str, config: str | None, split: str) -> Dataset:
-    """One split of a Hub dataset, or the whole of a local file (its only split)."""
+def load_split(name: str, config: str | None, split: str, option: str = "--dataset_train_split") -> Dataset:
+    """One split of a Hub dataset, or the whole of a local file (its only split, "train"). `option`: the flag that
+    chose `split`, named when it is wrong. Another split of a local file is refused: the whole file would be read
+    under that split's name (a "test" split that is the training prompts again)."""
     suffix = os.path.splitext(name)[1].lower()
     if os.path.isfile(name):
         if suffix not in LOCAL_BUILDERS:
             raise ValueError(f"Cannot read {name!r}: use a {'/'.join(LOCAL_BUILDERS)} file or a Hub dataset id.")
+        if split != "train":
+            fix = ("pass the file of the test prompts (--dataset_test_split test.jsonl, or `dataset_test_split: "
+                   "test.jsonl` in the YAML), or --dataset_test_split none for no evaluation set"
+                   if option == "--dataset_test_split" else
+                   f"leave {option} out (or give it 'train'"
+                   + ("; `dataset_train_split` in the YAML" if option == "--dataset_train_split" else "")
+                   + "), or pass the file of the prompts you mean")
+            raise ValueError(f"{option} {split!r}: {name!r} is a local file, which has one split (all of it), so "
+                             f"split {split!r} would read the whole file: {fix}.")
         return load_dataset(LOCAL_BUILDERS[suffix], data_files=name, split="train")
     dataset = load_dataset(name, config)
     if isinstance(dataset, DatasetDict) and split not in dataset:
         raise ValueError(f"Dataset {name!r} has no split {split!r}; it has {list(dataset)}. Choose one with "
-                         "--dataset_train_split / --dataset_test_split.")
+                         f"{option}.")
     return dataset[split]
 
 
@@ -380,11 +408,13 @@ def with_system_prompt(dataset: Dataset, system_prompt: str | None, tokenizer, s
     return system_prompt_first(dataset, system_prompt, tokenizer, repr(source))
 
 
-def load_prompts(source: str, config: str | None, split: str, ppo_config: PPOConfig, tokenizer) -> tuple[Dataset, Dataset]:
+def load_prompts(source: str, config: str | None, split: str, ppo_config: PPOConfig, tokenizer,
+                 option: str = "--dataset_train_split") -> tuple[Dataset, Dataset]:
     """(the split as loaded, the same as the trainer will read it): `ppo_config.prompt_column` resolved
     (`prompt_column_of`) and its prompts checked, the system prompt put first. The trainer gets the first and prepares
-    it itself; the second is for the checks that must come before any model loads (reward functions)."""
-    loaded = load_split(source, config, split)
+    it itself; the second is for the checks that must come before any model loads (reward functions). `option`: the
+    flag that chose `split` (`load_split`)."""
+    loaded = load_split(source, config, split, option)
     checked = prompts_from_column(loaded, ppo_config.prompt_column, tokenizer, source)
     return loaded, with_system_prompt(checked, ppo_config.system_prompt, tokenizer, source)
 
@@ -410,19 +440,22 @@ def reward_list(reward_model: str | None, funcs: list[RewardFunc], datasets: dic
     return rewards[0] if len(rewards) == 1 else rewards
 
 
-def probe_reward_funcs(funcs: list[RewardFunc], prompts: Dataset, tokenizer, ppo_config: PPOConfig) -> None:
-    """Each reward function called once on the first two prompts (as `load_prompts` checked them, then prepared as
-    the trainer prepares them) with empty completions, as the trainer probes it (`rollout.scoring.
-    probe_reward_callable`), but before any model loads: a value it cannot use, or an exception inside it, stops the
-    run in one line (`ConfigError`; for an exception, with the file and line it came from)."""
-    if not funcs or not len(prompts):
-        return
+def probe_reward_funcs(funcs: list[RewardFunc], datasets: dict, tokenizer, ppo_config: PPOConfig) -> None:
+    """Each reward function called once on the first two prompts of each prompt set (`datasets`: {"train_dataset" or
+    "eval_dataset": the prompts as `load_prompts` checked them, or None}; prepared as the trainer prepares them) with
+    empty completions, as the trainer probes it (`rollout.scoring.probe_reward_callable`), but before any model
+    loads: a value it cannot use, or an exception inside it, stops the run in one line (`ConfigError`; for an
+    exception, with the file and line it came from). Inside `probing_once()`, the trainer built next skips these
+    same probes: each function is called once per prompt set at start-up."""
     try:
-        sample = prepare_prompts(prompts.select(range(min(2, len(prompts)))), tokenizer, "train_dataset",
-                                 max_prompt_length=None, response_length=ppo_config.response_length, context=None,
-                                 apply_chat_template_to_text=ppo_config.apply_chat_template_to_text)
-        for func in funcs:
-            probe_reward_callable(func.func, sample, tokenizer, reward_name(func.func))
+        for source, prompts in datasets.items():
+            if not funcs or prompts is None or not len(prompts):
+                continue
+            sample = prepare_prompts(prompts.select(range(min(2, len(prompts)))), tokenizer, source,
+                                     max_prompt_length=None, response_length=ppo_config.response_length, context=None,
+                                     apply_chat_template_to_text=ppo_config.apply_chat_template_to_text)
+            for func in funcs:
+                probe_reward_callable(func.func, sample, tokenizer, reward_name(func.func), source)
     except RewardFunctionError as err:
         frames = traceback.extract_tb(err.__cause__.__traceback__) if err.__cause__ is not None else []
         where = f" (raised at {frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
@@ -453,40 +486,44 @@ def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") 
         evaluation, checked_evaluation = None, None
         if script_args.dataset_test_split is not None:
             test = script_args.dataset_test_split
-            source = test if os.path.isfile(test) else script_args.dataset_name
-            evaluation, checked_evaluation = load_prompts(source, script_args.dataset_config, test, ppo_config,
-                                                          tokenizer)
+            source, split = (test, "train") if os.path.isfile(test) else (script_args.dataset_name, test)
+            evaluation, checked_evaluation = load_prompts(source, script_args.dataset_config, split, ppo_config,
+                                                          tokenizer, "--dataset_test_split")
     except ValueError as err:  # a wrong column, chat prompts without a template, a system prompt it cannot take
         raise ConfigError(str(err)) from err
     ppo_config.prompt_column = prompt_column_of(train, ppo_config.prompt_column)  # recorded beside the policy
     reward = reward_list(reward_path, model_args.loaded_reward_funcs,
                          {"the training prompts": checked, "the evaluation prompts": checked_evaluation},
                          ppo_config.reward_weights)
-    probe_reward_funcs(model_args.loaded_reward_funcs, checked, tokenizer, ppo_config)
-    if reward_path is not None and ppo_config.reward_model_path is not None and isinstance(reward, list):
-        ppo_config.reward_model_path = None  # now in the list (the trainer would take a list for a second model)
+    # Each reward function is called once at start-up: probed here, before any model loads, and the trainer built
+    # inside `probing_once()` skips its own identical probe.
+    with probing_once():
+        probe_reward_funcs(model_args.loaded_reward_funcs,
+                           {"train_dataset": checked, "eval_dataset": checked_evaluation}, tokenizer, ppo_config)
+        if reward_path is not None and ppo_config.reward_model_path is not None and isinstance(reward, list):
+            ppo_config.reward_model_path = None  # now in the list (the trainer would take a list for a second model)
 
-    peft_config = None
-    if model_args.use_peft:
-        from peft import LoraConfig
+        peft_config = None
+        if model_args.use_peft:
+            from peft import LoraConfig
 
-        targets = model_args.lora_target_modules
-        if isinstance(targets, list) and targets == ["all-linear"]:  # peft wants this one as a bare string
-            targets = "all-linear"
-        peft_config = LoraConfig(r=model_args.lora_r, lora_alpha=model_args.lora_alpha, task_type="CAUSAL_LM",
-                                 lora_dropout=model_args.lora_dropout, target_modules=targets)
+            targets = model_args.lora_target_modules
+            if isinstance(targets, list) and targets == ["all-linear"]:  # peft wants this one as a bare string
+                targets = "all-linear"
+            peft_config = LoraConfig(r=model_args.lora_r, lora_alpha=model_args.lora_alpha, task_type="CAUSAL_LM",
+                                     lora_dropout=model_args.lora_dropout, target_modules=targets)
 
-    trainer = PPOLMTrainer(
-        model=policy_path,
-        args=ppo_config,
-        reward_model=reward,
-        ref_model=model_args.ref_model_name_or_path,
-        critic_model=model_args.critic_model_name_or_path,
-        train_dataset=train,
-        eval_dataset=evaluation,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-    )
+        trainer = PPOLMTrainer(
+            model=policy_path,
+            args=ppo_config,
+            reward_model=reward,
+            ref_model=model_args.ref_model_name_or_path,
+            critic_model=model_args.critic_model_name_or_path,
+            train_dataset=train,
+            eval_dataset=evaluation,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+        )
     trainer.train(resume_from_checkpoint=ppo_config.resume_from_checkpoint)
     trainer.save_state()  # trainer_state.json: every logged metric, beside the policy
     stop = next((c for c in trainer.callback_handler.callbacks if isinstance(c, CollapseWatch) and c.stopped), None)
@@ -500,8 +537,15 @@ def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") 
             adapter = trainer.accelerator.unwrap_model(trainer.model).is_peft_model and not ppo_config.push_merged_model
             print(pushed_policy_message(trainer.hub_model_id, commit, ppo_config.output_dir, adapter))
     else:
-        trainer.save_model(ppo_config.output_dir)  # prints where the policy is, how to load and push it
-        trainer.create_model_card(dataset_name=script_args.dataset_name)  # the card names the dataset too
+        # The policy, then its card, written once (naming the dataset too, which save_model() alone does not know),
+        # then where the policy is, how to load and push it (what save_model() prints).
+        trainer.save_model(ppo_config.output_dir, _internal_call=True)
+        trainer.create_model_card(dataset_name=script_args.dataset_name)
+        if trainer.is_world_process_zero():
+            print(saved_policy_message(ppo_config.output_dir, trainer.trained_adapter is not None))
+    if ppo_config.should_save:  # the dataset beside the run record (the trainer knows no names): evaluate's default
+        record_dataset(ppo_config.output_dir, script_args.dataset_name, script_args.dataset_config,
+                       script_args.dataset_train_split, script_args.dataset_test_split)
     return trainer
 
 
@@ -520,7 +564,9 @@ def run(argv: list[str] | None = None, command: str = "python recipes/ppo.py") -
     """`main` as a command: a bad key or path exits with its message alone (the whole story, no traceback)."""
     try:
         trainer = main(argv, command)
-    except (ConfigError, CheckpointError) as err:  # a resume the checkpoint refuses is the user's to fix, too
+    # A resume the checkpoint refuses is the user's to fix, too, and so is a final save on a full disk (its message
+    # names the folder, the space, the last complete checkpoint and the command that finishes the run).
+    except (ConfigError, CheckpointError, SaveWriteError) as err:
         name = os.path.basename(command.split()[-1]) if command.endswith(".py") else command
         sys.exit(f"{name}: error: {err}")
     # The script's end (accelerate's end_training: trackers closed, the process group destroyed). Under `accelerate

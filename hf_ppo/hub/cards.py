@@ -84,8 +84,9 @@ class PublishSettings:
     card's table of `hyperparameters` (`CARD_HYPERPARAMETERS`, the per-device rollout batch and the world size), the
     policy's `model_init_kwargs` (a GGUF file among them), `hub_base_model_id` (the base a pushed adapter names), the
     compute `precision` ('bf16', 'fp16' or 'fp32'), and how the prompts were made and answered, so that an evaluation
-    can prompt and sample as training did: `system_prompt`, `prompt_column`, `apply_chat_template_to_text` and the
-    sampling settings `response_length`, `temperature`, `top_k`, `top_p`."""
+    can prompt, sample and score as training did: `system_prompt`, `prompt_column`, `apply_chat_template_to_text`,
+    `max_prompt_length`, the sampling settings `response_length`, `temperature`, `top_k`, `top_p`, the stop tokens
+    (`stop_token`, and `stop_token_ids` with PPOConfig's `stop_token_id` folded in) and `reward_input_format`."""
 
     hyperparameters: dict
     model_init_kwargs: dict | None = None
@@ -98,6 +99,10 @@ class PublishSettings:
     temperature: float = 0.7
     top_k: int | None = None
     top_p: float = 1.0
+    max_prompt_length: int | None = 512
+    stop_token: str | None = "eos"
+    stop_token_ids: tuple[int, ...] | None = None
+    reward_input_format: str = "auto"
 
 
 def model_sources(model, reward_model, ref_model, policy_model, trained_adapter: str | None,
@@ -334,21 +339,52 @@ def is_hf_ppo_card(path) -> bool:
     return isinstance(tags, list) and CARD_TAGS[0] in tags
 
 
-# The blank template huggingface_hub's `ModelCard.from_template` fills in, which PEFT's `save_pretrained` writes as a
-# placeholder card: nobody's own writing, so a card may replace it.
-_PLACEHOLDER_MARKS = ("# Model Card for Model ID", "<!-- Provide a quick summary of what the model is/does. -->")
+# PEFT's blank card: what `save_pretrained` writes as README.md beside an adapter when there is none
+# (`PeftModel.create_or_update_model_card`, the same from peft 0.19 to 0.21): huggingface_hub's model card template
+# rendered with no metadata, these metadata fields filled in, and its own lines appended (a quantization config, its
+# version). Nobody's own writing, so a card may replace it; anything else in the file makes it the user's.
+_PEFT_CARD_FIELDS = {"base_model", "library_name", "pipeline_tag", "tags"}
+_PEFT_CARD_TAIL = re.compile(
+    r"(?:## Training procedure\n\nThe following `bitsandbytes` quantization config was used during training:\n"
+    r"(?:- [^\n]*\n)*\n)?### Framework versions\n\n- PEFT \S+(?:\n- PEFT \S+)*")
 
 
 def is_replaceable_card(path) -> bool:
-    """Whether a card may be written over the README.md at `path`: hf_ppo's own card, or the blank placeholder PEFT
-    writes beside a saved adapter; never a user's own README."""
-    if is_hf_ppo_card(path):
-        return True
+    """Whether a card may be written over the README.md at `path`: hf_ppo's own card, or PEFT's untouched blank card
+    (`is_peft_blank_card`); never a user's own README, an edited PEFT template included."""
+    return is_hf_ppo_card(path) or is_peft_blank_card(path)
+
+
+def is_peft_blank_card(path) -> bool:
+    """Whether the README.md at `path` is, byte for byte, a blank card PEFT's `save_pretrained` writes: the body
+    huggingface_hub's blank template (the installed one) followed by PEFT's appended lines, the metadata only the
+    fields PEFT fills in (`library_name: peft`, its sorted tags, `pipeline_tag`, `base_model`), as PEFT writes them.
+    One placeholder filled in, a line added or removed, a metadata field or comment of the user's: False. (A tag
+    added in sorted order is not told from the base model's own tags, which PEFT writes too.)"""
+    from huggingface_hub import ModelCard, ModelCardData
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = Path(path).read_bytes().decode("utf-8")
+        if not text.startswith("---\n"):  # PEFT's card opens with its metadata block
+            return False
+        card = ModelCard(text)
+        data = card.data.to_dict()
+        blank = ModelCard.from_template(ModelCardData())
+    except Exception:  # unreadable, not UTF-8, malformed metadata: not PEFT's blank card
         return False
-    return all(mark in text for mark in _PLACEHOLDER_MARKS)
+    tags = data.get("tags")
+    if (set(data) - _PEFT_CARD_FIELDS or data.get("library_name") != "peft"
+            or data.get("pipeline_tag") not in (None, "text-generation")
+            or (tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)
+                                      or tags != sorted(set(tags))))):
+        return False
+    head = "\n".join(blank.text.splitlines()) + "\n"  # PEFT rejoins the template's lines, then appends its own
+    if not card.text.startswith(head) or not _PEFT_CARD_TAIL.fullmatch(card.text[len(head):]):
+        return False
+    for key, value in data.items():  # the metadata block exactly as PEFT's `card.save` writes it (no comments)
+        blank.data[key] = value
+    blank.text = card.text
+    return str(blank) == text
 
 
 def is_hf_ppo_plot(path) -> bool:

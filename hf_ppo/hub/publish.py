@@ -379,9 +379,14 @@ def run_record(settings: PublishSettings, sources: dict, policy_model, ref_model
     - `precision`: the compute dtype the run loaded its models in: 'bf16', 'fp16' or 'fp32' (`bf16` / `fp16`);
     - `prompts`: how the prompts were made: `column` (PPOConfig.prompt_column; None: the dataset's 'prompt',
       'messages' or 'input_ids'), `system_prompt`, `apply_chat_template_to_text`, and `format`, 'chat' when they went
-      through the chat template (`chat_prompts`), else 'text' (None: not known);
-    - `sampling`: `response_length`, `temperature`, `top_k`, `top_p`;
-    - `global_step`: the optimizer steps the saved policy was trained for (None: not known).
+      through the chat template (`chat_prompts`), else 'text' (None: not known), and `max_prompt_length` (the
+      left-truncation of long prompts; None: none);
+    - `sampling`: `response_length`, `temperature`, `top_k`, `top_p`, and what ended a response: `stop_token` ('eos'
+      or None) and `stop_token_ids` (None: `stop_token` decides);
+    - `scoring`: `reward_input_format`, how the reward models read (prompt, response);
+    - `global_step`: the optimizer steps the saved policy was trained for (None: not known);
+    - `dataset` (added by `hf-ppo train` after the save, `record_dataset`: the trainer does not know the names):
+      `name`, `config`, `train_split`, `test_split` (a split name, a file, or None).
     A record written before a key existed lacks it: readers take that as "not recorded".
     """
     policy_q = _quantization_of(policy_model)
@@ -399,11 +404,29 @@ def run_record(settings: PublishSettings, sources: dict, policy_model, ref_model
         "precision": settings.precision,
         "prompts": {"column": settings.prompt_column, "system_prompt": settings.system_prompt,
                     "apply_chat_template_to_text": settings.apply_chat_template_to_text,
-                    "format": None if chat_prompts is None else "chat" if chat_prompts else "text"},
+                    "format": None if chat_prompts is None else "chat" if chat_prompts else "text",
+                    "max_prompt_length": settings.max_prompt_length},
         "sampling": {"response_length": settings.response_length, "temperature": settings.temperature,
-                     "top_k": settings.top_k, "top_p": settings.top_p},
+                     "top_k": settings.top_k, "top_p": settings.top_p, "stop_token": settings.stop_token,
+                     "stop_token_ids": None if settings.stop_token_ids is None else list(settings.stop_token_ids)},
+        "scoring": {"reward_input_format": settings.reward_input_format},
         "global_step": global_step,
     }
+
+
+def record_dataset(folder, name: str, config: str | None, train_split: str, test_split: str | None) -> None:
+    """Add the prompt dataset the run trained on to the `RUN_RECORD_FILE` that `save_model()` wrote in `folder`, so
+    `hf-ppo evaluate` defaults to the split the run held out: `name` (a Hub id, or a local path as the run resolved
+    it), `config`, `train_split`, `test_split` (a split of `name`, a file of its own, or None). A folder without a
+    record (none was written there) is left alone."""
+    record = read_run_record(folder)
+    if record is None:
+        return
+    record["dataset"] = {"name": name, "config": config, "train_split": train_split, "test_split": test_split}
+    path = Path(folder, RUN_RECORD_FILE)
+    staged = path.with_name(path.name + ".tmp")  # replaced whole: a failed write leaves the record as it was
+    staged.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    os.replace(staged, path)
 
 
 def read_run_record(folder) -> dict | None:

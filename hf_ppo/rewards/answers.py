@@ -3,10 +3,16 @@ convention that compares a completion's final number with the dataset's `answer`
 
 What counts as a completion's final answer (`extract_answer`): the LAST of its marked answers, where a marked answer
 is a "#### 42" line (GSM8K's own format, and what the recipe's system prompt asks for), a `\\boxed{42}`, or
-"the answer is 42" / "answer: 42". The number is the first token after the marker with `$`, `\\$`, `**`, thousands
-separators, a trailing period / comma / `%` removed; `1,200.00`, `$1200` and `1200.` are equal; `3/4` and
-`\\frac{3}{4}` are fractions. A comma counts only as a thousands separator (`1,234`, `12,345,678`): `#### 1,5` is no
-number, never 15. A marked answer that is not a number (`#### forty-two`, `\\boxed{x+1}`) is skipped.
+"the answer is 42" / "answer: 42" (markdown emphasis around the marker included: "**Answer:** 42"). The number is
+the first token after the marker with `$`, `\\$`, `**`, thousands separators, a trailing period / comma / `%` removed;
+`1,200.00`, `$1200` and `1200.` are equal; `3/4` and `\\frac{3}{4}` are fractions; a sign before a `$` or a `\\frac`
+negates it (`-$5`, `-\\frac{3}{4}`, `\\frac{7}{-2}`), `+5` is 5, and math delimiters are read through
+(`\\( 42 \\)`). When an arithmetic expression starts there, its result is the answer ("the answer is 48 - 12 = 36"
+is 36, never 48; "3 / 4" is 3/4). A comma counts only as a thousands separator (`1,234`, `12,345,678`): `#### 1,5` is
+no number, never 15; a space (also a thin or no-break space, or `\\,`) likewise: `#### 12 345` is 12345, never 12,
+and numbers side by side that are no such grouping (`#### 3 5`, `#### 5 3/4`) are no number. A marked answer that is
+not a number (`#### forty-two`, `\\boxed{x+1}`, `#### 2 + 3`) is skipped. In a `\\boxed{}`, wrappers of the whole
+number (`\\text{42}`, `\\mathbf{42}`, `{42}`) are read through and units (`\\text{ cm}`, `^\\circ`) dropped.
 
 Deliberately no "last number in the text" fallback by default (`strict=False` turns it on): it would pay a
 completion that ends on any number (a restated quantity, a step of the working) and so teach the policy to drop the
@@ -25,34 +31,53 @@ from fractions import Fraction
 from numbers import Rational, Real
 
 # The markers of a final answer; each match's end is where the answer starts.
-_MARKERS = re.compile(r"####|\\boxed\s*\{|\b(?:final\s+)?answer\s*(?:is|:)\s*:?", re.IGNORECASE)
+# Markdown emphasis around the marker ("**Answer:** 42", "**Final Answer**: 42", "*The answer is* 42") is part of
+# it: read as the token after it, "**" would be the answer, no number, and a right answer would score 0.
+_MARKERS = re.compile(r"####|\\boxed\s*\{|\b(?:final\s+)?answer\**\s*(?:is|:)\s*:?(?:\s*\*+)?", re.IGNORECASE)
 _NUMBER = re.compile(r"-?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:/\d+)?")
 # Commas only as thousands separators: 1,234 and 12,345,678.5; "1,5" or "1234,567" is no number (a decimal comma, a
 # list or a typo: reading it as 15 would pay an answer the model never gave).
 _GROUPED = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d*)?")
-_FRAC = re.compile(r"^\\d?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}$")
-# Units and spacing inside \\boxed{}: "\\boxed{42\\text{ apples}}", "\\boxed{1\\,000}".
-_LATEX_NOISE = re.compile(r"\\(?:text|mathrm|mbox)\{[^}]*\}|\\[,!; ]")
-_LEADING = ("\\$", "$", "**", "*", "(", "`", "\\(")
-_TRAILING = ("\\%", "%", "\\$", "$", "**", "*", ".", ",", ";", ":", "!", "?", ")", "`", "\\)")
+_FRAC = re.compile(r"^\\[dt]?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}$")
+# Units and spacing inside \\boxed{}: "\\boxed{42\\text{ apples}}", "\\boxed{1\\,000}", "\\boxed{90^\\circ}".
+_LATEX_NOISE = re.compile(r"\\(?:text|mathrm|mbox)\{[^}]*\}|\\[,!; ]|\^\s*\{?\\circ\}?")
+# What may wrap a \\boxed{}'s whole content without being a unit: "\\boxed{\\text{42}}", "\\boxed{\\mathbf{42}}",
+# "\\boxed{{42}}".
+_WRAPPER = re.compile(r"\\(?:text|textbf|mathbf|mathrm|mbox|bm|boldsymbol)\s*\{|\{")
+_LEADING = ("\\$", "$", "**", "*", "(", "`", "\\(", "\\[")
+# "\\)" before ")": stripping ")" first left "42\\" of "\\(42\\)", no number.
+_TRAILING = ("\\%", "%", "\\$", "$", "**", "*", ".", ",", ";", ":", "!", "?", "\\)", "\\]", ")", "`")
+# Thousands grouped by a space (SI style: "1 000", "12 345 678"; a no-break, thin or narrow no-break space, or LaTeX's
+# "\\,", too), as commas are: a first group of 1-3 digits, then groups of exactly 3. Read token by token, "1 000" was 1.
+_SPACE_GROUPED = re.compile(r"(?<![\d.,/])\d{1,3}(?:(?:[ \u00a0\u2009\u202f]|\\,)\d{3})+(?!\d|,\d)")
+_GROUP_SPACE = re.compile(r"[ \u00a0\u2009\u202f]|\\,")
+# A math opening before the answer ("the answer is \\( 42 \\)", "$$ 42 $$"): read as the number, it was no answer.
+_MATH_OPENING = re.compile(r"^(?:\\[(\[]|\$\$?)\s*")
+
+
+def _space_groups_joined(text: str) -> str:
+    """`text` with the spaces inside space-grouped thousands (`_SPACE_GROUPED`) removed: "1 000" is "1000"; "3 5" and
+    "12 3456" keep their spaces (no grouping: `_expression_result` reads them as no number)."""
+    return _SPACE_GROUPED.sub(lambda m: _GROUP_SPACE.sub("", m.group(0)), text)
 
 
 def parse_number(token: str) -> Fraction | None:
     """`token` as an exact number, or None when it is not one: "1,200.00", "$1200", "-3.", "3/4", "\\frac{3}{4}",
-    "50%" (as 50) all parse; "x+1", "forty-two", "" do not."""
-    token = token.strip().replace("\u2212", "-")  # the typographic minus sign
-    changed = True
-    while changed and token:
-        changed = False
-        for prefix in _LEADING:
-            if token.startswith(prefix):
-                token, changed = token[len(prefix):].lstrip(), True
-        for suffix in _TRAILING:
-            if token.endswith(suffix):
-                token, changed = token[: -len(suffix)].rstrip(), True
+    "50%" (as 50), "-$5", "-\\frac{3}{4}" all parse; "x+1", "forty-two", "--5", "" do not."""
+    token = _unwrapped(_space_groups_joined(token.strip()).replace("\u2212", "-"))  # the typographic minus sign
+    if token.startswith("+") and token[1:2] not in ("+", "-"):  # an explicit plus sign: "+5", "+$5" ("+-5" is none)
+        token = _unwrapped(token[1:])
+    negative = token.startswith("-") and not _NUMBER.fullmatch(token)
+    if negative:  # a sign before what it negates: "-$5", "-\\frac{3}{4}" (never read as no number: a right answer's 0)
+        token = _unwrapped(token[1:])
+        if token.startswith("-"):
+            return None
     fraction = _FRAC.match(token)
     if fraction:
-        token = f"{fraction.group(1)}/{fraction.group(2)}"
+        numerator, denominator = fraction.groups()
+        if denominator.startswith("-"):  # "\\frac{7}{-2}": the denominator's sign negates the fraction
+            negative, denominator = not negative, denominator[1:]
+        token = f"{numerator}/{denominator}"
     if not _NUMBER.fullmatch(token):
         return None
     numerator, _, denominator = token.partition("/")
@@ -67,7 +92,23 @@ def parse_number(token: str) -> Fraction | None:
             value /= Fraction(Decimal(denominator))
     except (InvalidOperation, ValueError):
         return None
-    return value
+    return -value if negative else value
+
+
+def _unwrapped(token: str) -> str:
+    """`token` without the currency signs, emphasis, brackets and punctuation around a number (`_LEADING`,
+    `_TRAILING`)."""
+    token = token.strip()
+    changed = True
+    while changed and token:
+        changed = False
+        for prefix in _LEADING:
+            if token.startswith(prefix):
+                token, changed = token[len(prefix):].lstrip(), True
+        for suffix in _TRAILING:
+            if token.endswith(suffix):
+                token, changed = token[: -len(suffix)].rstrip(), True
+    return token
 
 
 def _braced(text: str, start: int) -> str | None:
@@ -80,18 +121,65 @@ def _braced(text: str, start: int) -> str | None:
     return None
 
 
+def _unbraced(inner: str) -> str:
+    """A \\boxed{}'s content without the wrappers that hold all of it (`_WRAPPER`): "\\text{42}", "\\mathbf{42}" and
+    "{42}" are 42, where removing `\\text{...}` as a unit would leave no number and a right answer would score 0."""
+    inner = inner.strip()
+    while (wrapper := _WRAPPER.match(inner)) is not None:
+        body = _braced(inner, wrapper.end())
+        if body is None or wrapper.end() + len(body) + 1 != len(inner):
+            break
+        inner = body.strip()
+    return inner
+
+
 def _marked_answers(text: str) -> list[Fraction | None]:
     """The number after each marker of `text`, in order (None where the marked answer is not a number)."""
     found = []
     for match in _MARKERS.finditer(text):
         if match.group(0).startswith("\\boxed"):
             inner = _braced(text, match.end())
-            inner = None if inner is None else _LATEX_NOISE.sub("", inner.replace("{,}", ","))
+            inner = None if inner is None else _LATEX_NOISE.sub("", _unbraced(inner).replace("{,}", ","))
             found.append(None if inner is None else parse_number(inner))
         else:
-            token = text[match.end():].split(maxsplit=1)
-            found.append(parse_number(token[0]) if token else None)
+            rest = _MATH_OPENING.sub("", text[match.end():].lstrip())
+            line = rest.split("\n", 1)[0]  # the answer's line: "The answer is:\n42" too
+            found.append(_expression_result(line.split(maxsplit=_MOST_TOKENS)[:_MOST_TOKENS]))
     return found
+
+
+# An arithmetic expression after a marker ("the answer is 48 - 12 = 36"): its operators, and how many tokens are read.
+_OPERATORS = {"+", "-", "\u2212", "*", "x", "\u00d7", "/", "\u00f7", "^", "\u00b7", "\\times", "\\cdot", "\\div"}
+_MOST_TOKENS = 24
+_ENDS = (".", ",", ";", ":", "!", "?")  # a token ending a sentence or clause ends the expression
+
+
+def _expression_result(tokens: list[str]) -> Fraction | None:
+    """The number a marker's following `tokens` give: the first, unless an arithmetic expression starts there. Of
+    "48 - 12 = 36" and "36 = 48 - 12" it is 36 (the last side of the `=` chain that is one number: reading the
+    first token, 48, would pay an answer the model never gave); "3 / 4" is 3/4; an expression with no such side
+    ("2 + 3") is no number."""
+    first = parse_number(tokens[0]) if tokens else None
+    if first is None:
+        return None
+    sides, i = [[first]], 1
+    while i + 1 < len(tokens) and (tokens[i] in _OPERATORS or tokens[i] == "=") and not tokens[i - 1].endswith(_ENDS):
+        term = parse_number(tokens[i + 1])
+        if term is None:
+            break
+        if tokens[i] == "=":
+            sides.append([term])
+        else:
+            sides[-1] += [tokens[i], term]
+        i += 2
+    if i < len(tokens) and tokens[i][:1].isdigit() and not tokens[i - 1].endswith(_ENDS):
+        return None  # "#### 3 5", "#### 5 3/4", "#### 12 3456": a list or a misgrouped number, as "3,5" is none
+    numbers = [side[0] for side in sides if len(side) == 1]
+    if numbers:
+        return numbers[-1]
+    if len(sides) == 1 and len(sides[0]) == 3 and sides[0][1] == "/" and sides[0][2] != 0:
+        return sides[0][0] / sides[0][2]
+    return None
 
 
 def extract_answer(text: str, strict: bool = True) -> Fraction | None:
@@ -100,6 +188,7 @@ def extract_answer(text: str, strict: bool = True) -> Fraction | None:
     number falls back to its last number (see the module's docstring for why that is off by default)."""
     if not isinstance(text, str):
         raise TypeError(f"extract_answer takes a str, got {type(text).__name__}.")
+    text = _space_groups_joined(text)
     numbers = [n for n in _marked_answers(text) if n is not None]
     if numbers:
         return numbers[-1]

@@ -216,6 +216,15 @@ def sequence_inputs(queries, query_mask, responses, response_mask) -> dict[str, 
             "position_ids": position_ids}
 
 
+def predicting_inputs(queries, query_mask, responses, response_mask) -> dict[str, torch.Tensor]:
+    """`sequence_inputs` without the last token: run with `logits_to_keep=R` (R = the response's width), the model's
+    outputs are exactly the R positions that predict the R response tokens, logits (batch, R, vocab) and values
+    (batch, R), with nothing to cut off. (Cutting the last of R + 1 kept positions instead costs the backward one more
+    zero-filled tensor the size of all the logits; the positions before the last token do not see it.)"""
+    inputs = sequence_inputs(queries, query_mask, responses, response_mask)
+    return {name: value[:, :-1] for name, value in inputs.items()}
+
+
 def chunks(n: int, size: int):
     """Slices of `range(n)` of at most `size` rows: the micro-batches of every no-grad pass."""
     for start in range(0, n, size):

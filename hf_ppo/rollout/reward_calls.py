@@ -31,6 +31,9 @@ from ..models.tokenizers import with_completion
 
 # Columns that are the prompt itself; every other column of a prompt dataset reaches the reward functions.
 PROMPT_COLUMNS = ("prompt", "messages", "input_ids", "attention_mask")
+# A prompt-completion dataset's reference completions: never passed, as TRL leaves them out, so that a function whose
+# `completion` parameter meant the sampled completions (`completions`) cannot score the references in silence.
+REFERENCE_COLUMNS = ("completion",)
 # What TRL passes besides the dataset's columns; a column of one of these names would be shadowed.
 CALL_NAMES = ("prompts", "completions", "completion_ids")
 # ... and what it passes from the trainer (`RewardHooks`): given to a function that accepts them.
@@ -88,8 +91,9 @@ class RewardLogs:
 
 def data_columns(column_names) -> list[str]:
     """The columns of a prompt dataset (or the keys of one of its rows) that reward functions receive as keyword
-    arguments: all but the prompt's own (`PROMPT_COLUMNS`)."""
-    return [c for c in column_names if c not in PROMPT_COLUMNS]
+    arguments: all but the prompt's own (`PROMPT_COLUMNS`) and a reference "completion" (`REFERENCE_COLUMNS`), as in
+    TRL."""
+    return [c for c in column_names if c not in PROMPT_COLUMNS and c not in REFERENCE_COLUMNS]
 
 
 class RewardFunctionError(RuntimeError):
@@ -151,6 +155,12 @@ def check_reward_function(func, columns: list[str] | None, name: str) -> None:
             raise TypeError(f"The reward function {name!r} takes {p.name!r} by position only, but reward functions "
                             f"with keyword parameters are called with keyword arguments (TRL's convention): make it "
                             f"a normal parameter (drop the '/'), or {KEYWORD_FIX}.")
+        if p.default is p.empty and p.name in REFERENCE_COLUMNS:
+            raise TypeError(f"The reward function {name!r} needs a parameter {p.name!r}: the sampled completions are "
+                            "'completions' (TRL's name), and a dataset's 'completion' column (a prompt-completion "
+                            "dataset's reference) is not passed, as TRL does not pass it. Rename the parameter "
+                            "'completions' to score the samples; to read the reference, rename the column (e.g. "
+                            "dataset.rename_column('completion', 'solution')) and the parameter after it.")
         if p.default is p.empty and p.name not in available and columns is not None:
             raise TypeError(f"The reward function {name!r} needs a parameter {p.name!r}, which hf_ppo cannot give it: "
                             f"it is called with prompts, completions, completion_ids, trainer_state, log_metric, "
@@ -360,6 +370,9 @@ def reward_values(values, expected: int, name: str | None = None) -> tuple[torch
         bad = [(i, v) for i, v in enumerate(values) if v is not None and not _is_number(v)]
         if bad:
             i, v = bad[0]
+            shape = tuple(getattr(v, "shape", ()))  # e.g. a numpy array of shape (1,), which TRL refuses too
+            if shape and all(n == 1 for n in shape):
+                fix = f"{fix}; an array of shape {shape} is no number: return its value, `x.item()`"
             raise TypeError(f"{name} returned a non-number at position {i}: {type(v).__name__} {v!r:.60} "
                             f"({len(bad)} such entries): {fix}.")
         applies = torch.tensor([v is not None for v in values], dtype=torch.bool)
@@ -371,8 +384,9 @@ def reward_values(values, expected: int, name: str | None = None) -> tuple[torch
 
 
 def _is_number(value) -> bool:
-    """A real number: int/float/bool, a numpy scalar, or a one-element tensor/array of numbers (not a string, not
-    None)."""
+    """A real number: int/float/bool, a numpy scalar or 0-d array, or a torch tensor of one element (not a string,
+    not None). A numpy array of shape (1,) is none: `float()` refuses it, and TRL's `torch.tensor(...)` of such a list
+    is (B, 1), which its (B,) reward column refuses."""
     if isinstance(value, (str, bytes)) or value is None:
         return False
     if isinstance(value, numbers.Real):
@@ -382,4 +396,5 @@ def _is_number(value) -> bool:
         numeric = not dtype.is_complex
     else:
         numeric = getattr(dtype, "kind", None) in ("b", "i", "u", "f")
-    return numeric and (getattr(value, "ndim", None) == 0 or getattr(value, "shape", None) in ((), (1,)))
+    one_element = isinstance(dtype, torch.dtype) and getattr(value, "shape", None) == (1,)
+    return numeric and (getattr(value, "ndim", None) == 0 or one_element)

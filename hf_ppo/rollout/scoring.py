@@ -251,12 +251,31 @@ def scores_given(prompts, completions):
                      "the environment (EnvSample.score), or pass reward_model= to PPOLMTrainer.")
 
 
+# Inside `probing_once()`: the (reward, its probe's inputs) of each probe made and passed; None outside.
+_probes_made: list[tuple[object, str]] | None = None
+
+
+@contextlib.contextmanager
+def probing_once():
+    """Inside, a probe (`probe_reward_callable`) already made and passed is not made again: the same reward callable
+    on the same inputs (prompts, their text, columns) is called once. `hf-ppo train` probes each reward function
+    before any model loads and builds the trainer inside, whose own identical probe is then skipped: a function that
+    costs (an API call, a sandboxed code run) is called once at start-up, not twice. Forgotten at the end."""
+    global _probes_made
+    outer, _probes_made = _probes_made, []
+    try:
+        yield
+    finally:
+        _probes_made = outer
+
+
 def probe_reward_callable(reward, dataset, tokenizer, name: str | None = None, source: str = "train_dataset") -> None:
     """Check a reward callable at construction: its signature against the columns of `dataset` (the prompts named
     `source` in errors: train_dataset, or an evaluation set) (`check_reward_function`), then one call on its first two
     rows (their prompts and columns) with empty completions, outside training (`RewardHooks()`): a wrong return
     type, NaN/inf or an exception fails now, naming the function and the fix, not at the first rollout or
-    evaluation. Models are skipped; without a dataset only the signature is checked."""
+    evaluation. Models are skipped; without a dataset only the signature is checked. Inside `probing_once()`, the
+    call is skipped when the same probe already passed."""
     if not callable(reward) or isinstance(reward, nn.Module) or reward is scores_given:
         return
     name = name or reward_name(reward)
@@ -270,12 +289,17 @@ def probe_reward_callable(reward, dataset, tokenizer, name: str | None = None, s
     prompts = [row["prompt"] for row in rows]
     texts = [p if isinstance(p, str) else render_chat_prompt(tokenizer, p, tokenize=False) for p in prompts]
     columns = {c: [row[c] for row in rows] for c in data_columns(rows[0])}
+    inputs = repr((prompts, texts, columns)) if _probes_made is not None else None
+    if inputs is not None and any(made is reward and seen == inputs for made, seen in _probes_made):
+        return  # this very call was made and passed (`probing_once`)
     values = call_reward(reward, name, prompts=prompts, prompt_texts=texts, texts=[""] * len(rows),
                          completion_ids=[[] for _ in rows], columns=columns, hooks=RewardHooks())
     scores, applies = reward_values(values, len(rows), name)
     if not torch.isfinite(scores[applies]).all():
         raise ValueError(f"The reward function {name!r} returned NaN/inf for the probe (the first prompts of "
                          f"{source}, empty completions): return finite floats (or None where it does not apply).")
+    if inputs is not None:
+        _probes_made.append((reward, inputs))
 
 
 def decode_masked(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:

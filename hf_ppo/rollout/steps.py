@@ -44,7 +44,8 @@ from ..algorithms.ppo_math import (
 from ..models.adapters import adapter_active
 from ..runtime.sharding import gathered
 from .batch import RolloutBatch
-from .engines import RolloutEngine, SamplingSettings, chunks, engine_stats, input_device, sequence_inputs, stop_tensor
+from .engines import (RolloutEngine, SamplingSettings, chunks, engine_stats, input_device, predicting_inputs,
+                      stop_tensor)
 from .environments import Prompt, check_sequences, collate, embedding_rows
 from .reward_calls import RewardHooks
 from .scoring import RewardSet, penalize
@@ -83,12 +84,12 @@ def policy_forward(
     R = responses.shape[1]
     logprobs, values, entropies = [], [], []
     for rows in chunks(queries.shape[0], batch_size):
-        inputs = sequence_inputs(queries[rows], query_mask[rows], responses[rows], response_mask[rows])
-        out = model(**inputs, logits_to_keep=R + 1, use_cache=False)
-        logits = out.logits[:, :-1]
+        inputs = predicting_inputs(queries[rows], query_mask[rows], responses[rows], response_mask[rows])
+        out = model(**inputs, logits_to_keep=R, use_cache=False)
+        logits = out.logits
         logprobs.append(logprobs_from_logits(logits, responses[rows], temperature, memory_bytes))
         if with_values:
-            values.append(out.value[:, :-1].float())
+            values.append(out.value.float())
         if with_entropy:
             entropies.append(entropy_from_logits(logits, temperature, memory_bytes))
     return (torch.cat(logprobs), torch.cat(values) if with_values else None,

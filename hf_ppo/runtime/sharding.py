@@ -11,7 +11,11 @@ gradients and write the sharded checkpoints. hf_ppo adds what PPO needs on top:
 - a 4-bit (QLoRA) base is stored in the compute dtype (`sharded_by_accelerate`, read by `models/pretrained.py`), so
   `fully_shard`, which shards floating-point tensors only, shards it too;
 - configurations that cannot be sharded are refused when `PPOConfig` is built, before a model loads
-  (`sharding_problems`): DeepSpeed ZeRO-3, FSDP version 1, an accelerate older than the tested one.
+  (`sharding_problems`): DeepSpeed ZeRO-3, FSDP version 1, an accelerate older than the tested one; FSDP in a single
+  process when `PPOLMTrainer` is built (`one_process_problem`);
+- a refused construction leaves `os.environ` and accelerate's process-wide state as it found them
+  (`environment_restored_on_error`), and a trainer puts back its own accelerate state before it trains or evaluates
+  (`reinstate_accelerate_state`): accelerate keeps one per process, which every later construction replaces.
 """
 
 from __future__ import annotations
@@ -79,13 +83,16 @@ def fsdp_version(fsdp, fsdp_config) -> int | None:
 
 def environment_restored_on_error(construct):
     """Decorates a construction that may fail (`PPOConfig.__post_init__`, `PPOLMTrainer.__init__`): on an error,
-    `os.environ` is put back exactly as it was. TrainingArguments and accelerate's Accelerator set
-    ACCELERATE_USE_FSDP / FSDP_* before a later check refuses the run (Trainer: "fsdp only works in distributed
-    training"); left behind in a notebook, they would make every later PPOConfig of that process an FSDP one.
+    `os.environ` and accelerate's process-wide state (`accelerate_state`) are put back exactly as they were.
+    TrainingArguments and accelerate's Accelerator set ACCELERATE_USE_FSDP / FSDP_* before a later check refuses the
+    run (Trainer: "fsdp only works in distributed training"); left behind in a notebook, they would make every later
+    PPOConfig of that process an FSDP one. TrainingArguments also empties accelerate's `AcceleratorState` (and an
+    Accelerator fills it with its own settings) before a later check refuses it: left so, a trainer already built
+    in that process could no longer train.
     A plain wrapper, not a contextlib one: its frame is hf_ppo's, so `warn_user` still finds the user's line."""
     @functools.wraps(construct)
     def constructing(*args, **kwargs):
-        before = dict(os.environ)
+        before, state = dict(os.environ), accelerate_state()
         try:
             return construct(*args, **kwargs)
         except BaseException:
@@ -94,8 +101,53 @@ def environment_restored_on_error(construct):
             for key, value in before.items():
                 if os.environ.get(key) != value:
                     os.environ[key] = value
+            _restore_accelerate_state(state)
             raise
     return constructing
+
+
+# ---- accelerate's state: one per process, however many trainers ---------------------------------------------------
+def _shared_states() -> tuple[dict, dict, dict]:
+    """The dicts accelerate's `PartialState`, `AcceleratorState` and `GradientState` share across all their instances
+    (so across every Accelerator, every Trainer and every TrainingArguments' `distributed_state` of the process)."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    return PartialState._shared_state, AcceleratorState._shared_state, GradientState._shared_state
+
+
+def accelerate_state() -> tuple[dict, dict, dict]:
+    """A copy of accelerate's process-wide state (`_shared_states`; the values themselves shared).
+
+    Every TrainingArguments (so every PPOConfig) empties `AcceleratorState` and starts `PartialState` again for
+    itself, and every Accelerator fills them with its settings (mixed precision, CPU, plugins): a trainer built
+    before reads whatever the last construction left, also a refused one."""
+    return tuple(dict(shared) for shared in _shared_states())
+
+
+def _put_back(shared: dict, values: dict) -> None:
+    if shared.keys() != values.keys() or any(shared[key] is not value for key, value in values.items()):
+        shared.clear()  # in place: every instance's __dict__ is this very dict
+        shared.update(values)
+
+
+def _restore_accelerate_state(saved: tuple[dict, dict, dict]) -> None:
+    for shared, values in zip(_shared_states(), saved):
+        _put_back(shared, values)
+
+
+def reinstate_accelerate_state(saved: tuple[dict, dict, dict]) -> None:
+    """Put back the accelerate state a trainer was built with (`accelerate_state()` taken right after its Accelerator
+    was made) when a construction since (a PPOConfig, another trainer, refused or not) changed it: called before the
+    trainer trains or evaluates, so it runs on its own device and mixed precision, never the last construction's.
+    `GradientState` keeps what a loop in progress holds: only its settings (`plugin_kwargs`) go back. A no-op when
+    nothing changed."""
+    partial, accelerator, gradient = _shared_states()
+    _put_back(partial, saved[0])
+    _put_back(accelerator, saved[1])
+    if not gradient:
+        _put_back(gradient, saved[2])
+    elif "plugin_kwargs" in saved[2]:
+        gradient["plugin_kwargs"] = saved[2]["plugin_kwargs"]
 
 
 def sharding_problems(fsdp, fsdp_config, deepspeed) -> list[str]:
@@ -123,6 +175,21 @@ def sharding_problems(fsdp, fsdp_config, deepspeed) -> list[str]:
         problems.append(f"FSDP version {version} is not supported: hf_ppo gathers the sharded weights for sampling "
                         f"with FSDP2's unshard/reshard. To shard with FSDP2, {fix}.")
     return problems
+
+
+def one_process_problem(fsdp, fsdp_config, parallel_mode) -> str | None:
+    """Trainer's refusal of `fsdp` in a run of one process ("fsdp only works in distributed training"), made by
+    `PPOLMTrainer` before any model loads and before Trainer makes its Accelerator; None when the run may go on.
+    `parallel_mode`: TrainingArguments' (`ParallelMode`)."""
+    from transformers.training_args import ParallelMode
+
+    xla = isinstance(fsdp_config, dict) and fsdp_config.get("xla", False)
+    if not fsdp or xla or parallel_mode == ParallelMode.DISTRIBUTED:
+        return None
+    return (f"fsdp={fsdp!r} shards the model across processes, and this run is a single process (Trainer: 'Using "
+            "fsdp only works in distributed training'). Launch it on several: accelerate launch --num_processes 2 "
+            "your_script.py (or torchrun --nproc_per_node 2 your_script.py; the recipe: accelerate launch "
+            "--config_file recipes/accelerate/fsdp.yaml recipes/ppo.py ...), or drop fsdp to train on one device.")
 
 
 def fsdp_modules(model: nn.Module) -> list[nn.Module]:

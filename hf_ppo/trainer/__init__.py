@@ -3,7 +3,7 @@ data and sampler, the minibatch schedule, checkpoints, the output folder's run l
 watch, progress, and TRL 0.11's `step()`."""
 
 from .assembly import LoadedModels, load_models
-from .checkpoint import CheckpointError, CheckpointWriteError
+from .checkpoint import CheckpointError, CheckpointWriteError, SaveWriteError
 from .config import PPOConfig
 from .guard import NonFiniteError
 from .ppo_trainer import PPOLMTrainer
@@ -12,4 +12,4 @@ from .schedule import MinibatchSchedule
 from .watch import CollapseWarning
 
 __all__ = ["CheckpointError", "CheckpointWriteError", "CollapseWarning", "LoadedModels", "MinibatchSchedule",
-           "NonFiniteError", "OutputDirInUseError", "PPOConfig", "PPOLMTrainer", "load_models"]
+           "NonFiniteError", "OutputDirInUseError", "PPOConfig", "PPOLMTrainer", "SaveWriteError", "load_models"]

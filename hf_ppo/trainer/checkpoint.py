@@ -194,7 +194,8 @@ _MIN_FREE = 64 * 2**20  # below this (or below one checkpoint's size) the disk c
 
 def _failed_write(err: BaseException) -> tuple[bool, int | None]:
     """(whether `err` is a write that failed, its errno when it carries one)."""
-    if isinstance(err, CheckpointWriteError) or not isinstance(err, (OSError, RuntimeError, SafetensorError)):
+    if isinstance(err, (CheckpointWriteError, SaveWriteError)) or not isinstance(err, (OSError, RuntimeError,
+                                                                                          SafetensorError)):
         return False, None
     if isinstance(err, OSError):
         return True, err.errno
@@ -229,19 +230,23 @@ def _human(size: float) -> str:
     return f"{size:.1f} TiB"
 
 
+def _write_cause(code: int | None, short: bool) -> str:
+    """What stopped a write: a quota, no space (the errno says so, or the disk has less room than the write takes
+    and the error gives no other errno), or the errno's own words."""
+    if code == getattr(errno, "EDQUOT", None):
+        return "disk quota exceeded"
+    if code == errno.ENOSPC or (short and code in (None, *_SPACE_ERRNOS)):
+        return "no space left on device"
+    return os.strerror(code).lower() if code else "the write failed"
+
+
 def write_failure_message(err: BaseException, code: int | None, folder: str, run_dir: str) -> str:
     """The cause of a failed checkpoint write (no space left when the errno says so or the disk has less room than
     one checkpoint takes), the folder, the disk and its free space, what is intact, and how to go on."""
     mount, free = _disk_of(run_dir)
     last = last_complete(run_dir)
     one_checkpoint = _folder_bytes(last) if last else 0
-    short = free is not None and free < max(_MIN_FREE, one_checkpoint)
-    if code == getattr(errno, "EDQUOT", None):
-        cause = "disk quota exceeded"
-    elif code == errno.ENOSPC or (short and code in (None, *_SPACE_ERRNOS)):
-        cause = "no space left on device"
-    else:
-        cause = os.strerror(code).lower() if code else "the write failed"
+    cause = _write_cause(code, free is not None and free < max(_MIN_FREE, one_checkpoint))
     said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     room = f"{_human(free)} free" if free is not None else "free space unknown"
     intact = (f"{last} is the last complete checkpoint: it is intact, and a resume starts from it" if last else
@@ -274,6 +279,124 @@ def write_failures_named(folder: str, run_dir: str):
         if not failed:
             raise
         raise CheckpointWriteError(write_failure_message(err, code, folder, run_dir)) from err
+
+
+# ---- the final save (save_model): written aside, then moved in ------------------------------------------------------
+# Inside the folder saved to, so on its disk: moving the finished files in is a rename, which needs no space.
+STAGING_DIR = ".hf_ppo-saving"
+_STAGING_MARKER = "hf_ppo_saving"  # what proves a leftover STAGING_DIR (a killed save's) is hf_ppo's to delete
+
+
+class SaveWriteError(OSError):
+    """The policy (or the training state) could not be saved (no space left, a quota, a permission): the message
+    names the cause, the folder, the space left and needed, what is intact and the fix (`save_failure_message`)."""
+
+
+def policy_bytes(policy, trained_adapter: str | None, state_dict: dict | None = None) -> int:
+    """About what saving the policy writes: its adapter's tensors (or all of its own, or `state_dict`'s), each
+    storage once (tied weights are saved once)."""
+    if state_dict:
+        tensors = state_dict.values()
+    elif trained_adapter is not None:
+        from peft import get_peft_model_state_dict
+
+        tensors = get_peft_model_state_dict(policy, adapter_name=trained_adapter).values()
+    else:
+        tensors = policy.state_dict().values()
+    storages = {}
+    for t in tensors:
+        if torch.is_tensor(t):
+            storages[(t.device, t.untyped_storage().data_ptr())] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def save_failure_message(err: BaseException, code: int | None, folder: str, run_dir: str, what: str,
+                         needed: int | None, intact: str, call: str) -> str:
+    """The cause of a failed final save of `what` into `folder` (as `write_failure_message` says it for a
+    checkpoint), the space left and needed, what is `intact`, the run's last complete checkpoint, and how to go on:
+    in Python (`call` again: the trainer still holds the policy) and with hf-ppo train (whose process has ended)."""
+    mount, free = _disk_of(folder)
+    cause = _write_cause(code, free is not None and free < max(_MIN_FREE, needed or 0))
+    said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    room = f"{_human(free)} free" if free is not None else "free space unknown"
+    size = f"; {what} takes about {_human(needed)}" if needed else ""
+    last = last_complete(run_dir)
+    checkpoint = (f"{last} is the run's last complete checkpoint: its policy loads with from_pretrained, and a resume "
+                  "starts from it" if last else f"No checkpoint of this run in {run_dir} is complete")
+    if cause in ("no space left on device", "disk quota exceeded"):
+        fix = f"Free space on that disk{f' (at least {_human(needed)})' if needed else ''}, or save to a disk with room"
+    elif code is None:
+        fix = "Check that disk (space, quota, errors: the writer gave no reason)"
+    else:
+        fix = f"Fix the cause ({cause})"
+    again = ("with hf-ppo train, run the same command again with --resume_from_checkpoint true (it resumes from "
+             f"{last} and saves at the end)" if last else "with hf-ppo train, run the command again (no checkpoint to "
+             "resume from: save_strategy='steps' keeps some)")
+    return (f"Could not save {what} to {folder}: {cause} ({room} on the disk mounted at {mount}{size}; "
+            f"{type(err).__name__}: {said}). {intact}. {checkpoint}. {fix}, then: in Python, call {call} again (the "
+            "trainer still holds the trained policy; trainer.save_model('<a folder on a disk with room>') saves it "
+            f"elsewhere); {again}.")
+
+
+@contextlib.contextmanager
+def save_failures_named(folder: str, run_dir: str, what: str, intact: str, needed=None,
+                        call: str = "trainer.save_model()"):
+    """Around a final save of `what` into `folder` (of the run in `run_dir`): a failed write (as
+    `write_failures_named` tells one) becomes a `SaveWriteError` (`save_failure_message`; `needed`: a callable giving
+    the bytes the save takes, `intact` a text or a callable giving one, both asked only then), the original chained.
+    Any other error passes through unchanged."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - only failed writes are turned into SaveWriteError; others re-raise
+        failed, code = _failed_write(err)
+        if not failed:
+            raise
+        try:
+            size = needed() if needed else None
+        except Exception:  # noqa: BLE001 - the size is a hint: never let it hide the failed write
+            size = None
+        said = intact() if callable(intact) else intact
+        raise SaveWriteError(save_failure_message(err, code, folder, run_dir, what, size, said, call)) from err
+
+
+@contextlib.contextmanager
+def staged_save(folder: str, run_dir: str, needed=None):
+    """Yield a fresh folder (`STAGING_DIR`, inside `folder`) to write the policy into; when the body ends, each file
+    written there moves to its place in `folder` (a rename: no space needed), replacing the earlier save's file of
+    that name. A failed write leaves `folder` as it was (an earlier complete save stays whole), deletes what the
+    save wrote, and raises `SaveWriteError` naming the folder, the space and the last complete checkpoint."""
+    staging = os.path.join(folder, STAGING_DIR)
+    if os.path.isdir(staging) and not os.path.isfile(os.path.join(staging, _STAGING_MARKER)):
+        raise FileExistsError(f"Cannot save the policy to {folder}: {staging}, the folder hf_ppo writes a save into "
+                              "before moving it in, exists and hf_ppo did not write it. Move it away, then save again.")
+    moved: list[str] = []
+
+    def intact() -> str:
+        if moved:  # a rename failed part-way (not for space: a rename needs none)
+            return (f"{len(moved)} file(s) of this save were already moved into {folder} ({', '.join(moved[:3])}"
+                    f"{', ...' if len(moved) > 3 else ''}): it mixes this save and the one before, so save again")
+        return (f"Nothing in {folder} was replaced: any policy saved there before is intact, and the part of this "
+                "save already written was deleted")
+
+    created = not os.path.isdir(folder)
+    with save_failures_named(folder, run_dir, "the policy", intact, needed):
+        shutil.rmtree(staging, ignore_errors=True)  # hf_ppo's, left by a save killed before it moved its files in
+        os.makedirs(staging)
+        try:
+            open(os.path.join(staging, _STAGING_MARKER), "wb").close()
+            yield staging
+            for root, _, names in os.walk(staging):
+                for name in names:
+                    source = os.path.join(root, name)
+                    if source != os.path.join(staging, _STAGING_MARKER):
+                        target = os.path.join(folder, os.path.relpath(source, staging))
+                        os.makedirs(os.path.dirname(target), exist_ok=True)
+                        os.replace(source, target)
+                        moved.append(os.path.relpath(source, staging))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            if created and not moved and os.path.isdir(folder) and not os.listdir(folder):
+                os.rmdir(folder)  # a first save that failed leaves no empty folder behind
 
 
 # ---- checking ----------------------------------------------------------------------------------------------------

@@ -718,14 +718,18 @@ class PPOConfig(TrainingArguments):
 
     @property
     def publish_settings(self) -> PublishSettings:
-        """What the card and the run record say of the run (`hub.PublishSettings`)."""
+        """What the card and the run record say of the run (`hub.PublishSettings`): `stop_token_id` as the one id of
+        `stop_token_ids` (the two are never both set), so the record names the ids that ended responses."""
+        stop_ids = self.stop_token_ids if self.stop_token_id is None else [self.stop_token_id]
         return PublishSettings(hyperparameters=self.card_hyperparameters,
                                model_init_kwargs=self.model_init_kwargs if isinstance(self.model_init_kwargs, dict)
                                else None, hub_base_model_id=self.hub_base_model_id, precision=self.precision,
                                system_prompt=self.system_prompt, prompt_column=self.prompt_column,
                                apply_chat_template_to_text=self.apply_chat_template_to_text,
                                response_length=self.response_length, temperature=self.temperature, top_k=self.top_k,
-                               top_p=self.top_p)
+                               top_p=self.top_p, max_prompt_length=self.max_prompt_length, stop_token=self.stop_token,
+                               stop_token_ids=stop_ids if stop_ids is None else tuple(stop_ids),
+                               reward_input_format=self.reward_input_format)
 
     @property
     def precision(self) -> str:

@@ -6,14 +6,14 @@ the sampler repeats each rollout batch once per micro-batch of the iteration, so
 `_prepare_inputs` runs steps 1-9 (`rollout.steps.rollout`) and 10 (the KL controller) on an iteration's first micro-batch,
 then hands out shuffled micro-batches for `num_ppo_epochs` epochs; `compute_loss` is step 11 (`algorithms.ppo_math.ppo_loss`,
 normalised by the whole minibatch so accumulation is exact); `log` adds the PPO metrics; saving and publishing write
-the policy alone (`hub/`), checkpoints add the critic and the PPO state (`trainer/checkpoint.py`); `train()` is
+the policy alone (`SavingSeams`, `trainer/saving.py`), checkpoints add the critic and the PPO state
+(`trainer/checkpoint.py`); `step()` is TRL 0.11's (`StepAPI`, `trainer/step_api.py`); `train()` is
 Trainer's, wrapped only to hold `output_dir` while it runs (`trainer/run_lock.py`: one run per output folder).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections import defaultdict
 
@@ -25,11 +25,11 @@ from transformers.trainer_callback import ProgressCallback
 from ..algorithms.estimators import kl_loss_coef
 from ..algorithms.ppo_math import AdaptiveKLController, FixedKLController, RunningMoments, ppo_loss
 from ..evaluation.evaluator import Evaluator
-from ..hub import cards, publish
+from ..hub import cards
 from ..rollout import scoring
 from ..rollout.batch import RolloutBatch
 from ..rollout.engine_choice import make_rollout_engine
-from ..rollout.engines import WeightsChangedCallback, sequence_inputs
+from ..rollout.engines import WeightsChangedCallback, predicting_inputs
 from ..rollout.environments import check_environment
 from ..rollout.refill import rollout_with_refill
 from ..rollout.reward_calls import RewardLogs
@@ -39,13 +39,14 @@ from . import assembly, checkpoint, run_lock, watch
 from .config import PPOConfig
 from .data import (PromptCollator, RefillPrompts, RolloutPrompts, RolloutRepeatSampler, check_prompt_columns,
                    prepare_datasets)
-from .guard import NonFiniteGuard, check_finite_weights, nonfinite_problem, score_hint
+from .guard import NonFiniteGuard, nonfinite_problem, score_hint
 from .progress import PPOProgressCallback, maybe_log_samples, showing_sampling
 from .schedule import MinibatchSchedule
+from .saving import SavingSeams
 from .step_api import StepAPI
 
 
-class PPOLMTrainer(StepAPI, Trainer):
+class PPOLMTrainer(StepAPI, SavingSeams, Trainer):
     """PPO for causal LMs with a value head, on `transformers.Trainer`.
 
     Args:
@@ -71,7 +72,8 @@ class PPOLMTrainer(StepAPI, Trainer):
     # compute_loss already divides by the minibatch's token (or sequence) count, so Trainer must not divide again.
     loss_is_scaled_for_ga = True
 
-    # Accelerator sets ACCELERATE_USE_FSDP before Trainer refuses FSDP on one process: a refused trainer leaves none.
+    # A refused trainer leaves os.environ and accelerate's state as it found them: an Accelerator sets
+    # ACCELERATE_USE_FSDP and fills accelerate's process-wide state before later checks may refuse the run.
     @sharding.environment_restored_on_error
     def __init__(
         self,
@@ -92,6 +94,9 @@ class PPOLMTrainer(StepAPI, Trainer):
             problem = run_lock.in_use_message(args.output_dir)
             if problem is not None:
                 raise run_lock.OutputDirInUseError(problem)
+        single = sharding.one_process_problem(args.fsdp, args.fsdp_config, args.parallel_mode)  # Trainer's, before any
+        if single is not None:  # model loads and before its Accelerator replaces accelerate's state
+            raise ValueError(single)
         # Seed before any model is built: LoRA and value-head initialisation must follow `seed` too.
         set_seed(args.seed)
         model, reward_model, critic_model = assembly.trl_inputs(model, reward_model, value_model, critic_model, args)
@@ -123,6 +128,9 @@ class PPOLMTrainer(StepAPI, Trainer):
             train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
             callbacks=watch.add_watch(callbacks, args, self._last_complete_checkpoint), optimizers=optimizers,
         )
+        # accelerate keeps one state per process, which later constructions replace: train() and evaluate() put
+        # this trainer's own back first (`sharding.reinstate_accelerate_state`).
+        self._accelerate_state = sharding.accelerate_state()
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(PPOProgressCallback(self.args))
 
@@ -136,6 +144,7 @@ class PPOLMTrainer(StepAPI, Trainer):
                        else FixedKLController(args.kl_coef))
         self.reward_moments = RunningMoments() if args.normalize_rewards else None
         self.iteration = 0  # rollouts done so far (restored on resume)
+        self._step_lock, self._steps_hold_output_dir = None, False  # output_dir, once step() is called (run_lock)
         self._micro_step = None  # position in the current iteration; derived from global_step on first use
         self._schedule: MinibatchSchedule | None = None  # the current iteration's rollout and update order
         self._guard = NonFiniteGuard(args.max_consecutive_nonfinite, score_hint(args))
@@ -266,10 +275,10 @@ class PPOLMTrainer(StepAPI, Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         args, batch = self.args, inputs["batch"]
         # The critic warm-up: the policy runs without gradients, so its weights stay exactly as they are.
-        out = model(**sequence_inputs(batch.queries, batch.query_mask, batch.responses, batch.response_mask),
-                    logits_to_keep=batch.responses.shape[1] + 1,
+        out = model(**predicting_inputs(batch.queries, batch.query_mask, batch.responses, batch.response_mask),
+                    logits_to_keep=batch.responses.shape[1],
                     critic_only=inputs.get("critic_only") or self.state.global_step < args.critic_warmup_steps)
-        loss, stats = ppo_loss(out.logits[:, :-1], out.value if out.value is None else out.value[:, :-1], batch,
+        loss, stats = ppo_loss(out.logits, out.value, batch,
                                inputs["normalizer"], args.loss_settings,
                                kl_loss_coef(args.estimator_settings._replace(kl_coef=self.kl_ctl.value)))
         finite = torch.isfinite(loss.detach())
@@ -326,6 +335,11 @@ class PPOLMTrainer(StepAPI, Trainer):
             loss = self.evaluator.step(self, super()._prepare_inputs(inputs), self.args.eval_settings)
         return loss.detach(), None, None
 
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """Trainer's, under this trainer's own accelerate state (`sharding.reinstate_accelerate_state`)."""
+        sharding.reinstate_accelerate_state(self._accelerate_state)
+        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix="eval"):
         self._record(self._reward_logs.take_metrics())  # training's, logged with training's metrics
@@ -334,64 +348,14 @@ class PPOLMTrainer(StepAPI, Trainer):
         output.metrics.update({f"{metric_key_prefix}_{k}": v for k, v in self._reward_logs.take_metrics().items()})
         return output
 
-    # ---- saving: the policy alone; checkpoints add the value head and PPO state ------------------------------------
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not self.args.should_save:
-            return
-        wrapper = self.accelerator.unwrap_model(self.model)  # under FSDP, `state_dict` holds the gathered policy
-        check_finite_weights(wrapper, output_dir, self._last_complete_checkpoint())
-        # How the run loaded each model, beside the policy: hf-ppo evaluate reads it.
-        record = publish.run_record(self.args.publish_settings, self._model_sources, wrapper.policy_model, self.ref_model,
-                                    self.ref_adapter, self.reward_model, chat_prompts=self._chat_prompts,
-                                    global_step=self.state.global_step)
-        publish.save_policy_folder(wrapper.policy_model, output_dir, self.trained_adapter, self.processing_class,
-                                   state_dict, record)
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the policy (see `_save`); called by the user, also write its model card (the Hub card's template) and
-        print once, on the main process, the folder, how to load the policy (adapter or merged) and how to push it."""
-        if self.is_fsdp_enabled:  # Trainer saves no policy from a sharded model: rank 0 writes the gathered weights
-            with sharding.gathered_policy(self.model) as state_dict:
-                self._save(output_dir, state_dict)
-        else:
-            super().save_model(output_dir, _internal_call)
-        if _internal_call or not self.args.should_save:
-            return
-        folder = output_dir if output_dir is not None else self.args.output_dir
-        is_adapter = self._write_card(folder, os.path.basename(os.path.abspath(folder)), merged=False, dataset_names=[],
-                                      saved_locally=True)
-        if self.is_world_process_zero():
-            print(publish.saved_policy_message(folder, is_adapter))
-
-    def _save_checkpoint(self, model, trial) -> None:
-        """The PPO state first, then Trainer's files: Trainer writes trainer_state.json last and rotates only after
-        it, so a folder with a readable trainer_state.json is complete (see trainer/checkpoint.py)."""
-        if watch.stopped_by_collapse(self.callback_handler.callbacks):  # save_strategy='best' decides after on_log
-            return
-        run_dir = self._get_output_dir(trial=trial)
-        folder = checkpoint.checkpoint_folder(run_dir, self.state.global_step)
-        # A write that fails (a full disk) is one error naming the folder, its disk and the last complete checkpoint.
-        written = functools.partial(checkpoint.write_failures_named, folder, run_dir)
-        with written(), sharding.gathered(self.model):  # On every process, so all of them stop together.
-            check_finite_weights(self.accelerator.unwrap_model(self.model), folder, self._last_complete_checkpoint())
-            if self.args.should_save:
-                wrapper = self.accelerator.unwrap_model(self.model)
-                schedule = self._schedule if self._schedule is not None and not self._schedule.done else None
-                checkpoint.save_trainer_state(
-                    folder, args=self.args, iteration=self.iteration, kl_controller=self.kl_ctl,
-                    reward_moments=self.reward_moments, guard=self._guard, peft=wrapper.is_peft_model,
-                    metrics=self._metrics, critic_state=wrapper.critic_state_dict(), rewards=self.rewards,
-                    rollout_buffer=schedule.state_dict() if schedule is not None else None)
-        with written():
-            super()._save_checkpoint(model, trial)
-
     # ---- one run per output_dir: train() holds the folder (trainer/run_lock.py) ----------------------------------------
     def train(self, *args, **kwargs):
         """Trainer's `train()`, holding `output_dir` for its whole length (`run_lock.holding`): a second run into the
         same folder is refused, naming the process that holds it; a lock left by a dead process is taken over with a
-        note; the lock goes at the end, also on error. The main process takes it, the others learn its outcome."""
-        with run_lock.holding(self.args.output_dir, self.is_world_process_zero(), self._as_on_main_process):
+        note; the lock goes at the end, also on error. The main process takes it, the others learn its outcome. After
+        this trainer's own step() calls, the folder is already its own (`_step_lock`, held until the trainer goes)."""
+        held = self._steps_hold_output_dir and self._step_lock_refusal() is None
+        with run_lock.holding(self.args.output_dir, self.is_world_process_zero(), self._as_on_main_process, held=held):
             return super().train(*args, **kwargs)
 
     def _as_on_main_process(self, value):
@@ -399,8 +363,10 @@ class PPOLMTrainer(StepAPI, Trainer):
         return value if self.args.world_size == 1 else broadcast_object_list([value], from_process=0)[0]
 
     def _hp_search_setup(self, trial) -> None:
-        """The first call in `train()`, before it resolves `resume_from_checkpoint=True`: a rotation that would delete
-        others' checkpoints is refused; incomplete ones above the last complete one are moved aside (`prepare_run_dir`)."""
+        """The first call in `train()`, before it resolves `resume_from_checkpoint=True`: this trainer's accelerate
+        state goes back (a PPOConfig or trainer built since replaced it); a rotation that would delete others'
+        checkpoints is refused; incomplete ones above the last complete one are moved aside (`prepare_run_dir`)."""
+        sharding.reinstate_accelerate_state(self._accelerate_state)
         super()._hp_search_setup(trial)
         if self.args.should_save:
             checkpoint.prepare_run_dir(self.args.output_dir, self.args.save_total_limit)
@@ -427,82 +393,3 @@ class PPOLMTrainer(StepAPI, Trainer):
         optimizer's parameters changed with it, so both start afresh."""
         if not getattr(self, "_critic_changed", False):
             super()._load_optimizer_and_scheduler(*args, **kwargs)
-
-    # ---- publishing: the policy alone, with its model card ----------------------------------------------------------
-    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
-        """Resolve the repo id at construction (a clear error now, not after training); the push creates it."""
-        token = token if token is not None else self.args.hub_token
-        self.hub_model_id = publish.resolve_repo_id(self.args.hub_model_id, self.args.output_dir, token)
-        self.push_in_progress = None
-
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        """Checkpoints hold optimizer and value-head state, which never go to the Hub: only `push_to_hub` pushes."""
-
-    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
-                    token: str | None = None, revision: str | None = None, private: bool | None = None,
-                    create_pr: bool = False, dataset_name: str | list[str] | None = None, **kwargs):
-        """Save the policy to `output_dir`, render its model card and upload only the policy files.
-
-        The LoRA adapter (or full weights) + tokenizer + card + training-curve plot; with `push_merged_model`, the
-        adapter merged into a full-precision base instead (in `output_dir/merged`). Never the critic (it goes to
-        `critic_hub_model_id`, its own repo, when set), reference, reward model, optimizer state or training_args.bin.
-        A failed push raises `HubPushError`, leaves the local output intact, and is retried by `push_to_hub()`.
-        """
-        args = self.args
-        token = token if token is not None else args.hub_token
-        repo_id = self.hub_model_id or publish.resolve_repo_id(args.hub_model_id, args.output_dir, token)
-        self.save_model(args.output_dir, _internal_call=True)
-        folder = os.path.join(args.output_dir, "merged") if args.push_merged_model else args.output_dir
-        if args.push_merged_model and not self.accelerator.unwrap_model(self.model).is_peft_model:
-            self.save_model(folder, _internal_call=True)
-        elif args.push_merged_model and args.should_save:  # the adapter merged into a full-precision base
-            publish.save_merged_policy(args.output_dir, self._model_sources["model"], folder, self.processing_class,
-                                   args.model_init_kwargs)
-        if not self.is_world_process_zero():
-            return None
-        names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
-        self._write_card(folder, repo_id, merged=args.push_merged_model, dataset_names=names)
-        publish.push_run_critic(self.accelerator.unwrap_model(self.model), self.processing_class,
-                                args.critic_hub_model_id, repo_id, private=args.hub_private_repo, token=token)
-        return publish.push_policy_folder(folder, repo_id, token=token,
-                                      private=private if private is not None else args.hub_private_repo,
-                                      revision=revision if revision is not None else args.hub_revision,
-                                      create_pr=create_pr, commit_message=commit_message or "Upload PPO policy")
-
-    def push_critic_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
-                           commit_message: str = "Upload hf_ppo critic"):
-        """Push the critic, as `model.save_critic` writes it, with a card, to the Hub repo `repo_id` (a repo of its
-        own, never the policy's): a later run starts from it with `PPOLMTrainer(critic_model=repo_id)`
-        (`hf_ppo.hub.push_critic`). `private` None: the run's `hub_private_repo`, as for the policy. Returns the
-        commit info (None on processes other than the main one)."""
-        if not self.is_world_process_zero():
-            return None
-        private = private if private is not None else self.args.hub_private_repo
-        return publish.push_critic(self.accelerator.unwrap_model(self.model), repo_id, self.processing_class,
-                                   private=private, token=token if token is not None else self.args.hub_token,
-                                   commit_message=commit_message)
-
-    def create_model_card(self, model_name: str | None = None, dataset_name: str | list[str] | None = None,
-                          **unsupported) -> None:
-        """TRL's call: write the model card of the policy `save_model()` saved in `output_dir` again, naming the
-        datasets it was trained on (`dataset_name`: Hub ids are linked, a local file is named 'a local dataset';
-        `save_model()` alone knows none). `model_name`: the card's title (default: the folder's name). Trainer's
-        other card arguments (`license`, `tags`, ...) are refused, not dropped: the card has no place for them."""
-        if unsupported:
-            raise TypeError(f"create_model_card({', '.join(sorted(unsupported))}=...): hf_ppo's policy card takes "
-                            "model_name and dataset_name only (TRL's call); edit README.md after it is written for more.")
-        folder = self.args.output_dir
-        names = [dataset_name] if isinstance(dataset_name, str) else list(dataset_name or [])
-        if self.args.should_save:
-            self._write_card(folder, model_name or os.path.basename(os.path.abspath(folder)), merged=False,
-                             dataset_names=names, saved_locally=True)
-
-    def _write_card(self, folder: str, repo_id: str, merged: bool, dataset_names: list[str],
-                    saved_locally: bool = False) -> bool:
-        """Render the policy's model card (and its plot) into `folder`; return whether the policy is an adapter."""
-        policy = self.accelerator.unwrap_model(self.model).policy_model
-        peft_config = policy.peft_config[self.trained_adapter].to_dict() if self.trained_adapter else None
-        return cards.write_policy_card(folder, peft_config, self._model_sources, self.args.publish_settings,
-                                     self.state.log_history,
-                                     repo_id=repo_id, merged=merged, dataset_names=dataset_names,
-                                     saved_locally=saved_locally, chat_prompts=self._chat_prompts)

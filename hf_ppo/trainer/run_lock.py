@@ -12,6 +12,12 @@ that no longer runs on this host frees the folder; one on another host is named,
 is over. Only the main process takes the lock; the other processes of a distributed run learn its outcome (the
 trainer's `broadcast`), so they all stop together. `in_use_message` is the same question asked without taking the
 lock, so the trainer and `hf-ppo train` can refuse before any model loads.
+
+TRL 0.11's `step()` loop has no end that hf_ppo sees, so with save_strategy="steps" (checkpoints written into
+output_dir) its first call takes the folder for the trainer's life (`hold_for_steps`): released when the trainer is
+garbage-collected or the process ends (the kernel drops the OS lock in any case). Inside one process a later trainer takes a folder over from an earlier trainer's step() loop (a notebook
+cell run again builds a second trainer while the first is still bound), with a note; the earlier trainer's next
+`step()` is then refused (`still_held`), since two writers in one folder overwrite each other's checkpoints.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import os
 import socket
 import sys
+import weakref
 from collections.abc import Callable
 
 from ..runtime.warn import warn_user
@@ -33,6 +40,10 @@ except ImportError:  # Windows: the recorded process decides (see the module's d
 
 LOCK_FILE = "hf_ppo_train.lock"
 WRITER = "hf_ppo"
+STEP_LOOP = "step() loop"
+
+# output_dir (absolute) -> the lock a step() loop of this process holds there, taken over by a later trainer.
+_step_locks: dict[str, RunLock] = {}
 
 
 class OutputDirInUseError(RuntimeError):
@@ -69,11 +80,11 @@ def _running(pid: int, start: str | None) -> bool:
     return start is None or now is None or now == start
 
 
-def _record() -> dict:
-    """What the lock file says about this process."""
+def _record(by: str) -> dict:
+    """What the lock file says about this process, holding the folder for `by` ("train()" or `STEP_LOOP`)."""
     since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     return {"writer": WRITER, "pid": os.getpid(), "host": socket.gethostname(), "start": _start_time(os.getpid()),
-            "since": since, "command": " ".join(sys.argv)[:300]}
+            "since": since, "command": " ".join(sys.argv)[:300], "by": by}
 
 
 def _read(path: str) -> dict | None:
@@ -106,6 +117,9 @@ def _who(record: dict) -> str:
     process = f"process {record.get('pid', '?')} on {record.get('host', '?')}"
     if record.get("pid") == os.getpid() and record.get("host") == socket.gethostname():
         process += " (this process: another trainer's train() is running in it)"
+    elif record.get("by") == STEP_LOOP:
+        process += (" (a step() loop: it holds the folder from its first step() call until its trainer is deleted "
+                    "or its process ends)")
     since = f", training since {record['since']}" if record.get("since") else ""
     command = f" ({record['command']})" if record.get("command") else ""
     return process + since + command
@@ -136,6 +150,8 @@ def in_use_message(output_dir: str) -> str | None:
     record = _read(path)
     if record is None:
         return _not_ours(path)
+    if _step_locks.get(os.path.abspath(output_dir)) is not None:
+        return None  # an earlier trainer's step() loop in this process: taken over when this run starts
     return _refusal(output_dir, record) if record and _alive(record) else None
 
 
@@ -154,13 +170,17 @@ def _try_flock(fd: int) -> bool | None:
 
 
 class RunLock:
-    """`output_dir`'s lock, held by this process (`acquire`) until `release`."""
+    """`output_dir`'s lock, held by this process (`acquire`) until `release`; `taken_over` says since when a later
+    trainer of this process holds the folder instead (`hold_for_steps`)."""
 
     def __init__(self, path: str, fd: int):
-        self.path, self.fd = path, fd
+        self.path, self.fd, self.taken_over = path, fd, None
 
     def release(self) -> None:
         """Remove the lock file (only while it is still this lock's: its inode) and drop the OS lock."""
+        folder = os.path.dirname(self.path)
+        if _step_locks.get(folder) is self:
+            del _step_locks[folder]
         if self.fd is None:
             return
         try:
@@ -173,12 +193,29 @@ class RunLock:
             self.fd = None
 
 
-def acquire(output_dir: str) -> RunLock:
-    """Take `output_dir` for this process: create (or take over) its lock file and hold it. Raises
-    `OutputDirInUseError` naming the process that holds it, when one does."""
+def _take_from_step_loop(output_dir: str) -> None:
+    """Release the lock an earlier trainer's step() loop of this process holds on `output_dir` (if one does), with a
+    note, marking it taken over so that loop's next step() is refused."""
+    earlier = _step_locks.pop(output_dir, None)
+    if earlier is None:
+        return
+    earlier.taken_over = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    earlier.release()
+    warn_user(f"output_dir {output_dir} was held by the step() loop of an earlier PPOLMTrainer in this process: this "
+              "run takes it over, and that trainer's step() is refused from now on (two trainers writing into one "
+              "folder overwrite each other's checkpoints). Give each trainer its own output_dir to use both.")
+
+
+def acquire(output_dir: str, by: str = "train()") -> RunLock:
+    """Take `output_dir` for this process, for `by` ("train()" or `STEP_LOOP`): create (or take over) its lock file
+    and hold it, after taking it from an earlier trainer's step() loop in this process. Raises `OutputDirInUseError`
+    naming the process that holds it, when one does."""
     output_dir = os.path.abspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)  # (Trainer made it already, on the main process)
     path = os.path.join(output_dir, LOCK_FILE)
+    if os.path.lexists(path) and _read(path) is None:
+        raise OutputDirInUseError(_not_ours(path))
+    _take_from_step_loop(output_dir)
     while True:
         if os.path.lexists(path) and _read(path) is None:
             raise OutputDirInUseError(_not_ours(path))
@@ -204,19 +241,21 @@ def acquire(output_dir: str) -> RunLock:
                   "it): this run takes the output folder over.")
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, json.dumps(_record(), indent=2).encode())
+    os.write(fd, json.dumps(_record(by), indent=2).encode())
     os.fsync(fd)
     return RunLock(path, fd)
 
 
-@contextlib.contextmanager
-def holding(output_dir: str, is_main: bool, broadcast: Callable[[str | None], str | None] = lambda value: value):
-    """Hold `output_dir` for the `with` block (`acquire` on the main process, released at its end, also on error).
-    `broadcast` hands the main process's refusal (or None) to every process, so all of them raise it together."""
+Broadcast = Callable[[str | None], str | None]
+
+
+def _acquire_everywhere(output_dir: str, is_main: bool, broadcast: Broadcast, by: str) -> RunLock | None:
+    """`acquire` on the main process; `broadcast` hands its refusal (or None) to every process, so all of them raise
+    it together. The main process's lock (None on the others)."""
     lock, refusal = None, None
     if is_main:
         try:
-            lock = acquire(output_dir)
+            lock = acquire(output_dir, by)
         except OutputDirInUseError as err:
             refusal = str(err)
     refusal = broadcast(refusal)
@@ -224,8 +263,39 @@ def holding(output_dir: str, is_main: bool, broadcast: Callable[[str | None], st
         if lock is not None:
             lock.release()
         raise OutputDirInUseError(refusal)
+    return lock
+
+
+@contextlib.contextmanager
+def holding(output_dir: str, is_main: bool, broadcast: Broadcast = lambda value: value, held: bool = False):
+    """Hold `output_dir` for the `with` block (`acquire` on the main process, released at its end, also on error).
+    `broadcast` hands the main process's refusal (or None) to every process, so all of them raise it together. With
+    `held` (this trainer's own step() loop holds the folder still: `still_held`), the folder is already this run's: it
+    is neither taken again nor released at the end."""
+    lock = None if held else _acquire_everywhere(output_dir, is_main, broadcast, "train()")
     try:
         yield lock
     finally:
         if lock is not None:
             lock.release()
+
+
+def hold_for_steps(output_dir: str, is_main: bool, owner, broadcast: Broadcast = lambda value: value) -> RunLock | None:
+    """Take `output_dir` for `owner`'s step() loop until `owner` is garbage-collected or the process ends (the main
+    process's lock; None on the others). Refused like `holding` while another run holds it."""
+    lock = _acquire_everywhere(output_dir, is_main, broadcast, STEP_LOOP)
+    if lock is not None:
+        _step_locks[os.path.dirname(lock.path)] = lock
+        weakref.finalize(owner, lock.release)
+    return lock
+
+
+def still_held(lock: RunLock | None, output_dir: str) -> str | None:
+    """Why a step() loop holding `lock` (None on the processes other than the main one) may no longer write into
+    `output_dir` (a later trainer of this process took it over), or None."""
+    if lock is None or lock.taken_over is None:
+        return None
+    return (f"step(): output_dir {os.path.abspath(output_dir)} was taken over at {lock.taken_over} by a later "
+            "PPOLMTrainer in this process (its train() or step() loop), so this trainer's step() would write into a "
+            "folder another trainer writes into, overwriting its checkpoints. Go on with the later trainer, or build "
+            "this one again with another output_dir to train both.")

@@ -8,7 +8,9 @@ the reference, shaping, advantages, the non-finite guard, the KL controller), an
 iteration's statistics under TRL 0.11's keys where hf_ppo has the quantity (`TRL_KEYS`), and under hf_ppo's own.
 The samples are checked where they enter (`given_samples`: every error names the argument and index); responses may
 be longer than `response_length` (the batch is padded to the longest), as TRL 0.11's step() took any length. Like
-`train()`, it saves checkpoints at `save_steps` (`_save_if_asked`) and refuses steps past the schedule's end.
+`train()`, it saves checkpoints at `save_steps` (`_save_if_asked`) and refuses steps past the schedule's end. With
+save_strategy="steps" its first call takes `output_dir` for the trainer's life, as `train()` holds it for its length
+(`run_lock.hold_for_steps`): two step() loops into one folder would overwrite each other's checkpoints.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import torch
 
 from ..algorithms.ppo_math import masked_mean
 from ..rollout.environments import EnvSample, GivenSamples, embedding_rows, token_ids
+from ..runtime import sharding
+from . import run_lock
 from .assembly import max_positions
 from .data import PromptCollator
 from .schedule import MinibatchSchedule
@@ -158,7 +162,9 @@ class StepAPI:
         hf_ppo's metric names; they are logged too (`log`).
         """
         start, args = time.perf_counter(), self.args
+        sharding.reinstate_accelerate_state(self._accelerate_state)  # a PPOConfig or trainer built since replaced it
         self._check_step_settings()
+        self._hold_output_dir()
         policy = self.accelerator.unwrap_model(self.model).policy_model
         inputs = given_samples(queries, responses, scores, response_masks, args=args, tokenizer=self.processing_class,
                                rows=embedding_rows(policy), context=max_positions(policy.config), device=args.device)
@@ -246,6 +252,27 @@ class StepAPI:
                 "folder) saves it). Set max_steps to the number of step() calls x optimizer_steps_per_iteration "
                 f"({steps} = num_ppo_epochs x critic_updates_per_step x num_mini_batches), or "
                 "lr_scheduler_type='constant'.")
+
+    def _hold_output_dir(self) -> None:
+        """With save_strategy="steps" (step() writes checkpoints there), the first call takes `output_dir` for this
+        trainer's step() loop, until the trainer is deleted or the process ends (`run_lock.hold_for_steps`; refused
+        while another run holds it); a later call is refused once a later trainer of this process took the folder
+        over (`run_lock.still_held`). With save_strategy="no" step() writes nothing there (TRL 0.11's loop wrote no
+        folder either) and holds nothing."""
+        if _name(self.args.save_strategy) != "steps":
+            return
+        if not self._steps_hold_output_dir:
+            self._step_lock = run_lock.hold_for_steps(self.args.output_dir, self.is_world_process_zero(), self,
+                                                      self._as_on_main_process)
+            self._steps_hold_output_dir = True
+            return
+        refusal = self._step_lock_refusal()
+        if refusal is not None:
+            raise run_lock.OutputDirInUseError(refusal)
+
+    def _step_lock_refusal(self) -> str | None:
+        """`run_lock.still_held` asked on the main process, its answer on every process."""
+        return self._as_on_main_process(run_lock.still_held(self._step_lock, self.args.output_dir))
 
     def _save_if_asked(self, first_step: int) -> None:
         """save_strategy="steps": a checkpoint (Trainer's `_save_checkpoint`, then the `on_save` callbacks) after a

@@ -561,8 +561,9 @@ def test_the_run_record_carries_how_the_run_prompted_and_sampled(tiny_models, tm
     folder = _trained_with_prompting(tiny_models, tmp_path)
     record = json.loads((folder / "hf_ppo_run.json").read_text())
     assert record["prompts"] == {"column": "question", "system_prompt": SYSTEM, "apply_chat_template_to_text": None,
-                                 "format": "chat"}
-    assert record["sampling"] == {"response_length": 3, "temperature": 0.9, "top_k": 7, "top_p": 1.0}
+                                 "format": "chat", "max_prompt_length": 512}
+    assert record["sampling"] == {"response_length": 3, "temperature": 0.9, "top_k": 7, "top_p": 1.0,
+                                  "stop_token": "eos", "stop_token_ids": None}
     assert record["global_step"] == 1
 
 
@@ -636,3 +637,223 @@ def test_evaluate_samples_with_ppoconfigs_defaults_when_nothing_is_recorded():
 
     declared = PPOConfig.__dataclass_fields__
     assert {name: declared[name].default for name in SAMPLING_DEFAULTS} == SAMPLING_DEFAULTS
+
+
+# ---- i53c: the run's own reference, a split of a local file ------------------------------------------------------
+def _recorded_adapter_folder(folder: Path, base: str, record: dict) -> str:
+    """A saved LoRA policy folder as far as `hf-ppo evaluate` reads it before building the trainer: its adapter's
+    base, the tokenizer, and the run record."""
+    from transformers import AutoTokenizer
+
+    folder.mkdir()
+    AutoTokenizer.from_pretrained(base).save_pretrained(folder)
+    (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base, "peft_type": "LORA"}))
+    (folder / "hf_ppo_run.json").write_text(json.dumps(record))
+    return str(folder)
+
+
+def test_hf_ppo_evaluate_compares_against_the_reference_the_run_gave(tiny_models, prompts_file, tmp_path,
+                                                                     monkeypatch, capsys):
+    """A LoRA run trained with `ref_model_name_or_path` (an SFT model, not the adapter's base) was evaluated against
+    the base: another reference than training's (KL, win rates), loaded in the recorded reference's quantization,
+    and nothing said so. The recorded reference is the default, said in one line; a relative path to the same
+    folder keeps its recorded quantization; a recorded folder that is gone is named; with none recorded (the
+    adapter disabled), the base."""
+    import hf_ppo.trainer
+    from hf_ppo.cli.command import evaluate
+
+    built = []
+
+    def trainer(**kwargs):
+        built.append(kwargs)
+        raise RuntimeError("built")
+
+    monkeypatch.setattr(hf_ppo.trainer, "PPOLMTrainer", trainer)
+    sft = tmp_path / "sft"
+    shutil.copytree(tiny_models["reward"], sft)  # any folder of a model: only its name is passed on here
+    quantization = {"policy": "none", "reference": "4bit", "reward": ["none"]}
+    policy = _recorded_adapter_folder(tmp_path / "ppo", tiny_models["policy"],
+                                      {"reference": str(sft), "quantization": quantization})
+    run = ["--policy", policy, "--reward_model", tiny_models["reward"], "--dataset", prompts_file, "--output_dir",
+           str(tmp_path / "eval")]
+    with pytest.raises(RuntimeError, match="built"):
+        evaluate(run)
+    assert built[-1]["ref_model"] == str(sft) and built[-1]["args"].ref_quantization == "4bit"
+    assert f"reference {str(sft)!r}, the one the run trained against" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError, match="built"):
+        evaluate([*run, "--reference", "sft"])  # the same folder, relative: as recorded
+    assert built[-1]["ref_model"] == "sft" and built[-1]["args"].ref_quantization == "4bit"
+    with pytest.raises(RuntimeError, match="built"):
+        evaluate([*run, "--reference", tiny_models["policy"]])  # another reference: nothing says how it loaded
+    assert built[-1]["args"].ref_quantization == "none"
+    gone = _recorded_adapter_folder(tmp_path / "gone", tiny_models["policy"],
+                                    {"reference": str(tmp_path / "moved"), "quantization": quantization})
+    with pytest.raises(SystemExit, match=r"evaluated against the reference '.*moved'.*not there any more: pass "
+                       r"--reference"):
+        evaluate([*run[:1], gone, *run[2:]])
+    inside = _recorded_adapter_folder(tmp_path / "inside", tiny_models["policy"],
+                                      {"reference": None, "quantization": quantization})
+    with pytest.raises(RuntimeError, match="built"):
+        evaluate([*run[:1], inside, *run[2:]])
+    assert built[-1]["ref_model"] == tiny_models["policy"]
+
+
+def test_hf_ppo_evaluate_refuses_a_split_of_a_local_file(tiny_models, prompts_file, monkeypatch):
+    """`--dataset prompts.jsonl --dataset_split test` read the whole file as 'test' in silence (a local file has one
+    split): refused before any model loads, naming the option; a Hub dataset's missing split names --dataset_split,
+    not hf-ppo train's --dataset_train_split."""
+    from hf_ppo.cli.command import evaluate
+
+    monkeypatch.setattr(PPOLMTrainer, "__init__", lambda *a, **k: pytest.fail("a model loaded"))
+    with pytest.raises(SystemExit, match=r"--dataset_split 'test': .*prompts\.jsonl' is a local file, which has one "
+                       r"split.*leave --dataset_split out"):
+        evaluate(["--policy", tiny_models["policy"], "--reference", tiny_models["policy"], "--reward_model",
+                  tiny_models["reward"], "--dataset", prompts_file, "--dataset_split", "test"])
+    folder = Path(prompts_file).parent  # a folder of data files: a dataset of one split, 'train'
+    with pytest.raises(SystemExit, match=r"has no split 'test'; it has \['train'\]\. Choose one with "
+                       r"--dataset_split\.$"):
+        evaluate(["--policy", tiny_models["policy"], "--reference", tiny_models["policy"], "--reward_model",
+                  tiny_models["reward"], "--dataset", str(folder), "--dataset_split", "test"])
+
+
+# ---- i53e: hf-ppo evaluate stops, truncates, scores and splits as the run trained --------------------------------
+TRAIN_QUESTIONS, TEST_QUESTIONS = PROMPTS[:4], ["the park was", "the trip was"]
+
+
+def _trained_by_hf_ppo_train(tiny_models, tmp_path, monkeypatch, every_id: list[int]) -> Path:
+    """`hf-ppo train` on a local dataset folder with a train and a test split, every token id but the pad a stop
+    token (each response ends at its first token), prompts cut to 3 tokens and the reward model reading 'concat';
+    the saved policy's folder."""
+    from hf_ppo.cli.command import main
+
+    monkeypatch.chdir(tmp_path)
+    Path("data").mkdir()
+    for split, questions in (("train", TRAIN_QUESTIONS), ("test", TEST_QUESTIONS)):
+        Path(f"data/{split}.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in questions))
+    config = {"dataset_name": "data", "dataset_train_split": "train", "dataset_test_split": "test",
+              "model_name_or_path": tiny_models["policy"], "reward_model_name_or_path": tiny_models["reward"],
+              "output_dir": "runs/out", "use_peft": True, "lora_r": 4, "lora_alpha": 8,
+              "lora_target_modules": "all-linear", "response_length": 4, "per_device_train_batch_size": 2,
+              "num_mini_batches": 1, "num_ppo_epochs": 1, "max_steps": 1, "num_sample_generations": 0,
+              "report_to": "none", "save_strategy": "no", "use_cpu": True, "disable_tqdm": True,
+              "stop_token": None, "stop_token_ids": every_id, "max_prompt_length": 3,
+              "reward_input_format": "concat", "reward_quantization": "none"}
+    Path("run.yaml").write_text(yaml.safe_dump(config))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the test split is loaded and not evaluated on (eval_strategy 'no')
+        main(["train", "--config", "run.yaml"])
+    return tmp_path / "runs" / "out"
+
+
+def _built(argv: list[str]) -> dict:
+    """The keyword arguments `hf-ppo evaluate` built its trainer with (the trainer itself is not built)."""
+    import hf_ppo.trainer
+    from hf_ppo.cli.command import evaluate
+
+    built = {}
+
+    def trainer(**kwargs):
+        built.update(kwargs)
+        raise RuntimeError("built")
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(RuntimeError, match="built"):
+        patch.setattr(hf_ppo.trainer, "PPOLMTrainer", trainer)
+        evaluate(argv)
+    return built
+
+
+def test_hf_ppo_evaluate_stops_truncates_scores_and_splits_as_the_run_trained(tiny_models, tokenizer, tmp_path,
+                                                                                monkeypatch, capsys):
+    """The run record held no stop tokens, max_prompt_length, reward_input_format or dataset: evaluate sampled to
+    'eos' (responses ran past the training stop), kept 512 prompt tokens, read the rewards 'auto', and scored the
+    'train' split (the training prompts), all in silence. The recorded values are the defaults now; an option
+    still wins and is said to differ; the training split is evaluated if asked, with a warning; an older record
+    keeps today's defaults, in one line naming what it lacks."""
+    every_id = [i for i in range(len(tokenizer)) if i != tokenizer.pad_token_id]
+    folder = _trained_by_hf_ppo_train(tiny_models, tmp_path, monkeypatch, every_id)
+    monkeypatch.chdir(tmp_path)
+    record = json.loads((folder / "hf_ppo_run.json").read_text())
+    assert record["sampling"]["stop_token"] is None and record["sampling"]["stop_token_ids"] == every_id
+    assert record["prompts"]["max_prompt_length"] == 3 and record["scoring"] == {"reward_input_format": "concat"}
+    assert record["dataset"] == {"name": str(tmp_path / "data"), "config": None, "train_split": "train",
+                                 "test_split": "test"}
+    base = ["--policy", str(folder), "--reward_model", tiny_models["reward"], "--dataset", "data", "--batch_size",
+            "2", "--disable_tqdm"]
+    seen = _evaluated(monkeypatch, base)
+    args = seen["args"]
+    assert (args.stop_token, args.stop_token_ids, args.max_prompt_length, args.reward_input_format) == (
+        None, every_id, 3, "concat")
+    assert seen["prompt"] == TEST_QUESTIONS[0]  # the held-out split, not 'train'
+    metrics = json.loads((tmp_path / "hf_ppo_eval" / "metrics.json").read_text())
+    assert metrics["eval_policy/response_length"] == metrics["eval_reference/response_length"] == 1.0
+    assert metrics["eval_policy/stop_rate"] == 1.0  # every response ended at the training stop
+    assert metrics["dataset"] == {"name": "data", "config": None, "split": "test", "training_prompts": False}
+    assert metrics["not_as_trained"] == {} and metrics["not_recorded"] == []
+    out = capsys.readouterr().out
+    assert "--dataset_split 'test': the split the run held out" in out and "max_prompt_length 3" in out
+    # The training split, asked for: evaluated, with the warning that says what they are.
+    with pytest.warns(UserWarning, match=r"these are the training prompts: split 'train' of 'data'.*pass "
+                                         r"--dataset_split test"):
+        built = _built(base + ["--dataset_split", "train"])
+    assert built["eval_dataset"][0]["prompt"] == TRAIN_QUESTIONS[0]
+    # An option wins over the record, and the console says it differs from training.
+    built = _built(base + ["--max_prompt_length", "6", "--stop_token", "eos", "--reward_input_format",
+                                        "pair"])
+    args = built["args"]
+    assert (args.stop_token, args.stop_token_ids, args.max_prompt_length, args.reward_input_format) == (
+        "eos", None, 6, "pair")
+    out = capsys.readouterr().out
+    differs = out[out.index("not as the run trained (its hf_ppo_run.json): "):]
+    first_ids = ", ".join(map(str, every_id[:3]))
+    for said in ("max_prompt_length 6 (trained: 3)", "reward_input_format 'pair' (trained: 'concat')",
+                 "stop_token 'eos' (trained: None)", f"stop_token_ids None (trained: [{first_ids}"):
+        assert said in differs.splitlines()[0], said
+    # The same stop ids given again are not "another stop".
+    _built(base + ["--stop_token_ids", *map(str, every_id)])
+    assert "not as the run trained" not in capsys.readouterr().out
+    # A record written before these keys: today's defaults, and one line naming what it could not read.
+    for section, key in (("prompts", "max_prompt_length"), ("sampling", "stop_token"), ("sampling", "stop_token_ids")):
+        del record[section][key]
+    del record["scoring"], record["dataset"]
+    (folder / "hf_ppo_run.json").write_text(json.dumps(record))
+    built = _built(base)
+    args = built["args"]
+    assert (args.stop_token, args.stop_token_ids, args.max_prompt_length, args.reward_input_format) == (
+        "eos", None, 512, "auto")
+    assert built["eval_dataset"][0]["prompt"] == TRAIN_QUESTIONS[0]
+    out = capsys.readouterr().out
+    assert "does not record max_prompt_length, stop_token, stop_token_ids, reward_input_format: evaluating with " \
+           "PPOConfig's defaults" in out
+    assert "does not record the dataset it trained on" in out
+
+
+def test_hf_ppo_evaluate_warns_on_the_training_file_and_names_the_held_out_one(tiny_models, tmp_path, monkeypatch):
+    """A run that trained on a local file and held out another: evaluating the training file is said (naming the
+    held-out file); the held-out file is not; a run that held nothing out says so."""
+    from hf_ppo.cli.command import evaluate_parser, evaluation_dataset
+
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    for path in (train, test):
+        path.write_text(json.dumps({"prompt": "x"}) + "\n")
+    policy = _recorded_adapter_folder(tmp_path / "ppo", tiny_models["policy"], {"dataset": {
+        "name": str(train), "config": None, "train_split": "train", "test_split": str(test)}})
+
+    def resolved(*argv):
+        return evaluation_dataset(policy, evaluate_parser().parse_args(["--policy", policy, *argv]))
+
+    monkeypatch.chdir(tmp_path)
+    dataset, notes, warning = resolved("--dataset", "train.jsonl")
+    assert dataset["split"] == "train" and dataset["training_prompts"] and not notes
+    assert "these are the training prompts: the file" in warning and f"pass --dataset {test}" in warning
+    dataset, _, warning = resolved("--dataset", str(test))
+    assert dataset["training_prompts"] is False and warning is None
+    record = json.loads(Path(policy, "hf_ppo_run.json").read_text())
+    record["dataset"].update(name="org/prompts", config="main", test_split=None)
+    Path(policy, "hf_ppo_run.json").write_text(json.dumps(record))
+    dataset, notes, warning = resolved("--dataset", "org/prompts")
+    assert dataset == {"name": "org/prompts", "config": "main", "split": "train", "training_prompts": True}
+    assert "--dataset_config 'main', the run's" in notes[0] and "it held none out" in warning
+    dataset, _, warning = resolved("--dataset", "org/prompts", "--dataset_config", "other", "--dataset_split",
+                                   "validation")
+    assert dataset["config"] == "other" and dataset["split"] == "validation" and warning is None

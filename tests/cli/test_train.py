@@ -458,3 +458,194 @@ def test_hf_ppo_train_into_a_folder_a_live_run_holds_stops_before_anything_loads
     finally:
         holder.communicate(input="", timeout=120)
     ppo.parse_args(["--config", "configs/run.yaml"])  # released: the folder is free
+
+
+# ---- start-up and the end: a reward function called once, the card written once (issue 53) -----------------------
+COUNTED_REWARD = '''import json
+
+
+def counted(prompts, completions, **kwargs):
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]  # text, or chat messages
+    with open({log!r}, "a") as log:
+        log.write(json.dumps({{"prompts": [str(p) for p in prompts], "completions": texts}}) + "\\n")
+    return [float(len(t)) for t in texts]
+'''
+
+
+class StartUpOver(Exception):
+    """Raised by train(): the trainer is built, so every start-up call of a reward function has been made."""
+
+
+@pytest.mark.parametrize("extra, calls", [
+    ({}, 1),
+    ({"eval_prompts": True}, 2),  # one probe per prompt set: the evaluation prompts are other prompts
+    ({"prompt_column": "question", "system_prompt": "Be brief."}, 1),  # chat prompts, the column renamed
+], ids=["train", "train-and-eval", "column-and-system-prompt"])
+def test_hf_ppo_train_calls_a_reward_function_once_per_prompt_set_at_start_up(tmp_path, models, monkeypatch, extra,
+                                                                              calls):
+    """The command probed each reward function before any model loaded, and the trainer probed it again with the same
+    prompts: a reward that costs (an API call, a sandboxed run) was called twice. Once now, and the early probe stays
+    (the evaluation prompts are probed early too)."""
+    from hf_ppo.cli import train
+
+    log = tmp_path / "calls.jsonl"
+    (tmp_path / "rewards.py").write_text(COUNTED_REWARD.format(log=str(log)))
+    column = extra.get("prompt_column", "prompt")
+    data = write_jsonl(tmp_path / "d.jsonl", [{column: f"the movie was {i}", "answer": "x"} for i in range(4)])
+    config = {"dataset_name": data, "model_name_or_path": models["policy"], "output_dir": str(tmp_path / "out"),
+              "reward_funcs": ["rewards.py:counted"], **TINY_RUN, **extra}
+    if config.pop("eval_prompts", False):
+        config["dataset_test_split"] = write_jsonl(tmp_path / "e.jsonl", [{"prompt": f"the food was {i}",
+                                                                           "answer": "y"} for i in range(2)])
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+
+    def start_up_over(self, *args, **kwargs):
+        raise StartUpOver
+
+    monkeypatch.setattr(train.PPOLMTrainer, "train", start_up_over)
+    with pytest.raises(StartUpOver):
+        train.main(["--config", str(tmp_path / "run.yaml")], command="hf-ppo train")
+    made = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(made) == calls, made
+    assert all(c == "" for call in made for c in call["completions"]), made  # probes: empty completions
+    assert len({tuple(call["prompts"]) for call in made}) == calls  # never the same prompts twice
+    from hf_ppo.rollout import scoring
+
+    assert scoring._probes_made is None  # the memory of the probes made ends with the start-up
+
+
+@pytest.mark.parametrize("push", [False, True], ids=["save", "push"])
+def test_hf_ppo_train_writes_the_card_once_and_a_users_create_model_card_still_rewrites_it(
+        tiny_models, tmp_path, monkeypatch, capsys, local_hub, hub_token, push):
+    """`hf-ppo train` wrote the card in save_model() and again in create_model_card() (to name the dataset): one
+    write now, with the content the second write gave (the dataset named, how to load the saved folder), the save
+    message claiming it; a push writes it once too and the Hub gets it. A user's create_model_card(model_name=...,
+    dataset_name=...) afterwards still rewrites it."""
+    from huggingface_hub import hf_hub_download
+
+    from hf_ppo.hub import cards
+    from tests.hub_fixtures import TEST_USER
+
+    repo = f"{TEST_USER}/card-once"
+    root = _project(tmp_path, tiny_models, **({"push_to_hub": True, "hub_model_id": repo} if push else {}))
+    monkeypatch.chdir(root)
+    written = []
+    real = cards.write_model_card
+    monkeypatch.setattr(cards, "write_model_card", lambda folder, **kw: written.append(kw) or real(folder, **kw))
+    trainer = ppo.main(["--config", "configs/run.yaml", "--hub_token", hub_token])
+    out = root / "runs" / "out"
+    assert len(written) == 1, [w["repo_id"] for w in written]
+    readme = out / "README.md"
+    text = readme.read_text()
+    assert cards.is_hf_ppo_card(readme) and "| datasets | a local dataset |" in text  # the dataset is named
+    printed = capsys.readouterr().out
+    if push:
+        assert written[0]["repo_id"] == repo and not written[0]["saved_locally"]
+        pushed = hf_hub_download(repo, "README.md", token=hub_token, cache_dir=str(tmp_path / "dl"))
+        assert Path(pushed).read_text() == text  # the Hub has the card written
+        return
+    assert f"Saved the policy (LoRA adapter, tokenizer and model card) to {out}" in printed
+    assert written[0]["saved_locally"] and written[0]["dataset_names"] == [str(root / "data" / "prompts.jsonl")]
+    # The same content the second write gave: rendering it again as create_model_card did changes nothing.
+    trainer.create_model_card(dataset_name=str(root / "data" / "prompts.jsonl"))
+    assert readme.read_text() == text and len(written) == 2
+    # A user's own call takes effect: its title and its dataset.
+    trainer.create_model_card(model_name="my-ppo-run", dataset_name="org/prompts")
+    mine = readme.read_text()
+    assert "# my-ppo-run" in mine and "[org/prompts](https://huggingface.co/datasets/org/prompts)" in mine
+
+
+def test_hf_ppo_train_on_a_full_disk_at_the_final_save_stops_in_one_message_and_its_fix_finishes_the_run(
+        tmp_path, tiny_models, monkeypatch, capsys):
+    """The end of hf-ppo train on a full disk: not a traceback of safetensors' raw error, but one message naming the
+    folder, the space and the last complete checkpoint; the command it names (freed space) resumes from that
+    checkpoint and saves the policy. Simulated as tests/trainer/test_checkpoint.py does: the writer fails."""
+    from hf_ppo.cli import train
+    from tests.full_disk import half_written_then_full
+
+    root = _project(tmp_path, tiny_models, save_strategy="steps", save_steps=1)
+    monkeypatch.chdir(root)
+    out = root / "runs" / "out"
+    with monkeypatch.context() as patch:
+        half_written_then_full(out, patch)
+        with pytest.raises(SystemExit) as stop:
+            train.run(["--config", "configs/run.yaml"], command="hf-ppo train")
+    message = str(stop.value.code)
+    assert message.startswith(f"hf-ppo train: error: Could not save the policy to {out}: no space left on device")
+    assert f"--resume_from_checkpoint true (it resumes from {out / 'checkpoint-1'}" in message
+    assert "Traceback" not in capsys.readouterr().err
+    assert not (out / "adapter_model.safetensors").exists() and not (out / ".hf_ppo-saving").exists()
+
+    train.run(["--config", "configs/run.yaml", "--resume_from_checkpoint", "true"], command="hf-ppo train")
+    assert (out / "adapter_model.safetensors").is_file() and (out / "README.md").is_file()
+
+
+# ---- i53c: a test split of a local file, a test split nothing evaluates on, `--config=` ---------------------------
+def test_a_split_name_on_a_local_dataset_file_is_refused_not_read_as_the_whole_file(tmp_path, models, monkeypatch):
+    """`dataset_name: train.jsonl` with `dataset_test_split: test` evaluated on the training file itself (a local
+    file has one split, and any split name read all of it), and `dataset_train_split: validation` trained on all of
+    it: refused, naming the option and the fix, before any model loads; `--dataset_test_split none` drops the YAML's
+    test split, and a test file still reads that file."""
+    from hf_ppo.cli import train
+
+    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"the movie was {i}"} for i in range(4)])
+    config = tiny_config(tmp_path, models, data, dataset_test_split="test", eval_strategy="steps", eval_steps=1)
+    built = []
+
+    def trainer(**kwargs):
+        built.append(kwargs)
+        raise StartUpOver
+
+    monkeypatch.setattr(train, "PPOLMTrainer", trainer)
+    with pytest.raises(train.ConfigError, match=r"--dataset_test_split 'test': .*train\.jsonl' is a local file, which "
+                       r"has one split.*--dataset_test_split test\.jsonl.*--dataset_test_split none"):
+        train.main(["--config", config], command="hf-ppo train")
+    with pytest.raises(train.ConfigError, match=r"--dataset_train_split 'validation': .*leave --dataset_train_split "
+                       r"out"):
+        train.main(["--config", config, "--dataset_train_split", "validation", "--dataset_test_split", "none"])
+    assert built == []
+    with pytest.raises(StartUpOver):
+        train.main(["--config", config, "--dataset_test_split", "none", "--eval_strategy", "no"])
+    assert built[-1]["eval_dataset"] is None
+    held_out = write_jsonl(tmp_path / "test.jsonl", [{"prompt": "the food was"}])
+    with pytest.raises(StartUpOver):
+        train.main(["--config", config, "--dataset_test_split", held_out])
+    assert built[-1]["eval_dataset"]["prompt"] == ["the food was"] and len(built[-1]["train_dataset"]) == 4
+
+
+def test_a_test_split_that_nothing_evaluates_on_is_said(tmp_path, models, prompts):
+    """`dataset_test_split` without `eval_strategy` loaded and checked the prompts and never evaluated on them, in
+    silence: a warning names both fixes."""
+    import warnings
+
+    from hf_ppo.cli import train
+
+    held_out = write_jsonl(tmp_path / "test.jsonl", [{"prompt": "the food was"}])
+    config = tiny_config(tmp_path, models, prompts, dataset_test_split=held_out)
+    with pytest.warns(UserWarning, match=r"dataset_test_split=.*eval_strategy is 'no'.*never evaluated on.*"
+                      r"--eval_strategy steps --eval_steps N.*--dataset_test_split none"):
+        train.parse_args(["--config", config], "hf-ppo train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train.parse_args(["--config", config, "--eval_strategy", "steps", "--eval_steps", "1"], "hf-ppo train")
+        train.parse_args(["--config", config, "--dataset_test_split", "none"], "hf-ppo train")
+
+
+def test_config_with_an_equals_sign_is_read_and_a_second_config_is_refused(tmp_path, models, monkeypatch):
+    """`--config=run.yaml` left the YAML unread (TrlParser knows `--config run.yaml` only): "the following arguments
+    are required: --dataset_name", or "unknown key '--config'. Did you mean '--config'?". Read as `--config run.yaml`,
+    relative paths beside it; two --config are refused by name (the second was "unknown key '--config'")."""
+    from hf_ppo.cli import train
+
+    folder = tmp_path / "cfg"
+    folder.mkdir()
+    write_jsonl(folder / "p.jsonl", [{"prompt": "the movie was"}] * 2)
+    config = {"dataset_name": "p.jsonl", "model_name_or_path": models["policy"],
+              "reward_model_name_or_path": models["reward"], "output_dir": str(tmp_path / "out"), **TINY_RUN}
+    (folder / "run.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)
+    script_args, _, ppo_config = train.parse_args(["--config=cfg/run.yaml", "--max_steps", "3"], "hf-ppo train")
+    assert script_args.dataset_name == str(folder / "p.jsonl") and ppo_config.max_steps == 3
+    assert ppo_config.response_length == TINY_RUN["response_length"]  # the YAML was read
+    with pytest.raises(train.ConfigError, match=r"--config is given 2 times \(cfg/run\.yaml, other\.yaml\)"):
+        train.parse_args(["--config", "cfg/run.yaml", "--config=other.yaml"], "hf-ppo train")

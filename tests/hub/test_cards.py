@@ -283,12 +283,27 @@ def test_the_card_names_hub_base_model_id_and_the_gguf_file_it_came_from(tmp_pat
 
 
 # ---- Files hf_ppo did not write: a user's README.md or plot in the output folder -----------------------------------
+@pytest.fixture(scope="module")
+def peft_blank_card(tmp_path_factory) -> str:
+    """The README.md PEFT's own `save_pretrained` writes beside a tiny LoRA adapter (the installed peft and
+    huggingface_hub), exactly as written."""
+    from peft import get_peft_model
+
+    folder = tmp_path_factory.mktemp("peft_blank")
+    base = build_causal_lm(build_tokenizer(), hidden_size=32, num_layers=1)
+    base.config._name_or_path = "org/tiny-base"
+    get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM")).save_pretrained(folder)
+    text = (folder / "README.md").read_bytes().decode("utf-8")
+    assert "# Model Card for Model ID" in text and "[More Information Needed]" in text and "- PEFT " in text
+    return text
+
+
 def card_kwargs() -> dict:
     return dict(repo_id="org/run", base_model="org/base", reward_model="org/rm", ref_model=None, dataset_names=[],
                 peft_config=None, hyperparameters={}, log_history=HISTORY)
 
 
-def test_a_users_readme_is_never_rewritten_but_hf_ppos_own_card_is(tmp_path):
+def test_a_users_readme_is_never_rewritten_but_hf_ppos_own_card_is(tmp_path, peft_blank_card):
     readme = tmp_path / "README.md"
     readme.write_text("# My experiment\n\nNotes I keep beside the run.\n")
     with pytest.warns(UserWarning, match="not a model card hf_ppo wrote"):
@@ -306,13 +321,12 @@ def test_a_users_readme_is_never_rewritten_but_hf_ppos_own_card_is(tmp_path):
     # PEFT's blank placeholder card (what `save_pretrained` writes beside an adapter) is nobody's writing: replaced.
     peft = tmp_path / "peft"
     peft.mkdir()
-    (peft / "README.md").write_text("---\nlibrary_name: peft\n---\n\n# Model Card for Model ID\n\n<!-- Provide a quick "
-                                    "summary of what the model is/does. -->\n")
+    (peft / "README.md").write_bytes(peft_blank_card.encode())
     write_model_card(peft, **card_kwargs())
     assert cards.is_hf_ppo_card(peft / "README.md") and (peft / cards.PLOT_FILE).is_file()
 
 
-def test_a_users_plot_of_the_same_name_is_kept(tmp_path):
+def test_a_users_plot_of_the_same_name_is_kept(tmp_path, peft_blank_card):
     plot = tmp_path / cards.PLOT_FILE
     plot.write_bytes(b"\x89PNG\r\n\x1a\n not hf_ppo's")
     with pytest.warns(UserWarning, match="not a plot hf_ppo drew"):
@@ -323,8 +337,7 @@ def test_a_users_plot_of_the_same_name_is_kept(tmp_path):
     # Beside PEFT's placeholder card (replaced) the user's plot is still the user's.
     peft = tmp_path / "peft"
     peft.mkdir()
-    (peft / "README.md").write_text("# Model Card for Model ID\n\n<!-- Provide a quick summary of what the model "
-                                    "is/does. -->\n")
+    (peft / "README.md").write_bytes(peft_blank_card.encode())
     (peft / cards.PLOT_FILE).write_bytes(b"\x89PNG\r\n\x1a\n mine")
     with pytest.warns(UserWarning, match="not a plot hf_ppo drew"):
         write_model_card(peft, **card_kwargs())
@@ -436,3 +449,43 @@ def test_the_card_names_reward_models_and_functions_as_what_they_are(tmp_path):
     assert reward_texts(["reward function f", "reward function g"])["reward_label"] == "reward functions"
     write_model_card(tmp_path, **card_kwargs())
     assert "from human feedback" in (tmp_path / "README.md").read_text()  # a reward model run: RLHF, as before
+
+
+# ---- PEFT's blank card: replaced only untouched -------------------------------------------------------------------
+def test_peft_blank_card_as_peft_writes_it_is_replaced(tmp_path, peft_blank_card):
+    """The README.md PEFT's save_pretrained wrote (library_name, tags, base model filled in; every placeholder
+    blank) is nobody's writing: the card replaces it, with its plot, and no warning."""
+    readme = tmp_path / "README.md"
+    readme.write_bytes(peft_blank_card.encode())
+    assert cards.is_peft_blank_card(readme) and cards.is_replaceable_card(readme)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_model_card(tmp_path, **card_kwargs())
+    assert cards.is_hf_ppo_card(readme) and cards.is_hf_ppo_plot(tmp_path / cards.PLOT_FILE)
+    assert "[More Information Needed]" not in readme.read_text()
+
+
+FILLED_IN = {  # a user's edit of PEFT's blank card, which keeps both of its placeholder marks
+    "a placeholder filled in": lambda t: t.replace("- **Developed by:** [More Information Needed]",
+                                                   "- **Developed by:** the reward-modelling group", 1),
+    "a note appended": lambda t: t + "\n\nTrained for the v3 release; see our report.\n",
+    "a line removed": lambda t: t.replace("**APA:**\n\n[More Information Needed]\n\n", "", 1),
+    "a metadata field of the user's": lambda t: t.replace("library_name: peft\n", "library_name: peft\nlicense: mit\n"),
+    "a metadata comment": lambda t: t.replace("library_name: peft\n", "library_name: peft  # ours\n"),
+    "another pipeline": lambda t: t.replace("pipeline_tag: text-generation", "pipeline_tag: text-classification"),
+    "windows line ends": lambda t: t.replace("\n", "\r\n"),
+}
+
+
+@pytest.mark.parametrize("edit", list(FILLED_IN), ids=list(FILLED_IN))
+def test_an_edited_peft_template_holding_its_marks_is_the_users_and_kept(tmp_path, peft_blank_card, edit):
+    """PEFT's template filled in (or added to) by the user still holds both placeholder marks, which alone made it
+    "PEFT's blank card", replaced: now any edit makes it the user's, kept byte for byte with the warning, no plot."""
+    text = FILLED_IN[edit](peft_blank_card)
+    assert text != peft_blank_card and all(mark in text for mark in PEFT_MARKS)
+    readme = tmp_path / "README.md"
+    readme.write_bytes(text.encode())
+    assert not cards.is_peft_blank_card(readme) and not cards.is_replaceable_card(readme)
+    with pytest.warns(UserWarning, match="not a model card hf_ppo wrote, so it is kept as it is"):
+        write_model_card(tmp_path, **card_kwargs())
+    assert readme.read_bytes() == text.encode() and not (tmp_path / cards.PLOT_FILE).exists()

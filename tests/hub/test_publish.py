@@ -14,6 +14,7 @@ from pathlib import Path
 
 import huggingface_hub
 import pytest
+import transformers
 import torch
 from datasets import Dataset
 from huggingface_hub import HfApi, ModelCard, hf_hub_download
@@ -498,7 +499,18 @@ def test_train_push_load_generate(tiny_models, tokenizer, prompts_dataset, lora_
                            reward_model=tiny_models["reward"], train_dataset=prompts_dataset, peft_config=lora_config,
                            )
     trainer.train()
+    pushes = []
+    trainer.add_callback(type("Pushes", (transformers.TrainerCallback,), {
+        "on_push_begin": lambda self, *a, **k: pushes.append(1)})())
+    saved = folder_digest(args.output_dir)
+    for extra in ({"tags": ["rlhf"]}, {"model_name": "mine", "license": "mit"}):  # Trainer's card arguments
+        with pytest.raises(TypeError, match=r"push_to_hub\((license, model_name|tags)=\.\.\.\): hf_ppo's push takes "
+                                            r"commit_message.*nothing was saved or pushed"):
+            trainer.push_to_hub(**extra)
+    assert folder_digest(args.output_dir) == saved and not pushes
+    assert repo_id not in local_hub.repos or "adapter_model.safetensors" not in local_hub.files(repo_id)
     trainer.push_to_hub(dataset_name="hf-ppo-test/prompts")
+    assert pushes == [1]  # Trainer's on_push_begin, as its own push_to_hub calls it
 
     pushed = local_hub.files(repo_id)
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "README.md",
@@ -680,3 +692,32 @@ def test_resume_matches_an_uninterrupted_run(tiny_models, tokenizer, prompts_dat
         assert torch.equal(a, b), name
     assert len(metrics(straight)) == 4 and metrics(straight) == metrics(resumed)
     assert straight.kl_ctl.value == resumed.kl_ctl.value
+
+
+# ---- i53e: the run record says how the run stopped, truncated and scored, and which dataset it trained on --------
+def test_the_run_record_holds_the_stop_truncation_scoring_and_dataset(tmp_path):
+    """The record held no stop tokens, max_prompt_length or reward_input_format, so `hf-ppo evaluate` sampled to
+    'eos', kept 512 prompt tokens and read the rewards 'auto' whatever the run did; and no dataset, so it could not
+    tell the held-out split from the training one. `stop_token_id` is recorded as the one id of `stop_token_ids`."""
+    from hf_ppo.hub.publish import read_run_record, record_dataset, run_record
+
+    args = make_args(tmp_path, stop_token=None, stop_token_id=5, max_prompt_length=3, reward_input_format="pair",
+                     use_cpu=True)
+    record = run_record(args.publish_settings, {"model": "org/base"}, torch.nn.Linear(2, 2), None, None, count_e)
+    assert (record["sampling"]["stop_token"], record["sampling"]["stop_token_ids"]) == (None, [5])
+    assert record["prompts"]["max_prompt_length"] == 3 and record["scoring"] == {"reward_input_format": "pair"}
+    defaults = run_record(make_args(tmp_path, use_cpu=True).publish_settings, {"model": "org/base"},
+                          torch.nn.Linear(2, 2), None, None, count_e)
+    assert (defaults["sampling"]["stop_token"], defaults["sampling"]["stop_token_ids"]) == ("eos", None)
+    assert defaults["prompts"]["max_prompt_length"] == 512 and "dataset" not in defaults
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "hf_ppo_run.json").write_text(json.dumps(record))
+    record_dataset(saved, "openai/gsm8k", "main", "train", "test")
+    assert read_run_record(saved) == {**record, "dataset": {"name": "openai/gsm8k", "config": "main",
+                                                           "train_split": "train", "test_split": "test"}}
+    assert sorted(os.listdir(saved)) == ["hf_ppo_run.json"]  # replaced whole, nothing left beside it
+    other = tmp_path / "other"
+    other.mkdir()
+    record_dataset(other, "openai/gsm8k", None, "train", None)  # no record there: none is made
+    assert not os.listdir(other)

@@ -118,3 +118,74 @@ def test_two_cpu_processes_train_identical_adapters_and_save_once(tmp_path, vari
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(policy), out)
     assert lora_hash(loaded) == reports[0]["lora_sha"] == reports[1]["lora_sha"]
     assert any("lora_B" in name and param.abs().sum() > 0 for name, param in loaded.named_parameters())
+
+
+# Two ranks of TRL 0.11's step() loop (save_strategy="steps") into one output_dir: rank 0 holds the folder from the
+# first call, both ranks learn every answer of the lock together (a refusal on one rank alone would hang the other
+# at its next collective), and when a later trainer of the same processes takes the folder over, the earlier
+# trainer's step() is refused on both.
+STEP_DRIVER = textwrap.dedent("""
+    import json, os, sys, warnings
+    import torch
+    from transformers import AutoTokenizer
+    from hf_ppo import PPOConfig, PPOLMTrainer
+    from hf_ppo.trainer import OutputDirInUseError
+    policy, out, reports = sys.argv[1:4]
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+
+    def build():
+        args = PPOConfig(output_dir=out, per_device_train_batch_size=2, num_mini_batches=1, num_ppo_epochs=1,
+                         max_steps=8, response_length=4, report_to=[], save_strategy="steps", save_steps=1,
+                         num_sample_generations=0, disable_tqdm=True, lr_scheduler_type="constant", use_cpu=True,
+                         seed=0)
+        return PPOLMTrainer(model=policy, args=args, processing_class=tokenizer)
+
+    query = torch.tensor(tokenizer.encode("the movie was"))
+
+    def step(trainer):
+        return trainer.step([query, query.clone()], [torch.tensor([10, 11])] * 2, [1.0, 0.0])
+
+    first = build()
+    step(first)
+    step(first)
+    lock = os.path.join(out, "hf_ppo_train.lock")
+    held = json.load(open(lock))["by"] if os.path.exists(lock) else None
+    second = build()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step(second)
+    try:
+        step(first)
+        refused = None
+    except OutputDirInUseError as err:
+        refused = str(err)
+    step(second)  # still in step: the refusal left no collective behind
+    rank = first.args.process_index
+    with open(os.path.join(reports, f"rank{rank}.json"), "w") as f:
+        json.dump({"held": held, "refused": refused, "took_over": any("takes it over" in str(w.message) for w in caught),
+                   "steps": [first.state.global_step, second.state.global_step]}, f)
+    first.accelerator.end_training()
+    sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
+""")
+
+
+def test_two_cpu_processes_of_a_step_loop_hold_the_folder_and_are_refused_together(tmp_path):
+    policy, _ = tiny.save_tiny_models(tmp_path / "models", hidden_size=64)
+    (tmp_path / "driver.py").write_text(STEP_DRIVER)
+    reports = tmp_path / "ranks"
+    reports.mkdir()
+    python_path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": python_path,
+           "CUDA_VISIBLE_DEVICES": ""}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "recipes/accelerate/ddp.yaml"), "--num_processes", "2", "--main_process_port", "29534",
+               str(tmp_path / "driver.py"), policy, str(tmp_path / "out"), str(reports)]
+    result = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    ranks = [json.loads((reports / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["held"] for r in ranks] == ["step() loop", "step() loop"]  # (both ranks read rank 0's file)
+    assert [r["took_over"] for r in ranks] == [True, False]  # the note comes from the process that holds the lock
+    for r in ranks:
+        assert r["refused"] is not None and "was taken over at" in r["refused"] and "by a later PPOLMTrainer" in r["refused"]
+        assert r["steps"] == [2, 2]
+    assert (tmp_path / "out" / "checkpoint-2").is_dir()

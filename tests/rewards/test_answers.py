@@ -263,3 +263,121 @@ def test_a_comma_that_is_no_thousands_separator_is_no_answer():
     assert exact_answer(["#### 1,5", "#### 1,500", "#### 15"], ["15", "1500", "15"]) == [0.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="row 0"):
         reference_answer("1,5", 0)
+
+
+# ---- i53r: answers in the forms models write them, read as meant (each was silently 0, or another number) ----
+
+@pytest.mark.parametrize("text", ["**Answer:** 42", "**Final Answer:** 42", "**Answer**: 42", "*The answer is* 42",
+                                  "**The final answer is:** $42$."])
+def test_markdown_emphasis_around_the_marker_is_part_of_it(text):
+    """Chat models bold the marker: the "**" after it is no answer, and a right answer scored 0."""
+    assert extract_answer(text) == 42
+    assert exact_answer([text, text], ["42", "41"]) == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("text, expected", [("Answer: -$5", -5), ("#### -\\$5", -5), ("The answer is -$1,200.", -1200),
+                                            ("\\boxed{-\\frac{3}{4}}", Fraction(-3, 4)),
+                                            ("\\boxed{\u2212\\dfrac{3}{4}}", Fraction(-3, 4)),
+                                            ("#### -(5)", -5), ("#### --5", None), ("#### -$", None)])
+def test_a_sign_before_a_currency_sign_or_a_frac_negates_it(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_a_negative_frac_reference_and_completion_compare_as_numbers():
+    assert reference_answer("-\\frac{3}{4}") == Fraction(-3, 4)
+    assert exact_answer(["\\boxed{-\\frac{3}{4}}"] * 3, ["-3/4", "3/4", -0.75]) == [1.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("text, expected", [("\\boxed{\\text{42}}", 42), ("\\boxed{\\mathbf{42}}", 42),
+                                            ("\\boxed{\\textbf{42}}", 42), ("\\boxed{{42}}", 42),
+                                            ("\\boxed{\\text{ 1,200 }}", 1200), ("\\boxed{90^\\circ}", 90),
+                                            ("\\boxed{90^{\\circ}}", 90), ("\\boxed{\\tfrac{1}{2}}", Fraction(1, 2)),
+                                            ("\\boxed{{x}}", None), ("\\boxed{\\text{42}\\text{43}}", None)])
+def test_what_wraps_a_boxed_number_is_read_through(text, expected):
+    """`\\text{...}` is a unit beside a number ("42\\text{ apples}"), but the number itself when it wraps all of the
+    box: dropping it left nothing, and a right answer scored 0."""
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The answer is 48 - 12 = 36.", 36),  # not 48, the first token
+    ("So the answer is 36 = 48 - 12", 36),
+    ("The answer is $48 \\times 2 = 96$.", 96),
+    ("The answer is 10 \u2212 4 = 6", 6),
+    ("answer: 5 - 2 = 3 + 1 = 4 apples", 4),
+    ("#### 3 / 4", Fraction(3, 4)),  # not 3
+    ("#### 2 + 3", None),  # an expression with no result is no answer, never 2
+    ("#### 7 / 0", None),
+    ("The answer is 12.\n- 3 apples", 12),  # the sentence (and the line) ends the expression
+    ("#### 42\n= 43", 42),
+    ("The answer is 5 - that is all", 5),
+    ("The answer is:\n42", 42),
+])
+def test_an_expression_after_the_marker_is_read_as_its_result(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_the_first_number_of_an_expression_is_never_paid_as_the_answer():
+    """Read token by token, "The answer is 48 - 12 = 36" was 48: paid against a reference of 48, 0 against 36."""
+    text = "She has 48 - 12 = 36 left, so the answer is 48 - 12 = 36."
+    assert exact_answer([text, text], ["36", "48"]) == [1.0, 0.0]
+    assert exact_answer(["#### 2 + 3"] * 2, ["2", "5"]) == [0.0, 0.0]
+
+
+# ---- i53s: space-grouped thousands, spaced math delimiters, explicit signs (each was silently another number, or 0) --
+
+@pytest.mark.parametrize("text, expected", [
+    ("#### 1 000", 1000),  # not 1
+    ("#### 12 345", 12345),  # not 12
+    ("#### 12 345 678.5", Fraction(24691357, 2)),
+    ("#### -1 000", -1000),
+    ("#### 1\u202f000", 1000), ("#### 1\u2009000", 1000), ("#### 1\u00a0000", 1000),  # narrow no-break, thin, no-break
+    ("The answer is $1\\,000$.", 1000), ("\\boxed{1 000}", 1000),
+    ("The answer is 5 000 - 3 = 4 997", 4997),
+])
+def test_space_grouped_thousands_are_one_number(text, expected):
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("#### 12 apples 345", 12),  # a word between: the number is 12, as "#### 42 apples" is 42
+    ("#### 3 5", None),  # a list (or 3.5, or 35): no number, as "#### 3,5" is none
+    ("#### 12 3456", None), ("#### 1234 567", None), ("#### 1 000 5", None), ("#### 1,000 000", None),
+    ("#### 1 000,5", None),
+    ("#### 5 3/4", None),  # a mixed number (5.75), never 5
+    ("The answer is 12. 5 apples", 12),  # the sentence ends the answer
+])
+def test_numbers_side_by_side_that_are_no_grouping_are_no_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_space_grouping_pays_the_grouped_number_only():
+    completions = ["#### 1 000", "#### 12 345", "#### 3 5", "#### 12 apples 345"]
+    assert exact_answer(completions, ["1000", "12345", "3", "12"]) == [1.0, 1.0, 0.0, 1.0]
+    assert exact_answer(["#### 1 000", "#### 12 345"], ["1", "12"]) == [0.0, 0.0]
+    assert extract_answer("the total is 1 000", strict=False) == 1000  # the fallback's last number too, not 0
+    assert reference_answer("12 345") == 12345 and parse_number("3 5") is None
+
+
+@pytest.mark.parametrize("text", ["The answer is \\( 42 \\)", "The answer is \\(42\\)", "The answer is \\[ 42 \\]",
+                                  "The answer is \\[42\\].", "The answer is:\n\\[\n42\n\\]", "The answer is $ 42 $",
+                                  "The answer is $$42$$", "The answer is \\( 48 - 6 = 42 \\)."])
+def test_math_delimiters_around_the_answer_are_read_through(text):
+    """A space after "\\(" made "\\(" the answer (no number), and "\\)" was stripped as ")" leaving "42\\": a right
+    answer scored 0."""
+    assert extract_answer(text) == 42
+    assert exact_answer([text, text], ["42", "41"]) == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("text, expected", [("#### +5", 5), ("#### +$5", 5), ("The answer is +3/4.", Fraction(3, 4)),
+                                            ("\\boxed{+5}", 5), ("#### +-5", None), ("#### ++5", None),
+                                            ("\\boxed{\\frac{7}{-2}}", Fraction(-7, 2)),
+                                            ("\\boxed{\\dfrac{-7}{-2}}", Fraction(7, 2)),
+                                            ("\\boxed{-\\frac{7}{-2}}", Fraction(7, 2))])
+def test_an_explicit_plus_sign_and_a_negative_denominator_are_read(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_signed_answers_score_against_their_references():
+    assert exact_answer(["#### +5", "\\boxed{\\frac{7}{-2}}", "\\boxed{\\frac{7}{-2}}"], ["5", "-3.5", "3.5"]) \
+        == [1.0, 1.0, 0.0]

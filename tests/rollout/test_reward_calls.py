@@ -612,3 +612,53 @@ def test_a_clashing_column_given_straight_to_a_call_is_refused_too(column):
         call_reward(reward, "reward", prompts=["q", "q"], prompt_texts=["q", "q"], texts=["a", "b"],
                     completion_ids=[[1], [2]], columns={column: ["x", "y"]})
     assert not seen  # refused before the call
+
+
+def test_a_reference_completion_column_never_reaches_the_functions_as_in_trl(tiny_models, tokenizer, tmp_path):
+    """A prompt-completion dataset's "completion" column (its references) is left out of the call, as TRL leaves it
+    out: a function naming a parameter `completion` (the samples are `completions`) would score the references, one
+    with **kwargs never sees it. Refused at construction, naming both renames."""
+    data = answers_dataset().add_column("completion", ["#### 42"] * 16)
+
+    def scores_references(completion, **kwargs):  # meant the sampled completions
+        return [float(c == "#### 42") for c in completion]
+
+    with pytest.raises(TypeError, match=r"'scores_references' needs a parameter 'completion': the sampled completions "
+                                        r"are 'completions' .*not passed, as TRL does not pass it.*rename_column\("
+                                        r"'completion', 'solution'\)"):
+        trainer_for(tiny_models, tokenizer, tmp_path, reward=scores_references, dataset=data)
+
+    seen = []
+
+    def reads_kwargs(completions, **kwargs):
+        seen.append(sorted(kwargs))
+        return [0.0] * len(completions)
+
+    trainer_for(tiny_models, tokenizer, tmp_path, reward=reads_kwargs, dataset=data, max_steps=1).train()
+    assert seen and all("completion" not in names and "answer" in names for names in seen)
+
+
+def test_one_element_numpy_arrays_in_the_list_are_refused_naming_the_function(tokenizer):
+    """i53s: a list of numpy arrays of shape (1,) passed the number check, then float() raised numpy's bare "only
+    0-dimensional arrays can be converted to Python scalars", naming no function. TRL refuses such a list too
+    (torch.tensor of it is (B, 1), which its (B,) reward column refuses); one-element torch tensors it reads, as
+    here."""
+    import numpy as np
+    import torch
+
+    from hf_ppo.rollout.reward_calls import reward_values
+
+    def arrays(completions, **kwargs):
+        return [np.array([1.0]) for _ in completions]
+
+    def tensors(completions, **kwargs):
+        return [torch.tensor([0.5]) for _ in completions]
+
+    batch = rows_of(tokenizer, ["x", "y"], ["u", "v"])
+    with pytest.raises(TypeError, match=r"The reward function 'arrays' returned a non-number at position 0: ndarray "
+                                        r"array\(\[1\.\]\) \(2 such entries\).*shape \(1,\) is no number: return its "
+                                        r"value, `x.item\(\)`"):
+        RewardSet.single(arrays).score(**batch)
+    scores, applies = reward_values([torch.tensor([0.5]), None], 2, "tensors")
+    assert scores.tolist() == [0.5, 0.0] and applies.tolist() == [True, False]
+    assert reward_values(tensors(["a", "b"]), 2)[0].tolist() == [0.5, 0.5]

@@ -877,3 +877,45 @@ def test_score_responses_refuses_a_none_naming_the_function_and_the_fix(tokenize
     scores, _ = RewardSet([sometimes, count_e], [None, None], ["sometimes", "count_e"], [1.0, 1.0]).score(
         **batch, tokenizer=tokenizer, prompts=PROMPTS, batch_size=4)
     assert scores.tolist() == [1.0 + 3, 0.0 + 1, 2.0 + 0, 0.0 + 3]
+
+
+# ---- one probe per reward and inputs inside probing_once() (issue 53: hf-ppo train probed each function twice) -----
+def test_probing_once_calls_a_reward_once_per_inputs_and_forgets_at_the_end():
+    """Inside `probing_once()`, the same callable on the same prompts and columns is called once; other prompts, a
+    probe that failed, another callable and any probe outside the block are called as before."""
+    from hf_ppo.rollout.scoring import probe_reward_callable, probing_once
+
+    calls = []
+
+    def counted(prompts, completions, **kwargs):
+        calls.append(list(prompts))
+        return [0.0] * len(prompts)
+
+    def other(prompts, completions, **kwargs):
+        calls.append(["other"])
+        return [0.0] * len(prompts)
+
+    train = Dataset.from_dict({"prompt": ["a", "b", "c"], "id": [1, 2, 3]})
+    same = Dataset.from_dict({"prompt": ["a", "b"], "id": [1, 2]})  # another dataset object, the same first rows
+    other_ids = Dataset.from_dict({"prompt": ["a", "b"], "id": [7, 8]})  # the same prompts, other columns
+    with probing_once():
+        probe_reward_callable(counted, train, None)
+        probe_reward_callable(counted, same, None, "counted_again", "eval_dataset")
+        assert calls == [["a", "b"]]
+        probe_reward_callable(counted, other_ids, None)
+        probe_reward_callable(other, train, None)
+        assert calls == [["a", "b"], ["a", "b"], ["other"]]
+    probe_reward_callable(counted, train, None)  # outside: a probe of its own
+    assert len(calls) == 4
+
+    failures = []
+
+    def flaky(prompts, completions, **kwargs):
+        failures.append(1)
+        return [float("nan")] * len(prompts)
+
+    with probing_once():
+        for _ in range(2):  # a failed probe is not remembered: it fails again
+            with pytest.raises(ValueError, match="returned NaN/inf for the probe"):
+                probe_reward_callable(flaky, train, None)
+    assert len(failures) == 2

@@ -249,3 +249,47 @@ def test_fsdp_with_an_accelerate_older_than_the_tested_one_is_refused(monkeypatc
         PPOConfig(output_dir=str(tmp_path), use_cpu=True)
     monkeypatch.delenv("ACCELERATE_USE_FSDP")
     PPOConfig(output_dir=str(tmp_path), use_cpu=True)  # without FSDP, any accelerate of the tested range
+
+
+# ---- accelerate's process-wide state: put back after a refused construction, and before a trainer trains ---------
+def _state_copy():
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    return [dict(s._shared_state) for s in (PartialState, AcceleratorState, GradientState)]
+
+
+def _same(now, before):
+    return all(a.keys() == b.keys() and all(a[k] is b[k] for k in b) for a, b in zip(now, before))
+
+
+def test_a_refused_ppoconfig_leaves_accelerates_state_as_it_found_it(tmp_path):
+    """TrainingArguments empties accelerate's AcceleratorState (and starts PartialState again) before PPOConfig's own
+    checks refuse it: the Accelerator of a trainer built before would have had no state left to train with."""
+    from accelerate import Accelerator
+
+    Accelerator(cpu=True)
+    before = _state_copy()
+    assert before[1], "no AcceleratorState to keep"
+    with pytest.raises(ValueError, match="kl_coef"):
+        PPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, kl_coef=-1.0)
+    assert _same(_state_copy(), before)
+
+
+def test_a_trainers_accelerate_state_goes_back_with_the_loops_own_kept(tmp_path):
+    """`reinstate_accelerate_state` puts back the device, mixed precision and gradient settings a trainer was built
+    with after another construction (a bf16 one here) replaced them; what a loop in progress holds stays."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from hf_ppo.runtime.sharding import accelerate_state, reinstate_accelerate_state
+
+    Accelerator(cpu=True)
+    saved = accelerate_state()
+    PPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=True)
+    Accelerator(cpu=True, mixed_precision="bf16")
+    GradientState()._set_sync_gradients(False)
+    assert AcceleratorState().mixed_precision == "bf16"
+    reinstate_accelerate_state(saved)
+    assert AcceleratorState().mixed_precision == "no" and _same(_state_copy()[:2], saved[:2])
+    assert GradientState().sync_gradients is False  # the loop's, not the settings'
+    GradientState()._set_sync_gradients(True)

@@ -21,6 +21,7 @@ from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.rollout.scoring import check_reward_values
 from hf_ppo.trainer.checkpoint import CheckpointError, compare_settings, default_settings, problems, settings
 from hf_ppo.trainer.guard import NonFiniteError
+from tests.full_disk import half_written_then_full
 
 
 def count_e(prompts, completions):
@@ -796,3 +797,122 @@ def test_safetensors_failed_write_is_named_with_its_errno(tmp_path):
                                                         r"device .*SafetensorError.*nothing to resume from"):
         with ckpt.write_failures_named(str(folder), str(tmp_path)):
             raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+# ---- a full disk during the final save_model() ----------------------------------------------------------------------
+def folder_bytes(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+            and "checkpoint-" not in str(p.relative_to(folder))}
+
+
+@pytest.mark.parametrize("peft", [True, False], ids=["lora", "full"])
+def test_a_full_disk_during_the_final_save_keeps_the_earlier_save_and_names_the_checkpoint(
+        peft, tiny_models, tokenizer, tmp_path, monkeypatch):
+    """save_model() on a full disk: the policy is written aside (inside the folder, so on its disk) and moved in only
+    once whole, so the earlier save in that folder stays byte for byte and loadable, what this save wrote is deleted,
+    and one error names the cause, the folder, the free space, the size of the policy, the last complete checkpoint and
+    the fix in Python and for hf-ppo train. Freed space, the same call saves the trained policy."""
+    from collections import namedtuple
+
+    from hf_ppo.trainer import checkpoint as ckpt
+
+    out = tmp_path / "out"
+    trainer = make_trainer(tiny_models, tokenizer, out, lora() if peft else None, max_steps=2, num_ppo_epochs=1,
+                           save_strategy="steps", save_steps=2)
+    trainer.train()
+    trainer.save_model()
+    earlier = folder_bytes(out)
+    weights = "adapter_model.safetensors" if peft else "model.safetensors"
+    assert weights in earlier
+    with torch.no_grad():  # the policy trained on: the next save differs from the earlier one
+        for p in trainer.model.policy_model.parameters():
+            if p.requires_grad:
+                p.add_(0.5)
+
+    half_written_then_full(out, monkeypatch)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: usage(10 * 2**30, 10 * 2**30 - 3 * 2**20, 3 * 2**20))
+    with pytest.raises(ckpt.SaveWriteError) as info:
+        trainer.save_model()
+    monkeypatch.undo()
+    message = str(info.value)
+    assert isinstance(info.value, OSError) and "os error 28" in str(info.value.__cause__)
+    assert f"Could not save the policy to {out}: no space left on device (3.0 MiB free" in message
+    assert "the policy takes about" in message and "any policy saved there before is intact" in message
+    assert f"{out / 'checkpoint-2'} is the run's last complete checkpoint" in message
+    assert "trainer.save_model() again" in message and "--resume_from_checkpoint true" in message
+    assert folder_bytes(out) == earlier, "the earlier save was changed"
+    assert not (out / ckpt.STAGING_DIR).exists()
+
+    trainer.save_model()  # space freed: the same call saves the trained policy over the earlier one
+    now = folder_bytes(out)
+    assert now[weights] != earlier[weights] and not (out / ckpt.STAGING_DIR).exists()
+    assert problems(str(out / "checkpoint-2")) == []
+
+    import errno
+
+    from hf_ppo.hub import cards
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "README.md"))
+
+    monkeypatch.setattr(cards, "write_policy_card", full)  # the card, written after the policy moved in
+    with pytest.raises(ckpt.SaveWriteError, match=rf"Could not save the policy's model card to {out}: no space left "
+                                                  rf"on device .*The policy itself is saved in {out}\."):
+        trainer.save_model()
+    assert folder_bytes(out)[weights] == now[weights]
+
+
+def test_a_full_disk_while_writing_the_training_log_is_named(tiny_models, tokenizer, tmp_path, monkeypatch):
+    """save_state() (hf-ppo train's first write after training) on a full disk: the same named error, with its fix."""
+    import errno
+
+    from transformers import TrainerState
+
+    from hf_ppo.trainer import checkpoint as ckpt
+
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path / "out", None, max_steps=1, num_ppo_epochs=1)
+
+    def full(self, path):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(TrainerState, "save_to_json", full)
+    with pytest.raises(ckpt.SaveWriteError, match=r"Could not save the training log \(trainer_state.json\) to .*no "
+                                                  r"space left on device.*call trainer.save_state\(\), then "
+                                                  r"trainer.save_model\(\), again"):
+        trainer.save_state()
+
+
+def test_a_staged_save_that_fails_says_exactly_what_it_changed(tmp_path, monkeypatch):
+    """A first save that fails leaves no folder behind; a move that fails part-way (no space is needed for a rename,
+    so another cause: an I/O error) says which files already replaced the earlier save's, never "nothing replaced"."""
+    import errno
+
+    from hf_ppo.trainer import checkpoint as ckpt
+
+    first = tmp_path / "first"
+    with pytest.raises(ckpt.SaveWriteError, match="Nothing in .* was replaced"):
+        with ckpt.staged_save(str(first), str(tmp_path)) as folder:
+            raise OSError(errno.ENOSPC, "No space left on device", os.path.join(folder, "model.safetensors"))
+    assert not first.exists()
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("a.json", "b.json"):
+        (out / name).write_text("earlier")
+    real, calls = os.replace, []
+
+    def second_fails(source, target):
+        calls.append(target)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "Input/output error", target)
+        return real(source, target)
+
+    with pytest.raises(ckpt.SaveWriteError, match=r"input/output error .*1 file\(s\) of this save were already moved "
+                                                  r"into .*it mixes this save and the one before, so save again"):
+        with ckpt.staged_save(str(out), str(tmp_path)) as folder:
+            for name in ("a.json", "b.json"):
+                with open(os.path.join(folder, name), "w") as f:
+                    f.write("new")
+            monkeypatch.setattr(ckpt.os, "replace", second_fails)
+    assert sorted(p.name for p in out.iterdir()) == ["a.json", "b.json"]

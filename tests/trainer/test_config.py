@@ -37,7 +37,7 @@ GAE = dict(response_length=17, temperature=0.9, local_rollout_forward_batch_size
            critic="separate", critic_model_init_kwargs={"revision": "main"}, critic_quantization="4bit",
            gradient_checkpointing=True, reward_input_format="pair", reward_weights=[0.5, 2.0],
            normalize_each_reward=True, system_prompt="Answer as #### <number>.", prompt_column="question",
-           apply_chat_template_to_text=True)
+           apply_chat_template_to_text=True, max_prompt_length=64, stop_token=None, stop_token_ids=[2, 3])
 GRPO = dict(advantage_estimator="grpo", num_generations=4, scale_rewards=False, lam_critic=None, whiten_rewards=False,
             critic="shared", critic_model_init_kwargs=None, critic_quantization="none")
 # bf16's default follows the machine (None: on where a CUDA GPU supports it), so GAE sets it on and this one sets it

@@ -15,6 +15,7 @@ from transformers import Trainer, TrainerState
 
 from hf_ppo import PPOConfig, PPOLMTrainer
 from tests.devices import device_of
+from tests.guards import needs_fsdp2
 
 METRICS = [
     "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward", "objective/scores",
@@ -292,6 +293,72 @@ def test_evaluate_samples_and_scores_eval_prompts(tiny_models, tokenizer, prompt
     assert math.isfinite(metrics["eval_loss"]) and metrics["eval_loss"] <= 0  # -mean(count of 'e') <= 0
 
 
+# ---- accelerate keeps one state per process: refused (and other) constructions leave a built trainer working --------
+def one_step_args(tmp_path, name, **overrides) -> PPOConfig:
+    return make_args(tmp_path, output_dir=str(tmp_path / name), max_steps=1, gradient_accumulation_steps=1,
+                     num_ppo_epochs=1, response_length=4, apply_chat_template_to_text=False, **overrides)
+
+
+def test_a_trainer_trains_and_evaluates_after_refused_constructions_in_its_process(
+        tiny_models, tokenizer, prompts_dataset, tmp_path, monkeypatch):
+    """Every TrainingArguments empties accelerate's process-wide AcceleratorState and every Accelerator fills it with
+    its own settings: a PPOConfig refused after that, a trainer refused before its Accelerator exists (its PPOConfig
+    already emptied the state) or after (the state is the refused one's: bf16 on the CPU here) left a trainer built
+    before unable to train ("`AcceleratorState` object has no attribute `distributed_type`") or training under
+    another run's mixed precision. It trains and evaluates as built; the corrected construction succeeds too."""
+    from accelerate.state import AcceleratorState
+
+    import hf_ppo.trainer.ppo_trainer as ppo_trainer
+
+    def build_a(args, dataset=prompts_dataset):
+        return PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer, reward_model=count_e,
+                            train_dataset=dataset, eval_dataset=dataset)
+
+    trainer = build_a(one_step_args(tmp_path, "a"))
+    stepper = PPOLMTrainer(model=tiny_models["policy"], processing_class=tokenizer,  # a TRL 0.11 step() loop's
+                           args=one_step_args(tmp_path, "c", lr_scheduler_type="constant"))
+
+    def refusals():
+        with pytest.raises(ValueError, match="kl_coef"):  # after TrainingArguments emptied the state
+            one_step_args(tmp_path, "b", kl_coef=-1.0)
+        with pytest.raises(ValueError, match="prompt"):  # before Trainer.__init__, after its PPOConfig
+            build_a(one_step_args(tmp_path, "b"), Dataset.from_dict({"text": ["the movie was"] * 4}))
+        with monkeypatch.context() as patch:  # after Trainer.__init__ made a bf16 Accelerator (vLLM missing, say)
+            patch.setattr(ppo_trainer, "make_rollout_engine", lambda *a, **k: (_ for _ in ()).throw(
+                ImportError("rollout_engine='vllm' needs vLLM")))
+            with pytest.raises(ImportError, match="vLLM"):
+                build_a(one_step_args(tmp_path, "b", bf16=True, use_cpu=True))
+
+    refusals()
+    precision = []
+    trainer.add_callback(type("Precision", (transformers.TrainerCallback,), {
+        "on_step_end": lambda self, *a, **k: precision.append(AcceleratorState().mixed_precision)})())
+    trainer.train()
+    assert trainer.state.global_step == 1 and precision == ["no"]
+    refusals()
+    assert math.isfinite(trainer.evaluate()["eval_loss"])
+
+    corrected = build_a(one_step_args(tmp_path, "b", bf16=True, use_cpu=True))
+    corrected.train()
+    assert corrected.state.global_step == 1 and AcceleratorState().mixed_precision == "bf16"
+    query = torch.tensor(tokenizer.encode("the movie was"))
+    stepper.step([query] * 4, [torch.tensor([10, 11])] * 4, [1.0, 0.0, 1.0, 0.0])  # built before `corrected`, fp32
+    assert stepper.state.global_step == 1 and AcceleratorState().mixed_precision == "no"
+    trainer.args.max_steps = 2
+    trainer.train(resume_from_checkpoint=False)  # the first trainer again, under its own fp32 state
+    assert precision[-1] == "no"
+
+
+@needs_fsdp2
+def test_fsdp_in_a_single_process_is_refused_before_any_model_loads(tokenizer, prompts_dataset, tmp_path):
+    """Trainer refuses FSDP in one process only after the models loaded and its Accelerator replaced accelerate's
+    state: hf_ppo refuses it first, naming how to launch several processes (the model path here does not exist)."""
+    args = one_step_args(tmp_path, "fsdp", fsdp="full_shard", fsdp_config={"version": 2})
+    with pytest.raises(ValueError, match=r"single process.*distributed training.*accelerate launch --num_processes"):
+        PPOLMTrainer(model=str(tmp_path / "no-such-model"), args=args, processing_class=tokenizer,
+                     reward_model=count_e, train_dataset=prompts_dataset)
+
+
 def test_gradient_checkpointing_with_lora(tiny_models, tokenizer, prompts_dataset, lora_config, tmp_path):
     args = make_args(tmp_path, gradient_checkpointing=True, max_steps=2, num_ppo_epochs=1)
     trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer, reward_model=count_e,
@@ -477,7 +544,9 @@ SEAMS = {
     "_get_grad_norm": ["model", "grad_norm"],
     "log": ["logs", "start_time"],
     "prediction_step": ["model", "inputs", "prediction_loss_only", "ignore_keys"],
+    "evaluate": ["eval_dataset", "ignore_keys", "metric_key_prefix"],
     "save_model": ["output_dir", "_internal_call"],
+    "save_state": [],
     "_save": ["output_dir", "state_dict"],
     "_save_checkpoint": ["model", "trial"],
     "_get_output_dir": ["trial"],
@@ -555,3 +624,43 @@ def test_grad_norm_is_taken_right_before_the_optimizer_step():
     assert 0 <= norm < step, (
         f"transformers {transformers.__version__}: Trainer no longer calls _get_grad_norm right before "
         "optimizer.step(); PPOLMTrainer._get_grad_norm skips non-finite steps there.")
+
+
+class _LogitsSizedTensors(torch.utils._python_dispatch.TorchDispatchMode):
+    """The distinct storages of (batch, positions, vocab) tensors of at least `numel` elements that operations make
+    (each storage kept alive, so that an address handed out again is not counted twice)."""
+
+    def __init__(self, numel: int, vocab: int):
+        super().__init__()
+        self.numel, self.vocab, self.storages = numel, vocab, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[-1] == self.vocab and t.numel() >= self.numel:
+                self.storages.setdefault(t.untyped_storage().data_ptr(), (t.untyped_storage(), tuple(t.shape)))
+        return out
+
+
+def test_the_loss_keeps_only_the_positions_that_predict_the_response(tiny_models, tokenizer, tmp_path):
+    """The loss's forward keeps exactly the R positions that predict the response (the sequence without its last
+    token, `logits_to_keep=R`): no tensor of R + 1 positions is made, forward or backward. Keeping R + 1 and cutting
+    the last one off gave the backward one more zero-filled tensor the size of all the logits (194 MB per micro-batch
+    of SmolLM2 at 128 tokens), on top of the gradient itself."""
+    trainer = build(tiny_models, tokenizer, tmp_path, max_steps=1, num_ppo_epochs=1, gradient_accumulation_steps=1,
+                    bf16=False)
+    vocab = trainer.model.policy_model.config.vocab_size
+    compute_loss, made = trainer.compute_loss, []
+
+    def measured(model, inputs, *args, **kwargs):
+        batch = inputs["batch"]
+        with _LogitsSizedTensors(len(batch) * batch.responses.shape[1] * vocab, vocab) as mode:
+            loss = compute_loss(model, inputs, *args, **kwargs)
+            loss.backward()
+        made.append({shape for _, shape in mode.storages.values()})
+        return loss.detach().requires_grad_()  # (its gradient is taken: Trainer's backward of it does nothing more)
+
+    trainer.compute_loss = measured
+    trainer.train()
+    R = trainer.args.response_length
+    assert made and all(shapes == {(4, R, vocab)} for shapes in made), f"logits-sized tensors: {made}"

@@ -146,3 +146,112 @@ def test_a_file_of_that_name_hf_ppo_did_not_write_is_never_touched(tiny_models, 
     with pytest.raises(RuntimeError, match=rf"{out / LOCK} exists and was not written by hf_ppo"):
         make_trainer(tiny_models, tokenizer, out)
     assert (out / LOCK).read_text() == "my own notes\n"
+
+
+# ---- TRL 0.11's step() loop: its first call holds the folder for the trainer's life ------------------------------------
+def step_trainer(tiny_models, tokenizer, out, train_dataset=None, **overrides):
+    args = {"output_dir": str(out), "per_device_train_batch_size": 2, "num_mini_batches": 1, "num_ppo_epochs": 1,
+            "max_steps": 4, "response_length": 4, "report_to": [], "save_strategy": "steps", "save_steps": 1,
+            "num_sample_generations": 0, "disable_tqdm": True, "seed": 0, "lr_scheduler_type": "constant"}
+    args.update(overrides)
+    return PPOLMTrainer(model=tiny_models["policy"], args=PPOConfig(**args), processing_class=tokenizer,
+                        reward_model=count_e if train_dataset is not None else None, train_dataset=train_dataset)
+
+
+def one_step(trainer, tokenizer):
+    import torch
+
+    query = torch.tensor(tokenizer.encode("the movie was"))
+    return trainer.step([query, query.clone()], [torch.tensor([10, 11])] * 2, [1.0, 0.0])
+
+
+def test_a_step_loop_in_another_process_holds_the_folder_until_its_process_ends(tiny_models, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    mine = make_trainer(tiny_models, tokenizer, out)  # built before the step() loop starts
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from transformers import AutoTokenizer
+        from hf_ppo import PPOConfig, PPOLMTrainer
+        torch.set_num_threads(1)
+        tokenizer = AutoTokenizer.from_pretrained({tiny_models["policy"]!r})
+        args = PPOConfig(output_dir={str(out)!r}, per_device_train_batch_size=2, num_mini_batches=1, num_ppo_epochs=1,
+                         max_steps=4, response_length=4, report_to=[], save_strategy="steps", save_steps=100,
+                         num_sample_generations=0, disable_tqdm=True, lr_scheduler_type="constant")
+        trainer = PPOLMTrainer(model={tiny_models["policy"]!r}, args=args, processing_class=tokenizer)
+        query = torch.tensor(tokenizer.encode("the movie was"))
+        trainer.step([query, query.clone()], [torch.tensor([10, 11])] * 2, [1.0, 0.0])
+        print("stepped", flush=True)
+        sys.stdin.read()  # the loop goes on; the folder stays held between calls
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    loop = subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in loop.stdout:  # (step() logs its metrics to stdout first)
+            if line.strip() == "stepped":
+                break
+        assert line.strip() == "stepped", loop.communicate()[1][-3000:]
+        assert json.loads((out / LOCK).read_text())["by"] == "step() loop"
+        with pytest.raises(RuntimeError) as refused:
+            mine.train()
+        message = str(refused.value)
+        assert type(refused.value).__name__ == "OutputDirInUseError"
+        assert f"process {loop.pid} on {socket.gethostname()} (a step() loop: it holds the folder from its first " \
+               "step() call until its trainer is deleted or its process ends)" in message
+        assert "another output_dir" in message
+        with pytest.raises(RuntimeError, match=rf"in use by another hf_ppo run: process {loop.pid} .*a step\(\) loop"):
+            step_trainer(tiny_models, tokenizer, out)  # refused at construction, before any model loads
+        assert not list(out.glob("checkpoint-*"))
+    finally:
+        loop.communicate(input="", timeout=300)
+    assert loop.returncode == 0
+    assert not (out / LOCK).exists()  # removed as its process ended
+    mine = make_trainer(tiny_models, tokenizer, out)
+    mine.train()
+    assert (out / "checkpoint-1").is_dir()
+
+
+def test_in_one_process_a_later_trainer_takes_the_folder_over_and_the_earlier_step_loop_is_refused(
+        tiny_models, tokenizer, tmp_path):
+    import gc
+
+    out = tmp_path / "out"
+    first = step_trainer(tiny_models, tokenizer, out)
+    assert not (out / LOCK).exists()  # nothing is held before the first step() call
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        one_step(first, tokenizer)
+        one_step(first, tokenizer)  # the loop's later calls hold it still, without a note
+    record = json.loads((out / LOCK).read_text())
+    assert record["pid"] == os.getpid() and record["by"] == "step() loop"
+    assert (out / "checkpoint-2").is_dir()
+
+    prompts = Dataset.from_dict({"prompt": ["the movie was"] * 8})
+    # A notebook cell run again: the second trainer is built while `first` is still bound.
+    second = step_trainer(tiny_models, tokenizer, out, prompts, max_steps=2)
+    with pytest.warns(UserWarning, match=r"held by the step\(\) loop of an earlier PPOLMTrainer in this process: this "
+                                         r"run takes it over, and that trainer's step\(\) is refused from now on"):
+        one_step(second, tokenizer)
+    steps_before = first.state.global_step
+    with pytest.raises(RuntimeError, match=r"step\(\): output_dir .* was taken over at .* by a later PPOLMTrainer in "
+                                           r"this process .*Go on with the later trainer, or build this one again "
+                                           r"with another output_dir"):
+        one_step(first, tokenizer)
+    assert first.state.global_step == steps_before  # refused before anything of the call ran
+    assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()  # the second holds it
+
+    # The trainer's own train() after its step() calls runs in the folder it holds, and leaves it held.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*(output_dir|lock).*")
+        second.train()
+    assert (out / LOCK).exists()
+    one_step(second, tokenizer)
+    del first, second
+    gc.collect()  # the trainers hold themselves in cycles (callbacks): collected, they release the folder
+    assert not (out / LOCK).exists()
+
+    # With save_strategy="no" step() writes nothing into output_dir, and holds nothing (TRL 0.11's loop made no folder).
+    quiet = step_trainer(tiny_models, tokenizer, tmp_path / "quiet", save_strategy="no")
+    one_step(quiet, tokenizer)
+    assert not (tmp_path / "quiet").exists() or not any((tmp_path / "quiet").iterdir())
