@@ -179,6 +179,7 @@ SUBSET = [
     "tests/trainer/test_ppo_trainer.py::test_the_loss_keeps_only_the_positions_that_predict_the_response",
     "tests/hub/test_publish.py::test_train_push_load_generate",  # (push_to_hub's card arguments and callback)
     "tests/rollout/test_reward_calls.py::test_a_reference_completion_column_never_reaches_the_functions_as_in_trl",
+    "tests/cli/test_train.py::test_a_dataset_config_given_with_a_local_file_is_said_to_be_ignored",
     # subset:i53 (a reward function probed once at start-up, the card written once; PEFT's blank card: test_cards.py)
     *select("tests/cli/test_train.py",
             "test_hf_ppo_train_calls_a_reward_function_once_per_prompt_set_at_start_up[train]",
@@ -1059,6 +1060,10 @@ MUTATIONS = [
              [("cli/command.py", "    if training:\n        fix = (", "    if False:\n        fix = (")]),
     Mutation("i53e_dataset_unrecorded", "hf-ppo train records no dataset beside the policy",
              [("cli/train.py", "    if ppo_config.should_save:  # the dataset", "    if False:  # the dataset")]),
+    Mutation("i53_local_config_unsaid", "dataset_config given with a local file is dropped in silence",
+             [("cli/train.py", "        if config is not None:  # nothing to choose in a file: said, since the user "
+                               "meant something by it\n            warn_user(",
+               "        if False:\n            warn_user(")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

@@ -344,7 +344,8 @@ def load_tokenizer(path: str, policy_init_kwargs: dict, model_args: ModelArgumen
 def load_split(name: str, config: str | None, split: str, option: str = "--dataset_train_split") -> Dataset:
     """One split of a Hub dataset, or the whole of a local file (its only split, "train"). `option`: the flag that
     chose `split`, named when it is wrong. Another split of a local file is refused: the whole file would be read
-    under that split's name (a "test" split that is the training prompts again)."""
+    under that split's name (a "test" split that is the training prompts again); a `config` for one is said to be
+    ignored (a warning)."""
     suffix = os.path.splitext(name)[1].lower()
     if os.path.isfile(name):
         if suffix not in LOCAL_BUILDERS:
@@ -358,6 +359,10 @@ def load_split(name: str, config: str | None, split: str, option: str = "--datas
                    + "), or pass the file of the prompts you mean")
             raise ValueError(f"{option} {split!r}: {name!r} is a local file, which has one split (all of it), so "
                              f"split {split!r} would read the whole file: {fix}.")
+        if config is not None:  # nothing to choose in a file: said, since the user meant something by it
+            warn_user(f"dataset_config {config!r} is ignored: {name!r} is a local file, and only a Hub dataset has "
+                      "configurations. Leave dataset_config out (of the YAML, or --dataset_config on the command "
+                      "line) to drop this note, or name the Hub dataset whose configuration you meant.")
         return load_dataset(LOCAL_BUILDERS[suffix], data_files=name, split="train")
     dataset = load_dataset(name, config)
     if isinstance(dataset, DatasetDict) and split not in dataset:

@@ -649,3 +649,20 @@ def test_config_with_an_equals_sign_is_read_and_a_second_config_is_refused(tmp_p
     assert ppo_config.response_length == TINY_RUN["response_length"]  # the YAML was read
     with pytest.raises(train.ConfigError, match=r"--config is given 2 times \(cfg/run\.yaml, other\.yaml\)"):
         train.parse_args(["--config", "cfg/run.yaml", "--config=other.yaml"], "hf-ppo train")
+
+
+def test_a_dataset_config_given_with_a_local_file_is_said_to_be_ignored(tmp_path):
+    """`dataset_config` with a local file was dropped in silence (a file has no configurations): a warning names it
+    and the fix; a Hub-less run without one stays quiet."""
+    import warnings
+
+    from hf_ppo.cli import train
+
+    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "the movie was"}])
+    with pytest.warns(UserWarning, match=r"dataset_config 'main' is ignored: .*train\.jsonl' is a local file, and "
+                                         r"only a Hub dataset has configurations\. Leave dataset_config out"):
+        loaded = train.load_split(data, "main", "train")
+    assert loaded["prompt"] == ["the movie was"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train.load_split(data, None, "train")
