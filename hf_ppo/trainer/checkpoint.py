@@ -268,17 +268,22 @@ def write_failure_message(err: BaseException, code: int | None, folder: str, run
 
 
 @contextlib.contextmanager
-def write_failures_named(folder: str, run_dir: str):
-    """Around the writing of checkpoint `folder` of the run in `run_dir`: a write that fails (an OSError, or torch's
-    and safetensors' errors for one) becomes a `CheckpointWriteError` saying why, where, and what is intact
-    (`write_failure_message`), the original chained. Any other error passes through unchanged."""
+def _failed_writes_as(error):
+    """Around a write: one that fails (an OSError, or torch's and safetensors' errors for one: `_failed_write`)
+    becomes `error(err, errno)`, the original chained. Any other error passes through unchanged."""
     try:
         yield
-    except Exception as err:  # noqa: BLE001 - only failed writes are turned into CheckpointWriteError; others re-raise
+    except Exception as err:  # noqa: BLE001 - only failed writes are turned into the named error; others re-raise
         failed, code = _failed_write(err)
         if not failed:
             raise
-        raise CheckpointWriteError(write_failure_message(err, code, folder, run_dir)) from err
+        raise error(err, code) from err
+
+
+def write_failures_named(folder: str, run_dir: str):
+    """Around the writing of checkpoint `folder` of the run in `run_dir`: a write that fails becomes a
+    `CheckpointWriteError` saying why, where, and what is intact (`write_failure_message`)."""
+    return _failed_writes_as(lambda err, code: CheckpointWriteError(write_failure_message(err, code, folder, run_dir)))
 
 
 # ---- the final save (save_model): written aside, then moved in ------------------------------------------------------
@@ -338,25 +343,20 @@ def save_failure_message(err: BaseException, code: int | None, folder: str, run_
             f"elsewhere); {again}.")
 
 
-@contextlib.contextmanager
 def save_failures_named(folder: str, run_dir: str, what: str, intact: str, needed=None,
                         call: str = "trainer.save_model()"):
     """Around a final save of `what` into `folder` (of the run in `run_dir`): a failed write (as
     `write_failures_named` tells one) becomes a `SaveWriteError` (`save_failure_message`; `needed`: a callable giving
-    the bytes the save takes, `intact` a text or a callable giving one, both asked only then), the original chained.
-    Any other error passes through unchanged."""
-    try:
-        yield
-    except Exception as err:  # noqa: BLE001 - only failed writes are turned into SaveWriteError; others re-raise
-        failed, code = _failed_write(err)
-        if not failed:
-            raise
+    the bytes the save takes, `intact` a text or a callable giving one, both asked only then)."""
+    def error(err: BaseException, code: int | None) -> SaveWriteError:
         try:
             size = needed() if needed else None
         except Exception:  # noqa: BLE001 - the size is a hint: never let it hide the failed write
             size = None
         said = intact() if callable(intact) else intact
-        raise SaveWriteError(save_failure_message(err, code, folder, run_dir, what, size, said, call)) from err
+        return SaveWriteError(save_failure_message(err, code, folder, run_dir, what, size, said, call))
+
+    return _failed_writes_as(error)
 
 
 @contextlib.contextmanager
