@@ -146,6 +146,7 @@ STOP_SETTINGS = ("stop_token", "stop_token_ids")  # one setting: either option r
 
 
 def _run_record(policy: str) -> dict | None:
+    """The run record beside a policy folder (`hub.publish.RUN_RECORD_FILE`); None for a Hub id or without one."""
     from ..hub.publish import read_run_record
 
     return read_run_record(policy) if os.path.isdir(policy) else None
@@ -309,9 +310,7 @@ def _cuda_available() -> bool:
 def recorded_precision(policy: str, args: argparse.Namespace) -> tuple[str, str | None]:
     """(precision, note): --precision when given, else the one the run that trained `policy` recorded beside it,
     else 'fp32'. fp16 without a GPU (Trainer refuses it on a CPU) becomes fp32, with the note that says so."""
-    from ..hub.publish import read_run_record
-
-    record = (read_run_record(policy) if os.path.isdir(policy) else None) or {}
+    record = _run_record(policy) or {}
     recorded = record.get("precision") if record.get("precision") in PRECISIONS else None
     chosen = args.precision or recorded or "fp32"
     if chosen == "fp16" and not _cuda_available():
@@ -325,9 +324,7 @@ def recorded_reference(policy: str) -> str | None:
     `hub.publish.RUN_RECORD_FILE`'s `reference`), the default of --reference over a LoRA adapter's base: None when
     the run's reference lived inside the policy (its adapter disabled, a reference adapter) or nothing is recorded.
     A recorded local path that is gone is an error naming it: its base is another model."""
-    from ..hub.publish import read_run_record
-
-    reference = ((read_run_record(policy) if os.path.isdir(policy) else None) or {}).get("reference")
+    reference = (_run_record(policy) or {}).get("reference")
     if not isinstance(reference, str) or reference.startswith("adapter "):
         return None
     if not os.path.exists(reference) and (os.path.isabs(reference) or reference.startswith(".")):
@@ -348,9 +345,7 @@ def recorded_quantization(policy: str, args: argparse.Namespace) -> dict[str, st
     """{"policy", "ref", "reward"}: each model's quantization for this evaluation: the option when given, else what
     the run that trained `policy` recorded beside it (`hub.publish.RUN_RECORD_FILE`), else 'none'. A reference
     given by --reference that is not the run's own reference is loaded in full precision unless told."""
-    from ..hub.publish import read_run_record
-
-    record = (read_run_record(policy) if os.path.isdir(policy) else None) or {}
+    record = _run_record(policy) or {}
     loaded = record.get("quantization") or {}
     rewards = {q for q in loaded.get("reward") or [] if q is not None}
     recorded = {"policy": loaded.get("policy"), "ref": loaded.get("reference"),
