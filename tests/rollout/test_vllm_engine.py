@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import warnings
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hf_ppo import PPOConfig, PPOLMTrainer
 from hf_ppo.cli.tiny import build_causal_lm, build_tokenizer
 from hf_ppo.rollout import make_rollout_engine
-from hf_ppo.rollout.engines import RolloutEngine, SamplingSettings, engine_stats
+from hf_ppo.rollout.engines import RolloutEngine, SamplingSettings, engine_stats, sampling_weights
 from hf_ppo.rollout.steps import policy_forward, truncate_after_stop
 from hf_ppo.rollout.vllm_engine import VLLMSettings, lora_problems, policy_problems
 from hf_ppo.trainer.step_api import STEP_VLLM_ERROR
@@ -111,8 +112,8 @@ def test_vllm_in_another_process_is_refused(tmp_path, tiny_models, monkeypatch):
                      train_dataset=prompts_dataset())
 
 
-def test_bases_vllm_cannot_hold_as_the_policy_does_are_named(tiny_models):
-    model = AutoModelForCausalLM.from_pretrained(tiny_models["policy"])
+def test_bases_vllm_cannot_hold_as_the_policy_does_are_named(vllm_tiny_models):
+    model = AutoModelForCausalLM.from_pretrained(vllm_tiny_models["policy"])
     assert policy_problems(model, None, on_cpu=True) == []
     model.is_loaded_in_4bit = True  # as bitsandbytes marks a 4-bit model
     assert "vLLM's CPU build has no bitsandbytes" in policy_problems(model, None, on_cpu=True)[0]
@@ -207,7 +208,7 @@ def test_vllm_samples_from_the_policy_in_the_prompts_order(engine, lora_policy, 
 @pytest.mark.vllm
 def test_with_the_adapter_disabled_vllm_samples_the_base(engine, lora_policy, vllm_tokenizer):
     queries, query_mask = left_padded(vllm_tokenizer, PROMPTS, k=1)
-    with lora_policy.disable_adapter():  # the reference of a LoRA run
+    with lora_policy.disable_adapter(), sampling_weights("base"):  # the reference of a LoRA run, as evaluation says
         responses = engine.generate(lora_policy, queries, query_mask)
         logprobs, mask = policy_logprobs(lora_policy, queries, query_mask, responses, engine.stop_token_ids,
                                          vllm_tokenizer.pad_token_id)
@@ -215,11 +216,30 @@ def test_with_the_adapter_disabled_vllm_samples_the_base(engine, lora_policy, vl
 
 
 @pytest.mark.vllm
-def test_another_model_samples_with_hf_ppos_loop(engine, vllm_tiny_models, vllm_tokenizer):
+def test_another_model_samples_with_hf_ppos_loop_said_once_naming_truncated_is(engine, vllm_tiny_models,
+                                                                                vllm_tokenizer, monkeypatch):
     other = AutoModelForCausalLM.from_pretrained(vllm_tiny_models["policy"])  # equal weights, another object
     queries, query_mask = left_padded(vllm_tokenizer, PROMPTS, k=1)
-    responses = engine.generate(other, queries, query_mask)  # a frozen reference model: not what vLLM holds
+    monkeypatch.setattr(engine, "_said_fallback", False)
+    with pytest.warns(UserWarning, match="truncated importance sampling \(vllm_importance_sampling_cap\)"):
+        with sampling_weights("reference"):  # a frozen reference model: not what vLLM holds
+            responses = engine.generate(other, queries, query_mask)
     assert responses.shape == (3, 8) and engine.last_logprobs() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per engine
+        with sampling_weights("reference"):
+            engine.generate(other, queries, query_mask)
+
+
+@pytest.mark.vllm
+def test_told_policy_vllm_samples_its_copy_whatever_object_it_is_handed(engine, lora_policy, vllm_tokenizer):
+    queries, query_mask = left_padded(vllm_tokenizer, PROMPTS, k=1)
+    wrapped = copy.copy(lora_policy)  # another object (as a wrapper would be): the caller said 'policy'
+    responses = engine.generate(wrapped, queries, query_mask)
+    logprobs, mask = policy_logprobs(lora_policy, queries, query_mask, responses, engine.stop_token_ids,
+                                     vllm_tokenizer.pad_token_id)
+    assert engine.last_logprobs() is not None  # vLLM sampled, so truncated importance sampling stays on
+    assert (logprobs - engine.last_logprobs()).abs()[mask].max() < FP32_NOISE
 
 
 @pytest.mark.vllm
@@ -313,3 +333,123 @@ def test_an_architecture_vllm_lacks_is_refused(tmp_path):
     with pytest.raises(ValueError, match="has no implementation of its architecture \\['GPTNeoForCausalLM'\\]"):
         PPOLMTrainer(model=str(folder), args=vllm_args(tmp_path), reward_model=score_length,
                      train_dataset=prompts_dataset())
+
+
+# ---- issue 60 item 9, issue 63 kind 3: refusals at construction, vLLM's length (no vLLM needed) ----------------------
+def test_a_head_dim_vllms_cpu_attention_lacks_is_refused_naming_kv_cache(tiny_models):
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["policy"])  # hidden 64, 4 heads: head_dim 16
+    problems = policy_problems(model, None, on_cpu=True)
+    assert len(problems) == 1 and "heads are 16 wide (head_dim)" in problems[0]
+    assert "rollout_engine: kv_cache" in problems[0] and "32" in problems[0]
+    assert policy_problems(model, None, on_cpu=False) == []  # a GPU's attention takes it
+
+
+@pytest.mark.parametrize("fields, length", [
+    (dict(max_prompt_length=20, response_length=6), 26),  # the prompt and its response, not the prompt alone
+    (dict(max_prompt_length=None, response_length=6), None),  # None: vLLM takes the policy's context
+    (dict(max_prompt_length=20, response_length=6, vllm_max_model_len=100), 100),
+])
+def test_vllms_max_model_len_holds_the_prompt_and_the_response(tmp_path, fields, length):
+    assert vllm_args(tmp_path, **fields).vllm_settings.max_model_len == length
+
+
+# ---- issue 60 item 4: the probe at the first sync; issue 63 kind 6: vLLM's own behaviour (vLLM's CPU build) ----------
+@pytest.mark.vllm
+def test_a_lora_policy_whose_base_was_changed_in_memory_is_refused_at_the_first_sync(vllm_tiny_models,
+                                                                                     vllm_tokenizer):
+    base = AutoModelForCausalLM.from_pretrained(vllm_tiny_models["policy"], dtype=torch.float32)
+    torch.manual_seed(1)
+    sft = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False))
+    merged = sft.merge_and_unload()  # an SFT adapter merged into the base; name_or_path is still the folder
+    assert merged.config.name_or_path == vllm_tiny_models["policy"]
+    policy = get_peft_model(merged, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    sampling = SamplingSettings(response_length=8, temperature=TEMPERATURE, forward_batch_size=8,
+                                rollout_engine="vllm")
+    with pytest.raises(ValueError, match="vLLM's copy of the policy is another model") as err:
+        make_rollout_engine(sampling, vllm_tokenizer.pad_token_id, [vllm_tokenizer.eos_token_id], policy=policy,
+                            trained_adapter="default", vllm=VLLMSettings(max_model_len=64, seed=0))
+    assert "merge_and_unload()" in str(err.value) and "rollout_engine at 'kv_cache'" in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def full_policy(vllm_tiny_models):
+    return AutoModelForCausalLM.from_pretrained(vllm_tiny_models["policy"], dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def full_engine(full_policy, vllm_tokenizer):
+    """A fully fine-tuned policy's engine (its weights reloaded in place), long enough for prompts of two KV blocks."""
+    sampling = SamplingSettings(response_length=8, temperature=TEMPERATURE, forward_batch_size=8,
+                                rollout_engine="vllm")
+    return make_rollout_engine(sampling, vllm_tokenizer.pad_token_id, [vllm_tokenizer.eos_token_id],
+                               policy=full_policy, trained_adapter=None,
+                               vllm=VLLMSettings(max_model_len=256, seed=0))
+
+
+@pytest.mark.vllm
+def test_a_policy_that_puts_its_mass_on_eos_is_not_stopped_by_vllm_when_hf_ppo_says_not_to(
+        full_engine, full_policy, vllm_tokenizer):
+    eos, pad = vllm_tokenizer.eos_token_id, vllm_tokenizer.pad_token_id
+    original = copy.deepcopy(full_policy.state_dict())
+    try:
+        with torch.no_grad():  # the layers add nothing, every token's embedding points one way, EOS's head row too
+            for name, param in full_policy.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight")):
+                    param.zero_()
+            full_policy.get_input_embeddings().weight[:, 0] = 10.0
+            full_policy.lm_head.weight[eos, 0] = 100.0
+        full_engine.weights_changed()
+        queries, query_mask = left_padded(vllm_tokenizer, PROMPTS, k=1)
+        never = copy.copy(full_engine)
+        never.stop_token_ids = []  # hf_ppo says: never stop (stop_token=None)
+        responses = never.generate(full_policy, queries, query_mask)
+        assert eos != pad and (responses == eos).all()  # EOS drawn at every position, and vLLM went on after it
+        stopping = full_engine.generate(full_policy, queries, query_mask)  # stop at EOS: one EOS, then padding
+        assert (stopping[:, 0] == eos).all() and (stopping[:, 1:] == pad).all()
+    finally:
+        full_policy.load_state_dict(original)
+        full_engine.weights_changed()
+
+
+@pytest.mark.vllm
+def test_a_full_fine_tunes_reload_samples_the_new_weights_for_prompts_longer_than_a_kv_block(
+        full_engine, full_policy, vllm_tokenizer):
+    cache = full_engine.llm.llm_engine.vllm_config.cache_config
+    text = "the movie was great and the plot was fun " * 40
+    queries, query_mask = left_padded(vllm_tokenizer, [text[:len(text) // 2], text], k=1)
+    queries, query_mask = queries[:, -(cache.block_size + 40):], query_mask[:, -(cache.block_size + 40):]
+    assert cache.enable_prefix_caching and query_mask.sum(1).min() > cache.block_size  # a cached block, at least
+    original = copy.deepcopy(full_policy.state_dict())
+    try:
+        full_engine.generate(full_policy, queries, query_mask)  # the prompts' first block is cached now
+        with torch.no_grad():
+            torch.manual_seed(2)
+            for name, param in full_policy.named_parameters():
+                if name.endswith(("k_proj.weight", "v_proj.weight")):  # what the cached keys and values came from
+                    param.add_(torch.randn_like(param))
+        full_engine.weights_changed()
+        responses = full_engine.generate(full_policy, queries, query_mask)
+        logprobs, mask = policy_logprobs(full_policy, queries, query_mask, responses, full_engine.stop_token_ids,
+                                         vllm_tokenizer.pad_token_id)
+        assert (logprobs - full_engine.last_logprobs()).abs()[mask].max() < FP32_NOISE
+    finally:
+        full_policy.load_state_dict(original)
+        full_engine.weights_changed()
+
+
+@pytest.mark.vllm
+def test_two_syncs_in_a_row_give_two_lora_ids_and_vllm_follows_the_second(engine, lora_policy, vllm_tokenizer):
+    queries, query_mask = left_padded(vllm_tokenizer, PROMPTS)
+    ids = []
+    for step in range(2):
+        with torch.no_grad():
+            for name, param in lora_policy.named_parameters():
+                if "lora_B" in name:
+                    param.mul_(-1.0 if step else 1.5)  # two optimizer steps, each its own adapter
+        engine.weights_changed()
+        responses = engine.generate(lora_policy, queries, query_mask)
+        ids.append(engine._lora.lora_int_id)
+    assert ids[0] != ids[1]
+    logprobs, mask = policy_logprobs(lora_policy, queries, query_mask, responses, engine.stop_token_ids,
+                                     vllm_tokenizer.pad_token_id)
+    assert (logprobs - engine.last_logprobs()).abs()[mask].max() < FP32_NOISE  # the second adapter's samples

@@ -664,3 +664,41 @@ def test_the_loss_keeps_only_the_positions_that_predict_the_response(tiny_models
     trainer.train()
     R = trainer.args.response_length
     assert made and all(shapes == {(4, R, vocab)} for shapes in made), f"logits-sized tensors: {made}"
+
+
+# ---- issue 63 kind 5: truncated importance sampling sees the engine's own log-probs, end to end ----------------------
+def test_truncated_importance_sampling_changes_the_loss_when_the_engines_log_probs_differ(
+        tiny_models, tokenizer, prompts_dataset, tmp_path, monkeypatch):
+    """A sampler whose log-probs are planted far below the policy's (a known gap, as a vLLM holding other weights
+    would give): every token's weight is min(pi_old / pi_sampler, cap) = the cap, 2, not 1. With the weights
+    computed against the policy's own log-probs on both sides, the weights would be 1 and a unit test of the weight
+    formula alone would still pass."""
+    from tests.scripted_engine import ScriptedEngine
+
+    class Gapped(ScriptedEngine):
+        def generate(self, model, queries, query_mask):
+            responses = super().generate(model, queries, query_mask)
+            self.sampled = torch.full(responses.shape, -30.0)  # exp(old - (-30)) is far above any cap
+            return responses
+
+        def last_logprobs(self):
+            return self.sampled
+
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in tokenizer.tokenize(" the movie was great and the end")][:8]
+    monkeypatch.setattr("hf_ppo.trainer.ppo_trainer.make_rollout_engine", lambda *a, **k: Gapped([ids]))
+    for cap, weight in ((2.0, 2.0), (None, None)):
+        trainer = PPOLMTrainer(model=tiny_models["policy"], processing_class=tokenizer, reward_model=count_e,
+                               train_dataset=prompts_dataset,
+                               args=make_args(tmp_path, max_steps=1, num_ppo_epochs=1, gradient_accumulation_steps=1,
+                                              rollout_engine="vllm", use_cpu=True, stop_token=None,
+                                              vllm_importance_sampling_cap=cap))
+        trainer.train()
+        logged = [e["policy/importance_weight_avg"] for e in trainer.state.log_history
+                  if "policy/importance_weight_avg" in e]
+        gaps = [e["rollout/vllm_logprob_diff_mean"] for e in trainer.state.log_history
+                if "rollout/vllm_logprob_diff_mean" in e]
+        assert gaps and gaps[0] > 20  # the planted gap is seen
+        if weight is None:
+            assert logged == [] or logged == [pytest.approx(1.0)]  # off: no correction
+        else:
+            assert logged == [pytest.approx(weight)]  # every weight the cap, not 1
