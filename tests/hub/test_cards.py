@@ -489,3 +489,13 @@ def test_an_edited_peft_template_holding_its_marks_is_the_users_and_kept(tmp_pat
     with pytest.warns(UserWarning, match="not a model card hf_ppo wrote, so it is kept as it is"):
         write_model_card(tmp_path, **card_kwargs())
     assert readme.read_bytes() == text.encode() and not (tmp_path / cards.PLOT_FILE).exists()
+
+
+# ---- issue 63 kind 3: the card's rollout batch is a value, worked out by hand ---------------------------------------
+def test_the_cards_rollout_batch_is_the_responses_one_device_samples_per_iteration(chat_run, tmp_path):
+    # 2 sequences per micro-batch x 3 accumulated x 2 minibatches: 12 responses per iteration on one device
+    values = PPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=3,
+                       num_mini_batches=2, report_to=[]).card_hyperparameters
+    assert values["rollout_batch_size (per device)"] == 12 and values["world_size"] == 1
+    text = (chat_run / "README.md").read_text()  # 4 x 1 x 1
+    assert "| `rollout_batch_size (per device)` | `4` |" in text and "| `world_size` | `1` |" in text

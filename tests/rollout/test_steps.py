@@ -446,3 +446,30 @@ def test_uniform_rewards_names_each_reward_and_the_score_that_gave_every_sample_
     assert uniform_rewards(torch.tensor([1.0, 2.0, 3.0, 5.0]), each) == {"exact": 0.0, "fmt": 1.0}
     assert uniform_rewards(torch.full((4,), 0.5), {}) == {None: 0.5}
     assert uniform_rewards(torch.tensor([0.5]), {}) == {}  # one sample proves nothing
+
+
+# ---- issue 63 kind 3: rows without a score leave the advantage estimator (its output with and without them) -------
+def test_the_estimators_output_is_the_same_with_an_unscored_row_as_without_it(lora_policy, tokenizer):
+    """Whitened GAE advantages of the scored rows: a rollout where row 2 is scored inf gives them exactly what a
+    rollout of the other three rows alone gives (the unscored row enters no mean, variance or return)."""
+    def one_inf(prompts, completions):
+        scores = length_and_e(prompts, completions)
+        scores[2] = float("inf")
+        return scores
+
+    queries, query_mask = prompt_batch(tokenizer)
+    settings = RolloutSettings(SamplingSettings(response_length=R, temperature=0.7, forward_batch_size=3),
+                               EstimatorSettings(kl_coef=0.05, gamma=1.0, lam=0.95, whiten_advantages=True,
+                                                 whiten_rewards=True))
+    rows = script(tokenizer)
+    with pytest.warns(UserWarning, match="returned inf"):
+        whole = rollout(lora_policy, queries, query_mask, PROMPTS, RolloutParts(
+            ScriptedEngine(rows), one_inf, tokenizer, [tokenizer.eos_token_id]), settings).batch
+    kept = [0, 1, 3]
+    alone = rollout(lora_policy, queries[kept], query_mask[kept], [PROMPTS[i] for i in kept], RolloutParts(
+        ScriptedEngine([rows[i] for i in kept]), length_and_e, tokenizer, [tokenizer.eos_token_id]), settings).batch
+    mask = alone.policy_mask
+    assert torch.equal(whole.policy_mask[kept], mask)
+    for name in ("advantages", "returns", "rewards"):
+        with_row, without = getattr(whole, name)[kept], getattr(alone, name)
+        assert torch.allclose(with_row[mask], without[mask], atol=1e-5), name

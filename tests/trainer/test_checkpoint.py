@@ -916,3 +916,32 @@ def test_a_staged_save_that_fails_says_exactly_what_it_changed(tmp_path, monkeyp
                     f.write("new")
             monkeypatch.setattr(ckpt.os, "replace", second_fails)
     assert sorted(p.name for p in out.iterdir()) == ["a.json", "b.json"]
+
+
+# ---- issue 63 kinds 3 and 5: the saved folder's exact files; the staged final save equals the checkpoint's -----------
+POLICY_FILES = {"lora": ["adapter_config.json", "adapter_model.safetensors"],
+                "full": ["config.json", "generation_config.json", "model.safetensors"]}
+TOKENIZER_FILES = ["chat_template.jinja", "tokenizer.json", "tokenizer_config.json"]
+CHECKPOINT_FILES = ["hf_ppo_checkpoint.json", "optimizer.pt", "ppo_state.json", "rng_state.pth", "scheduler.pt",
+                    "trainer_state.json", "value_head.safetensors"]
+
+
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_the_saved_folder_holds_exactly_its_files_and_the_staged_save_equals_the_checkpoints(kind, tiny_models,
+                                                                                          tokenizer, tmp_path):
+    """The final save (written aside, then moved in: `staged_save`) leaves exactly the policy, the tokenizer, the run
+    record, the card and its plot: no staging folder or marker in a folder that gets pushed. Its policy files are
+    byte for byte those the checkpoint of the same step wrote straight into its folder (no staging)."""
+    import contextlib
+    import io
+
+    trainer = make_trainer(tiny_models, tokenizer, tmp_path, lora() if kind == "lora" else None, max_steps=4,
+                           save_strategy="steps", save_steps=4)
+    trainer.train()
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.save_model()
+    saved = sorted([*POLICY_FILES[kind], *TOKENIZER_FILES, "hf_ppo_run.json"])
+    assert sorted(os.listdir(tmp_path)) == sorted([*saved, "README.md", "checkpoint-4", "training_curves.png"])
+    assert sorted(os.listdir(tmp_path / "checkpoint-4")) == sorted([*saved, *CHECKPOINT_FILES])
+    for name in saved:
+        assert (tmp_path / name).read_bytes() == (tmp_path / "checkpoint-4" / name).read_bytes(), name
