@@ -666,3 +666,15 @@ def test_a_dataset_config_given_with_a_local_file_is_said_to_be_ignored(tmp_path
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         train.load_split(data, None, "train")
+
+
+# ---- issue 63 kind 4: `none` on the command line over a YAML's number -------------------------------------------------
+def test_max_prompt_length_none_on_the_command_line_is_no_limit(tmp_path, models, prompts):
+    from hf_ppo.cli import train
+
+    config = tiny_config(tmp_path, models, prompts, max_prompt_length=24)
+    assert train.parse_args(["--config", config], "hf-ppo train")[2].max_prompt_length == 24
+    for none in ("none", "None", "null"):
+        ppo_config = train.parse_args(["--config", config, "--max_prompt_length", none], "hf-ppo train")[2]
+        assert ppo_config.max_prompt_length is None, none
+        assert ppo_config.vllm_settings.max_model_len is None  # nor a limit derived from it

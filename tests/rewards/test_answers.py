@@ -381,3 +381,16 @@ def test_an_explicit_plus_sign_and_a_negative_denominator_are_read(text, expecte
 def test_signed_answers_score_against_their_references():
     assert exact_answer(["#### +5", "\\boxed{\\frac{7}{-2}}", "\\boxed{\\frac{7}{-2}}"], ["5", "-3.5", "3.5"]) \
         == [1.0, 1.0, 0.0]
+
+
+# ---- issue 63 kind 4: a second side, a second message ----------------------------------------------------------------
+def test_of_an_equation_of_two_numbers_the_last_side_is_the_answer():
+    assert extract_answer("the answer is 40 = 42") == 42  # not 40, the first side
+    assert extract_answer("#### 7 = 6 + 1 = 5") == 5
+
+
+def test_a_conversational_completion_with_several_messages_is_read_from_the_last():
+    completion = [{"role": "assistant", "content": "#### 70"}, {"role": "tool", "content": "72"},
+                  {"role": "assistant", "content": "So the answer is 72."}]
+    assert exact_answer(completions=[completion], answer=[GSM8K_ANSWER]) == [1.0]
+    assert exact_answer(completions=[completion[:1]], answer=[GSM8K_ANSWER]) == [0.0]

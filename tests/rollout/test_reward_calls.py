@@ -662,3 +662,55 @@ def test_one_element_numpy_arrays_in_the_list_are_refused_naming_the_function(to
     scores, applies = reward_values([torch.tensor([0.5]), None], 2, "tensors")
     assert scores.tolist() == [0.5, 0.0] and applies.tolist() == [True, False]
     assert reward_values(tensors(["a", "b"]), 2)[0].tolist() == [0.5, 0.5]
+
+
+# ---- issue 63 kind 4: a second call, a second column, TRL's own signature ------------------------------------------
+def test_log_metric_twice_is_the_mean_and_log_extra_over_two_calls_is_extended():
+    from hf_ppo.rollout.reward_calls import RewardLogs
+
+    logs = RewardLogs()
+    logs.log_metric("m", 1.0)
+    logs.log_metric("m", 4.0)  # twice in one iteration: the mean, not the last value nor the sum
+    logs.log_extra("note", ["a", "b"])
+    logs.log_extra("note", ["c"])  # a second micro-batch's rows: appended, not replacing the first's
+    assert logs.take_metrics() == {"m": 2.5} and logs.take_extra() == {"note": ["a", "b", "c"]}
+    assert logs.take_metrics() == {} and logs.take_extra() == {}  # taken once per iteration
+
+
+def test_log_metric_called_twice_per_rollout_logs_the_mean(tiny_models, tokenizer, tmp_path):
+    def twice(completions, log_metric, **kwargs):
+        log_metric("twice/value", 1.0)
+        log_metric("twice/value", 3.0)
+        return [0.0] * len(completions)
+
+    trainer = trainer_for(tiny_models, tokenizer, tmp_path, reward=twice, max_steps=2, num_mini_batches=1)
+    trainer.train()
+    assert logged(trainer, "twice/value") == [2.0, 2.0]
+
+
+def test_trls_own_signature_is_called_by_keyword_with_every_column(tokenizer):
+    seen = {}
+
+    def trl_style(prompts, completions, **kwargs):  # TRL's documented reward signature
+        seen.update(prompts=prompts, completions=completions, kwargs=set(kwargs))
+        return [float(a == "7") for a in kwargs["answer"]]
+
+    scores, _ = RewardSet.single(trl_style).score(**rows_of(tokenizer, ["x", "y"], ["u", "v"]),
+                                                  columns={"answer": ["7", "8"]})
+    assert scores.tolist() == [1.0, 0.0] and {"answer", "completion_ids"} <= seen["kwargs"]
+    assert seen["prompts"] == ["x", "y"]
+
+
+def test_a_messages_column_never_reaches_the_reward_functions_as_data(tiny_models, tokenizer, tmp_path):
+    seen = set()
+
+    def everything(prompts, completions, **kwargs):
+        seen.update(kwargs)
+        assert all(isinstance(p, list) and p[-1]["role"] == "user" for p in prompts)  # the prompt, as prompts
+        return [0.0] * len(completions)
+
+    rows = answers_dataset(chat=True).rename_column("prompt", "messages")
+    trainer = trainer_for(tiny_models, tokenizer, tmp_path, reward=everything, dataset=rows, max_steps=1,
+                          num_mini_batches=1)
+    trainer.train()
+    assert {"answer", "row_id"} <= seen and "messages" not in seen and "prompt" not in seen

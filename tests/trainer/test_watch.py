@@ -756,3 +756,27 @@ def test_a_short_wildly_tuned_run_is_called_out_within_the_run(tiny_models, toke
     assert kl and kl[0].startswith("Collapse watch, step 3: KL to the reference"), messages
     assert "beyond 30 (the default with a fixed kl_coef" in kl[0]
     assert len(seen) == 8 and seen[0] == 0.0 and seen[-1] > 100, seen  # it degenerates
+
+
+# ---- issue 63 kind 4: a NaN row beside a uniform reward ------------------------------------------------------------
+def test_a_nan_row_beside_a_uniform_reward_still_says_no_signal(tiny_models, tokenizer, tmp_path):
+    """Every scored row got 0 and one row NaN (it leaves the update): the scored rows have no spread, so the
+    no-signal warning fires; the NaN is not read as spread."""
+    from hf_ppo.rollout.steps import uniform_rewards
+    from hf_ppo.trainer.watch import NoSignalWarning
+
+    nan = float("nan")
+    each = {"zero_or_nan": (torch.tensor([0.0, nan, 0.0, 0.0]), torch.ones(4, dtype=torch.bool))}
+    assert uniform_rewards(torch.tensor([0.0, nan, 0.0, 0.0]), each) == {None: 0.0, "zero_or_nan": 0.0}
+
+    calls = []
+
+    def zero_or_nan(prompts, completions):  # the construction probe (the first call) gets finite scores
+        calls.append(1)
+        return [nan if i == 1 and len(calls) > 1 else 0.0 for i in range(len(completions))]
+
+    trainer = PPOLMTrainer(model=tiny_models["policy"], processing_class=tokenizer, reward_model=zero_or_nan,
+                           train_dataset=PROMPTS, args=default_config(tmp_path, max_steps=1, num_ppo_epochs=1,
+                                                                      **ON_THE_CPU))
+    with pytest.warns(NoSignalWarning, match="No learning signal in PPO iteration 1"):
+        trainer.train()
