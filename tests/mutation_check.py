@@ -215,6 +215,23 @@ SUBSET = [
             "test_hf_ppo_evaluate_stops_truncates_scores_and_splits_as_the_run_trained",
             "test_hf_ppo_evaluate_warns_on_the_training_file_and_names_the_held_out_one"),
     "tests/hub/test_publish.py::test_the_run_record_holds_the_stop_truncation_scoring_and_dataset",
+    # subset:i63 (the vLLM engine's checks that need no vLLM; values, second calls, both sides sharing a bug)
+    *select("tests/rollout/test_vllm_engine.py",
+            "test_a_head_dim_vllms_cpu_attention_lacks_is_refused_naming_kv_cache",
+            "test_vllms_max_model_len_holds_the_prompt_and_the_response"),
+    "tests/evaluation/test_evaluator.py::test_evaluation_tells_the_engine_which_weights_each_side_samples",
+    "tests/trainer/test_ppo_trainer.py::test_truncated_importance_sampling_changes_the_loss_when_the_engines_log_probs_differ",
+    "tests/trainer/test_checkpoint.py::test_the_saved_folder_holds_exactly_its_files_and_the_staged_save_equals_the_checkpoints",
+    "tests/rollout/test_steps.py::test_the_estimators_output_is_the_same_with_an_unscored_row_as_without_it",
+    "tests/hub/test_cards.py::test_the_cards_rollout_batch_is_the_responses_one_device_samples_per_iteration",
+    *select("tests/rollout/test_reward_calls.py",
+            "test_log_metric_twice_is_the_mean_and_log_extra_over_two_calls_is_extended",
+            "test_trls_own_signature_is_called_by_keyword_with_every_column",
+            "test_a_messages_column_never_reaches_the_reward_functions_as_data"),
+    "tests/trainer/test_watch.py::test_a_nan_row_beside_a_uniform_reward_still_says_no_signal",
+    *select("tests/rewards/test_answers.py",
+            "test_of_an_equation_of_two_numbers_the_last_side_is_the_answer",
+            "test_a_conversational_completion_with_several_messages_is_read_from_the_last"),
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -224,6 +241,20 @@ class Mutation:
     name: str
     bug: str  # the kind of bug, in the issue's words
     edits: list[tuple[str, str, str]]  # (file under hf_ppo/, exact original snippet, replacement)
+    tests: list[str] | None = None  # the tests that catch it when not SUBSET's: VLLM_SUBSET (the vLLM leg's)
+
+
+# The vLLM leg's tests (marked `vllm`: vLLM's CPU build, .venv-vllm) that catch the mutations with tests=VLLM_SUBSET.
+# Those run only where vLLM imports: `.venv-vllm/bin/python tests/mutation_check.py -k i63v`; elsewhere they are
+# listed as VLLM-LEG and left out of the score.
+VLLM_SUBSET = [
+    *select("tests/rollout/test_vllm_engine.py",
+            "test_a_lora_policy_whose_base_was_changed_in_memory_is_refused_at_the_first_sync",
+            "test_another_model_samples_with_hf_ppos_loop_said_once_naming_truncated_is",
+            "test_a_policy_that_puts_its_mass_on_eos_is_not_stopped_by_vllm_when_hf_ppo_says_not_to",
+            "test_a_full_fine_tunes_reload_samples_the_new_weights_for_prompts_longer_than_a_kv_block",
+            "test_two_syncs_in_a_row_give_two_lora_ids_and_vllm_follows_the_second"),
+]
 
 
 R = "rollout/steps.py"
@@ -504,8 +535,8 @@ MUTATIONS = [
              [("evaluation/evaluator.py", "reference_logprobs(policy, trainer.ref_model,",
                "reference_logprobs(policy, None,")]),
     Mutation("eval_reference_samples_policy", "the reference side samples the trained policy (full fine-tune)",
-             [("evaluation/evaluator.py", "model = _Generator(trainer.ref_model)",
-               "model = _Generator(policy.policy_model)")]),
+             [("evaluation/evaluator.py", "model, weights = _Generator(trainer.ref_model),",
+               "model, weights = _Generator(policy.policy_model),")]),
     Mutation("eval_lora_reference_adapter_on", "the LoRA reference samples with the adapter still enabled",
              [("evaluation/evaluator.py", "context = reference_context(policy, trainer.ref_adapter)",
                "context = contextlib.nullcontext()")]),
@@ -1064,6 +1095,67 @@ MUTATIONS = [
              [("cli/train.py", "        if config is not None:  # nothing to choose in a file: said, since the user "
                                "meant something by it\n            warn_user(",
                "        if False:\n            warn_user(")]),
+    # -- i63: the vLLM engine's reliability (58.6, 60.4, 60.9); tests of values, second calls, shared bugs ------------
+    Mutation("i63_head_dim_accepted", "vLLM on the CPU with head_dim 16 is accepted, then dies at the first rollout",
+             [("rollout/vllm_engine.py", "    if on_cpu and head_dim not in cpu_head_sizes():", "    if False:")]),
+    Mutation("i63_max_model_len_prompt_alone", "vLLM's max_model_len, unset, holds the prompt alone, not its response",
+             [(C, "(self.max_prompt_length and self.max_prompt_length + self.response_length)",
+               "(self.max_prompt_length)")]),
+    Mutation("i63_reference_weights_untold", "evaluation's reference side is not told which weights it samples: the "
+             "engine guesses (vLLM samples its copy of the policy as the reference)",
+             [("evaluation/evaluator.py", "        with context, sampling_weights(weights), _naming(",
+               "        with context, _naming(")]),
+    Mutation("i63_is_against_the_policy", "the engine's log-probs never reach the batch: truncated importance "
+             "sampling weighs the policy against itself (every weight 1) whatever vLLM sampled",
+             [(R, "sampling_logprobs=sampled if sampled is not None and sampled.shape == logprobs.shape else None)",
+               "sampling_logprobs=None)")]),
+    Mutation("i63_staging_marker_kept", "the final save's staging marker is moved into the saved folder (and pushed)",
+             [(CK, "                    if source != os.path.join(staging, _STAGING_MARKER):",
+               "                    if True:")]),
+    Mutation("i63_unscored_rows_in_estimator", "rows a reward scored NaN/inf enter the advantage estimator's "
+             "whitening (their placeholder 0 scores move every other row's advantage)",
+             [(R, "        update_mask = policy_mask & ~unscored.unsqueeze(1)", "        update_mask = policy_mask")]),
+    Mutation("i63_card_rollout_batch", "the card's rollout batch is the per-device batch, not the responses sampled "
+             "per iteration", [(C, 'values["rollout_batch_size (per device)"] = self.rollout_batch_size',
+                                'values["rollout_batch_size (per device)"] = self.per_device_train_batch_size')]),
+    Mutation("i63_log_metric_last", "log_metric called twice in an iteration logs the last value, not the mean",
+             [("rollout/reward_calls.py", "        return {name: sum(values) / len(values) for name, values in "
+               "metrics.items() if values}", "        return {name: values[-1] for name, values in "
+               "metrics.items() if values}")]),
+    Mutation("i63_log_extra_replaced", "log_extra over two calls keeps the second call's values only",
+             [("rollout/reward_calls.py", "        self.extra.setdefault(str(column), []).extend(list(values))",
+               "        self.extra[str(column)] = list(values)")]),
+    Mutation("i63_nan_is_spread", "a NaN row beside a uniform reward reads as spread: the no-signal warning is lost",
+             [(R, "        kept = kept[torch.isfinite(kept)]\n", "")]),
+    Mutation("i63_messages_column_passed", "a 'messages' column reaches the reward functions as a data column",
+             [("rollout/reward_calls.py", 'PROMPT_COLUMNS = ("prompt", "messages", "input_ids", "attention_mask")',
+               'PROMPT_COLUMNS = ("prompt", "input_ids", "attention_mask")')]),
+    Mutation("i63_first_message_read", "of a conversational completion with several messages the first is read",
+             [("rewards/answers.py", '        return completion[-1]["content"]', '        return completion[0]["content"]')]),
+    Mutation("i63_first_side_read", "'the answer is 40 = 42' reads 40, the first side",
+             [("rewards/answers.py", "    numbers = [side[0] for side in sides if len(side) == 1]\n    if numbers:\n"
+               "        return numbers[-1]", "    numbers = [side[0] for side in sides if len(side) == 1]\n"
+               "    if numbers:\n        return numbers[0]")]),
+    Mutation("i63_trl_signature_positional", "TRL's f(prompts, completions, **kwargs) is called positionally, "
+             "without its columns", [("rollout/reward_calls.py", "    if any(p.kind is p.VAR_KEYWORD for p in params):"
+                                      "\n        return True", "    if False:\n        return True")]),
+    # the vLLM leg's (tests=VLLM_SUBSET: run with .venv-vllm/bin/python)
+    Mutation("i63v_probe_skipped", "a LoRA policy whose base was merged in memory samples another model on vLLM",
+             [("rollout/vllm_engine.py", "        if gap > tolerance:", "        if False:")], VLLM_SUBSET),
+    Mutation("i63v_fallback_unsaid", "a fallback to hf_ppo's loop turns truncated importance sampling off unsaid",
+             [("rollout/vllm_engine.py", "            self._said_fallback = self._said_fallback or "
+               "_warn_fallback(weights, self.adapter is not None)", "            self._said_fallback = True")],
+             VLLM_SUBSET),
+    Mutation("i63v_eos_stops", "vLLM stops at EOS when hf_ppo says never to stop",
+             [("rollout/vllm_engine.py", "stop_token_ids=self.stop_token_ids, ignore_eos=True,",
+               "stop_token_ids=self.stop_token_ids, ignore_eos=False,")], VLLM_SUBSET),
+    Mutation("i63v_prefix_cache_kept", "a full fine-tune's reload keeps the prefix cache: long prompts sample the "
+             "old weights' keys and values",
+             [("rollout/vllm_engine.py", "            self.llm.reset_prefix_cache()", "            pass")],
+             VLLM_SUBSET),
+    Mutation("i63v_lora_id_reused", "every sync loads its adapter under one LoRA id: vLLM keeps the first adapter",
+             [("rollout/vllm_engine.py", "            self._lora_id += 1\n", "            self._lora_id = 1\n")],
+             VLLM_SUBSET),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""
@@ -1145,14 +1237,19 @@ def main() -> int:
         return 0
 
     stale = {m.name: why for m in mutations if (why := check_snippets(m))}
-    runnable = [m for m in mutations if m.name not in stale]
+    import importlib.util
+
+    other_leg = set() if importlib.util.find_spec("vllm") is not None else {
+        m.name for m in mutations if m.tests is VLLM_SUBSET}  # run with .venv-vllm/bin/python
+    runnable = [m for m in mutations if m.name not in stale and m.name not in other_leg]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hf_ppo_mutants_") as tmp:
         copies = [Path(tmp) / f"copy{i}" for i in range(max(1, args.jobs))]
         for copy in copies:
             copy.mkdir()
             make_copy(copy)
-        code, output, seconds = run_subset(copies[0], args.timeout, args.tests)
+        baseline = [t for m in runnable for t in (m.tests or args.tests)]
+        code, output, seconds = run_subset(copies[0], args.timeout, list(dict.fromkeys(baseline)) or args.tests)
         if code != 0:
             print(output[-4000:])
             print(f"The unmutated subset fails ({seconds:.0f} s): fix the suite before checking mutations.")
@@ -1164,7 +1261,7 @@ def main() -> int:
         def work(mutation):
             copy = free.pop()
             try:
-                result = run_mutation(mutation, copy, args.timeout, args.tests)
+                result = run_mutation(mutation, copy, args.timeout, mutation.tests or args.tests)
             finally:
                 free.append(copy)
             print(f"  {mutation.name}: {result[0]} ({result[2]:.0f} s)", flush=True)
@@ -1179,12 +1276,16 @@ def main() -> int:
         if m.name in stale:
             print(f"{m.name:28s} {files:24s} {'STALE':7s} {'':>5s}  {stale[m.name]}")
             continue
+        if m.name in other_leg:
+            print(f"{m.name:28s} {files:24s} {'VLLM-LEG':7s} {'':>5s}  (vLLM does not import here) {m.bug}")
+            continue
         result, test, seconds = results[m.name]
         print(f"{m.name:28s} {files:24s} {result:7s} {seconds:5.0f}  {test or m.bug}")
     caught = sum(r[0] == "caught" for r in results.values())
-    print(f"\nscore: {caught}/{len(mutations)} caught ({100 * caught / max(1, len(mutations)):.0f}%), "
-          f"{len(mutations) - len(runnable)} stale, {time.perf_counter() - start:.0f} s")
-    return 0 if caught == len(mutations) else 1
+    counted = len(mutations) - len(other_leg)
+    print(f"\nscore: {caught}/{counted} caught ({100 * caught / max(1, counted):.0f}%), {len(stale)} stale, "
+          f"{len(other_leg)} left to the vLLM leg, {time.perf_counter() - start:.0f} s")
+    return 0 if caught == counted else 1
 
 
 if __name__ == "__main__":

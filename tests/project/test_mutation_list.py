@@ -39,3 +39,12 @@ def test_every_subset_entry_names_a_test_that_exists():
         if not (ROOT / path).is_file() or (name and name not in _test_names(ROOT / path)):
             missing.append(entry)
     assert not missing, f"SUBSET names tests that do not exist: {missing}"
+
+
+def test_every_vllm_subset_entry_names_a_test_that_exists():
+    missing = []
+    for entry in mutation_check.VLLM_SUBSET:
+        path, _, test = entry.partition("::")
+        if not (ROOT / path).is_file() or test.split("[")[0] not in _test_names(ROOT / path):
+            missing.append(entry)
+    assert not missing, f"VLLM_SUBSET names tests that do not exist: {missing}"
