@@ -706,11 +706,14 @@ def test_a_messages_column_never_reaches_the_reward_functions_as_data(tiny_model
 
     def everything(prompts, completions, **kwargs):
         seen.update(kwargs)
-        assert all(isinstance(p, list) and p[-1]["role"] == "user" for p in prompts)  # the prompt, as prompts
         return [0.0] * len(completions)
 
-    rows = answers_dataset(chat=True).rename_column("prompt", "messages")
-    trainer = trainer_for(tiny_models, tokenizer, tmp_path, reward=everything, dataset=rows, max_steps=1,
-                          num_mini_batches=1)
-    trainer.train()
-    assert {"answer", "row_id"} <= seen and "messages" not in seen and "prompt" not in seen
+    # the prompts in a "messages" column (read as chat prompts), and beside a "prompt" column (the prompts read)
+    chat = answers_dataset(chat=True).rename_column("prompt", "messages")
+    both = answers_dataset().add_column("messages", chat["messages"])
+    for rows in (chat, both):
+        seen.clear()
+        trainer = trainer_for(tiny_models, tokenizer, tmp_path, reward=everything, dataset=rows, max_steps=1,
+                              num_mini_batches=1)
+        trainer.train()
+        assert {"answer", "row_id"} <= seen and "messages" not in seen and "prompt" not in seen
