@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from ..algorithms.ppo_math import POLICY_LOSSES, ROLLOUT_CORRECTIONS
 from ..runtime.warn import warn_user
 
 # Fields only a config written for TRL 1.12 sets (hf_ppo has its own ways to say the same).
@@ -61,7 +62,23 @@ _RANGES = [
     ("vllm_max_model_len", True, lambda v: isinstance(v, int) and v >= 2,
      "None (max_prompt_length + response_length) or an integer >= 2 (tokens)"),
     ("vllm_importance_sampling_cap", True, lambda v: 1 <= v < math.inf, "None (off) or >= 1 (TRL uses 2.0)"),
+    ("vllm_importance_sampling_min", True, lambda v: 0 < v <= 1, "None (no lower bound) or in (0, 1] (e.g. 0.5)"),
+    ("cispo_clip_max", False, lambda v: 0 < v < math.inf, "> 0 (the cap on CISPO's weight; TRL: 5.0)"),
+    ("sapo_temperature_pos", False, lambda v: 0 < v < math.inf, "> 0 (SAPO: 1.0)"),
+    ("sapo_temperature_neg", False, lambda v: 0 < v < math.inf, "> 0 (SAPO: 1.05)"),
+    ("gmpo_cliprange", False, lambda v: 0 < v < math.inf, "> 0 (a log-ratio bound; GMPO: 0.4)"),
+    ("clip_cov_ratio", False, lambda v: 0 < v <= 1, "in (0, 1] (a share of tokens; 2e-4)"),
+    ("clip_cov_lb", False, math.isfinite, "a finite number (a covariance; 1.0)"),
+    ("clip_cov_ub", False, math.isfinite, "a finite number (a covariance; 5.0)"),
+    ("kl_cov_ratio", False, lambda v: 0 < v <= 1, "in (0, 1] (a share of tokens; 2e-3)"),
+    ("kl_cov_coef", False, lambda v: 0 <= v < math.inf, ">= 0 (KL-Cov's beta: 1.0)"),
 ]
+
+# Each policy loss's own parameters (`loss_family_errors`): one set away from its default with another loss chosen
+# would do nothing.
+_POLICY_LOSS_PARAMETERS = {"cispo": ("cispo_clip_max",), "sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),
+                           "gmpo": ("gmpo_cliprange",), "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
+                           "kl_cov": ("kl_cov_ratio", "kl_cov_coef")}
 
 
 # The PPO fields that are flags (TrainingArguments checks its own).
@@ -129,8 +146,6 @@ def no_op_errors(config) -> list[str]:
                           + (" (the column of the prompts)." if name == "prompt_column" else " (the system message)."))
     if config.stop_token not in (None, "eos"):
         errors.append(f"stop_token={config.stop_token!r}: choose 'eos' or None (other stop tokens: stop_token_ids).")
-    if config.kl_estimator not in ("k1", "k2", "k3"):
-        errors.append(f"kl_estimator={config.kl_estimator!r}: choose 'k1', 'k2' or 'k3'.")
     if config.drop_uniform_groups is True and isinstance(config.num_generations, int) and config.num_generations < 2:
         errors.append("drop_uniform_groups=True compares the responses to one prompt: set num_generations >= 2.")
     refill = config.max_refill_rounds
@@ -183,6 +198,44 @@ def no_op_errors(config) -> list[str]:
         warn_user("vf_coef=0 with advantage_estimator='gae': the critic is never trained, so GAE uses the "
                   "values of an untrained critic. Set vf_coef > 0 (e.g. 0.1), or use a critic-free estimator "
                   "(advantage_estimator='rloo' / 'grpo' / 'reinforce_pp').")
+    return errors
+
+
+def loss_family_errors(config) -> list[str]:
+    """Check the policy loss, its parameters and the rollout correction (docs/reference/algorithms.md)."""
+    errors = []
+    loss = config.policy_loss
+    if loss not in POLICY_LOSSES:
+        return [f"policy_loss={loss!r}: choose one of {', '.join(map(repr, POLICY_LOSSES))}."]
+    defaults = type(config).__dataclass_fields__
+    for owner, names in _POLICY_LOSS_PARAMETERS.items():
+        for name in names:
+            if owner != loss and getattr(config, name) != defaults[name].default:
+                errors.append(f"{name}={getattr(config, name)!r} is a parameter of policy_loss={owner!r}, and this "
+                              f"run's is {loss!r}: set policy_loss={owner!r}, or unset {name}.")
+    if loss == "clip_cov" and isinstance(config.clip_cov_lb, (int, float)) and isinstance(config.clip_cov_ub, (
+            int, float)) and not config.clip_cov_lb < config.clip_cov_ub:
+        errors.append(f"clip_cov_lb={config.clip_cov_lb} >= clip_cov_ub={config.clip_cov_ub}: no token's covariance "
+                      "lies between them, so Clip-Cov would detach none. Set clip_cov_lb < clip_cov_ub (1.0, 5.0).")
+    if loss not in ("ppo", "clip_cov"):
+        for name in ("cliprange_low", "cliprange_high", "dual_clip"):
+            if getattr(config, name) is not None:
+                errors.append(f"{name} clips PPO's ratio, and policy_loss={loss!r} has no such clip: unset {name}, or "
+                              f"use policy_loss='ppo'" + (" (its own bounds: " + ", ".join(
+                                  _POLICY_LOSS_PARAMETERS[loss]) + ")." if loss in _POLICY_LOSS_PARAMETERS else "."))
+    elif loss == "clip_cov" and config.dual_clip is not None:
+        errors.append("dual_clip with policy_loss='clip_cov': Clip-Cov uses PPO's single clip. Unset dual_clip.")
+    if config.importance_sampling_level == "sequence" and loss not in ("ppo", "cispo", "sapo"):
+        errors.append(f"importance_sampling_level='sequence' with policy_loss={loss!r}: only 'ppo' (GSPO), 'cispo' and "
+                      "'sapo' take a sequence-level ratio. Set importance_sampling_level='token'.")
+    mode = config.vllm_importance_sampling_mode
+    if mode not in ROLLOUT_CORRECTIONS:
+        errors.append(f"vllm_importance_sampling_mode={mode!r}: choose one of "
+                      f"{', '.join(map(repr, ROLLOUT_CORRECTIONS))}.")
+    elif config.vllm_importance_sampling_cap is None and (mode != "token_truncate"
+                                                         or config.vllm_importance_sampling_min is not None):
+        errors.append("vllm_importance_sampling_mode / vllm_importance_sampling_min shape the rollout correction, and "
+                      "it is off: set vllm_importance_sampling_cap (e.g. 3.0, TRL's), or unset them.")
     return errors
 
 

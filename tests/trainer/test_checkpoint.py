@@ -599,6 +599,11 @@ BAD_VALUES = {
     "prompt_column": "", "system_prompt": 5, "max_completion_length": 0,
     "vllm_gpu_memory_utilization": 0.0, "vllm_max_model_len": 1, "vllm_dtype": "int4", "vllm_enable_sleep_mode": "yes",
     "vllm_importance_sampling_cap": 0.5,
+    # issue 62: the loss family
+    "kl_loss_estimator": "k4", "policy_loss": "ppo3", "cispo_clip_max": 0.0, "sapo_temperature_pos": 0.0,
+    "sapo_temperature_neg": -1.0, "gmpo_cliprange": 0.0, "clip_cov_ratio": 0.0, "clip_cov_lb": float("nan"),
+    "clip_cov_ub": float("inf"), "kl_cov_ratio": 1.5, "kl_cov_coef": -1.0,
+    "vllm_importance_sampling_mode": "sequence", "vllm_importance_sampling_min": 0.0,
 }
 # Reviewed: fields for which every value of their type is legal (a name, a label).
 ACCEPTS_ANY_VALUE = {

@@ -422,7 +422,7 @@ def test_trackers_and_sample_tables(tiny_models, tokenizer, prompts_dataset, tmp
 def test_loss_variants_train_with_finite_metrics_and_a_sequence_normalizer(tiny_models, tokenizer, prompts_dataset,
                                                                            tmp_path):
     """Dr. GRPO's length-unbiased aggregation + clip-higher + dual clip + entropy bonus: two optimizer steps."""
-    trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, loss_aggregation="seq_mean_token_sum_norm",
+    trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, loss_aggregation="dr_grpo",
                     cliprange_low=0.2, cliprange_high=0.28, dual_clip=3.0, entropy_coef=0.01, max_steps=2)
     normalizers = []
     compute_loss = trainer.compute_loss
