@@ -330,10 +330,23 @@ def rloo_advantages(scores: torch.Tensor, k: int) -> torch.Tensor:
     return (grouped - others_mean).reshape(scores.shape)
 
 
-def grpo_advantages(scores: torch.Tensor, k: int, scale_rewards: bool = True, eps: float = 1e-4) -> torch.Tensor:
-    """Group-relative advantages (Shao et al. 2024, GRPO; Liu et al. 2025, Dr. GRPO).
+SCALE_REWARDS = ("group", "batch", "none")
 
-    A_i = (R_i - mean_group(R)) / (std_group(R) + eps) with `scale_rewards`; A_i = R_i - mean_group(R) without it
+
+def scale_rewards_name(scale_rewards: bool | str) -> str:
+    """TRL's `scale_rewards` as one of `SCALE_REWARDS`: True is "group", False "none" (TRL maps them so too)."""
+    name = {True: "group", False: "none"}.get(scale_rewards, scale_rewards) if isinstance(scale_rewards, bool) \
+        else scale_rewards
+    if name not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards={scale_rewards!r}: choose 'group' (True), 'batch' or 'none' (False).")
+    return name
+
+
+def grpo_advantages(scores: torch.Tensor, k: int, scale_rewards: bool | str = True, eps: float = 1e-4) -> torch.Tensor:
+    """Group-relative advantages (Shao et al. 2024, GRPO; Liu et al. 2025, Dr. GRPO; TRL's `scale_rewards`).
+
+    A_i = (R_i - mean_group(R)) / (std + eps), std = std_group(R) with `scale_rewards` True / "group", the std of
+    every score of the batch with "batch" (TRL's; PPO Lite, Liu et al. 2025), no division with False / "none"
     (Dr. GRPO: the std division favours groups whose rewards barely differ). std is the sample std (Bessel's
     correction, n - 1), as TRL's GRPO; a group of equal scores gets A = 0 either way. scores: (num_prompts * k,) or
     (num_prompts, k), k consecutive rows per prompt -> same shape.
@@ -341,29 +354,88 @@ def grpo_advantages(scores: torch.Tensor, k: int, scale_rewards: bool = True, ep
     """
     grouped = _grouped(scores, k)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale_rewards:
+    scale = scale_rewards_name(scale_rewards)
+    if scale == "group":
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    elif scale == "batch":
+        centred = centred / (grouped.std() + eps)
     return centred.reshape(scores.shape)
 
 
+def _index_groups(scores: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: its group's size, mean and sample std (0 for a group of one), the groups named by `index` (batch,)
+    (any integer ids, rows of a group anywhere, groups of any size)."""
+    _, group = torch.unique(index, return_inverse=True)
+    n = int(group.max()) + 1 if group.numel() else 0
+    ones = torch.ones_like(scores)
+    size = torch.zeros(n, dtype=scores.dtype, device=scores.device).index_add(0, group, ones)
+    mean = torch.zeros_like(size).index_add(0, group, scores) / size
+    square = torch.zeros_like(size).index_add(0, group, (scores - mean[group]) ** 2)
+    std = torch.sqrt(square / (size - 1).clamp(min=1))
+    return size[group], mean[group], std[group]
+
+
+def grpo_advantages_by_index(scores: torch.Tensor, index: torch.Tensor, scale_rewards: bool | str = True,
+                             eps: float = 1e-4) -> torch.Tensor:
+    """`grpo_advantages` with the groups named by `index` (batch,) instead of k consecutive rows: groups of unequal
+    size (dynamic sampling's filtered batches, environments that ended early), and a group of one passes its score
+    through (its baseline 0, its std 1, as verl's `index`-grouped GRPO). scores (batch,) -> (batch,).
+    Example: index [0, 0, 1], R = [1, 3, 5], scale "none" -> [-1, 1, 5]."""
+    size, mean, std = _index_groups(scores, index)
+    alone = size == 1
+    centred = scores - torch.where(alone, torch.zeros_like(mean), mean)
+    scale = scale_rewards_name(scale_rewards)
+    if scale == "group":
+        centred = centred / (torch.where(alone, torch.ones_like(std), std) + eps)
+    elif scale == "batch":
+        centred = centred / (scores.std() + eps)
+    return centred
+
+
+def rloo_advantages_by_index(scores: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`rloo_advantages` with the groups named by `index` (batch,): A_i = n/(n-1) * (R_i - mean_group(R)) in a group
+    of n >= 2, R_i itself in a group of one (no other response to compare with: verl's RLOO passes it through).
+    scores (batch,) -> (batch,). Example: index [0, 0, 0, 1], R = [1, 2, 6, 4] -> [-3, -1.5, 4.5, 4]."""
+    size, mean, _ = _index_groups(scores, index)
+    return torch.where(size > 1, size / (size - 1).clamp(min=1) * (scores - mean), scores)
+
+
+def remax_advantages(scores: torch.Tensor, greedy_scores: torch.Tensor) -> torch.Tensor:
+    """ReMax (Li et al. 2024): each sampled response's score minus the score of the greedy (temperature 0) response
+    to the same prompt, A_i = R_i - R_greedy(prompt of i). scores (num_prompts * k,), k consecutive rows per prompt;
+    greedy_scores (num_prompts,) -> (num_prompts * k,). Example: k = 2, R = [1, 3, 0, 2], greedy [2, 1] ->
+    [-1, 1, -1, 1]. The estimator only: the rollout does not yet sample the greedy response (docs: what is left)."""
+    k, rest = divmod(scores.numel(), greedy_scores.numel())
+    if rest or k < 1:
+        raise ValueError(f"{scores.numel()} scores cannot be split over {greedy_scores.numel()} prompts: pass one "
+                         "greedy score per prompt, its responses in consecutive rows.")
+    return scores - greedy_scores.repeat_interleave(k)
+
+
 def reinforce_pp_advantages(
-    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float, k: int | None = None
+    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float, k: int | None = None,
+    gamma: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ advantages (Hu 2025), and with `k` REINFORCE++-baseline.
 
     1. With `k` (the baseline variant), each score first loses its group's mean: R_i - mean_group(R), k consecutive
        rows per prompt. 2. Per-token rewards r_t = -kl_coef * KL_t, plus the (centred) score at the last real token
        (`compute_rewards`; the paper uses the k1 estimator: pass KL_t = logp - logp_ref). 3. Returns
-       G_t = sum_{s >= t} r_s (gamma = 1, no critic). 4. Advantages = G whitened over every real token of the batch
+       G_t = sum_{s >= t} gamma^(s - t) r_s over the real positions (masked ones are no time steps, as in
+       `compute_gae`; gamma = 1 is the paper's plain sum; verl's `gamma`), no critic. 4. Advantages = G whitened over every real token of the batch
        (`masked_whiten`: mean and unbiased std of the whole batch, not per group).
     scores: (batch,); kl, mask: (batch, len) -> (advantages, returns), both (batch, len), 0 at masked positions.
     The whitening is over what is passed: in data-parallel training pass the gathered batch for a global one.
     """
     if k is not None:
         scores = group_centred(scores, k)
+    mask = as_bool_mask(mask)
     rewards, _ = compute_rewards(scores, kl, mask, kl_coef)
-    returns = rewards.flip(1).cumsum(1).flip(1)  # masked rewards are 0, so padding adds nothing to G_t
-    returns = torch.where(as_bool_mask(mask), returns, torch.zeros_like(returns))
+    running, returns = torch.zeros_like(rewards[:, 0]), []
+    for t in reversed(range(rewards.shape[1])):  # G_t = r_t + gamma * G_next, G_next the next real position's
+        running = torch.where(mask[:, t], rewards[:, t] + gamma * running, running)
+        returns.append(torch.where(mask[:, t], running, torch.zeros_like(running)))
+    returns = torch.stack(returns[::-1], dim=1)
     return masked_whiten(returns, mask), returns
 
 

@@ -102,7 +102,8 @@ def default_settings(args) -> dict:
 
 
 # A value an earlier hf_ppo saved under a name that now means something else: read as its new name (the same run).
-_RENAMED_VALUES = {("loss_aggregation", "seq_mean_token_sum_norm"): "dr_grpo"}
+_RENAMED_VALUES = {("loss_aggregation", "seq_mean_token_sum_norm"): "dr_grpo", ("scale_rewards", True): "group",
+                   ("scale_rewards", False): "none"}
 
 
 def compare_settings(saved: dict, current: dict, defaults: dict | None = None) -> dict[str, str]:

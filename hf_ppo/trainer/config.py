@@ -266,11 +266,13 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "Responses sampled per prompt (k). Batch sizes count responses: a rollout batch holds "
                   "rollout_batch_size / k prompts, each sampled k times. rloo and grpo need k >= 2."},
     )
-    scale_rewards: bool = field(
-        default=True,
-        metadata={"help": "grpo: divide by the group's reward std (False: Dr. GRPO, mean-centred only)."},
+    scale_rewards: str = field(
+        default="group",
+        metadata={"help": "grpo (TRL's values): 'group' (True) divides by the group's reward std; 'batch' by the std "
+                  "of the whole batch's rewards (PPO Lite); 'none' (False) does not divide (Dr. GRPO, mean-centred "
+                  "only). True / False are stored as 'group' / 'none'."},
     )
-    gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE, and of REINFORCE++'s returns."})
     lam: float = field(default=0.95, metadata={"help": "Lambda of GAE (the actor's advantages)."})
     lam_critic: float | None = field(
         default=None,
@@ -660,6 +662,8 @@ class PPOConfig(TrainingArguments):
         """Store verl's names of the KL estimators and loss aggregations as hf_ppo's (one name per setting from here
         on: the records, the resume comparison, the card); return the errors for unknown or renamed ones."""
         errors = []
+        if isinstance(self.scale_rewards, bool):  # TRL's bools, stored as its words
+            self.scale_rewards = "group" if self.scale_rewards else "none"
         for name in ("kl_estimator", "kl_loss_estimator"):
             try:
                 setattr(self, name, kl_estimator_name(getattr(self, name)))

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..algorithms.ppo_math import POLICY_LOSSES, ROLLOUT_CORRECTIONS
+from ..algorithms.ppo_math import POLICY_LOSSES, ROLLOUT_CORRECTIONS, SCALE_REWARDS
 from ..runtime.warn import warn_user
 
 # Fields only a config written for TRL 1.12 sets (hf_ppo has its own ways to say the same).
@@ -82,7 +82,7 @@ _POLICY_LOSS_PARAMETERS = {"cispo": ("cispo_clip_max",), "sapo": ("sapo_temperat
 
 
 # The PPO fields that are flags (TrainingArguments checks its own).
-_BOOL_FIELDS = ("disable_dropout", "whiten_advantages", "whiten_rewards", "scale_rewards", "adaptive_kl",
+_BOOL_FIELDS = ("disable_dropout", "whiten_advantages", "whiten_rewards", "adaptive_kl",
                 "use_kl_loss", "use_bias_correction_kl", "drop_uniform_groups",
                 "normalize_rewards", "normalize_each_reward", "push_merged_model", "allow_config_change_on_resume",
                 "print_metrics", "watch_collapse", "stop_on_collapse", "vllm_enable_sleep_mode")
@@ -228,6 +228,9 @@ def loss_family_errors(config) -> list[str]:
     if config.importance_sampling_level == "sequence" and loss not in ("ppo", "cispo", "sapo"):
         errors.append(f"importance_sampling_level='sequence' with policy_loss={loss!r}: only 'ppo' (GSPO), 'cispo' and "
                       "'sapo' take a sequence-level ratio. Set importance_sampling_level='token'.")
+    if config.advantage_estimator in ("rloo", "grpo") and config.gamma != 1:
+        errors.append(f"gamma={config.gamma} with advantage_estimator={config.advantage_estimator!r}: its advantage "
+                      "is one per response, with nothing to discount. Set gamma=1.0 (gae and reinforce_pp discount).")
     mode = config.vllm_importance_sampling_mode
     if mode not in ROLLOUT_CORRECTIONS:
         errors.append(f"vllm_importance_sampling_mode={mode!r}: choose one of "
@@ -293,9 +296,12 @@ def critic_and_estimator_errors(config) -> list[str]:
                 errors.append(f"{name} is set, but it applies to critic='separate' only (critic={config.critic!r} "
                               f"loads no critic model): unset {name}, or set critic='separate'.")
     errors += critic_repo_problems(config.critic_hub_model_id, config.hub_model_id, config.fsdp_version)
-    if config.scale_rewards is False and config.advantage_estimator != "grpo":
-        errors.append(f"scale_rewards=False applies to advantage_estimator='grpo' only (Dr. GRPO), not "
-                      f"{config.advantage_estimator!r}: unset it, or set advantage_estimator='grpo'.")
+    if config.scale_rewards not in SCALE_REWARDS:
+        errors.append(f"scale_rewards={config.scale_rewards!r}: choose 'group' (True), 'batch' or 'none' (False).")
+    elif config.scale_rewards != "group" and config.advantage_estimator != "grpo":
+        errors.append(f"scale_rewards={config.scale_rewards!r} applies to advantage_estimator='grpo' only (False / "
+                      f"'none': Dr. GRPO), not {config.advantage_estimator!r}: unset it, or set "
+                      "advantage_estimator='grpo'.")
     if isinstance(config.critic_warmup_steps, int) and config.critic_warmup_steps > 0 and (
             config.vf_coef == 0):
         errors.append(f"critic_warmup_steps={config.critic_warmup_steps} trains only the critic, so it needs a value "

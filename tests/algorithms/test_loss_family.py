@@ -350,3 +350,66 @@ def test_a_rejected_sequence_leaves_the_loss(tmp_path):
         "sequence_mask", 0.5)
     with pytest.raises(ValueError, match="set vllm_importance_sampling_cap"):
         config(tmp_path, vllm_importance_sampling_mode="sequence_mask")
+
+
+# ---- 5. advantages and groups --------------------------------------------------------------------------------------
+def test_scale_rewards_batch_is_trls_definition(tmp_path):
+    from hf_ppo.algorithms.ppo_math import grpo_advantages
+    scores = t64([1.0, 3.0, 5.0, 5.0])
+    # TRL: rewards - group mean, divided by the std of all rewards (+ 1e-4): means 2, 5; std of [1, 3, 5, 5] with
+    # Bessel's correction: mean 3.5, squares 6.25 + 0.25 + 2.25 + 2.25 = 11 -> sqrt(11 / 3)
+    std = math.sqrt(11 / 3)
+    close(grpo_advantages(scores, 2, "batch"), [-1 / (std + 1e-4), 1 / (std + 1e-4), 0.0, 0.0])
+    close(grpo_advantages(scores, 2, "none"), grpo_advantages(scores, 2, False))
+    close(grpo_advantages(scores, 2, "group"), grpo_advantages(scores, 2, True))
+    assert config(tmp_path, advantage_estimator="grpo", num_generations=2, scale_rewards="batch"
+                  ).estimator_settings.scale_rewards == "batch"
+    assert config(tmp_path, advantage_estimator="grpo", num_generations=2, scale_rewards=False).scale_rewards == "none"
+    assert config(tmp_path).scale_rewards == "group"
+    with pytest.raises(ValueError, match=r"scale_rewards='batch' applies to advantage_estimator='grpo' only"):
+        config(tmp_path, scale_rewards="batch")
+    # a checkpoint that saved the bool resumes as the word
+    assert compare_settings({"scale_rewards": False}, {"scale_rewards": "none"}) == {}
+
+
+def test_groups_named_by_an_index_of_unequal_size_and_groups_of_one():
+    from hf_ppo.algorithms.ppo_math import grpo_advantages, grpo_advantages_by_index, rloo_advantages, \
+        rloo_advantages_by_index
+    scores, index = t64([1.0, 2.0, 6.0, 4.0, 0.0, 2.0]), torch.tensor([7, 7, 7, 3, 9, 9])
+    # group 7: [1, 2, 6] (mean 3, std sqrt 7); group 3: [4] alone (passes through); group 9: [0, 2] (mean 1, std 2^.5)
+    close(grpo_advantages_by_index(scores, index, "none"), [-2.0, -1.0, 3.0, 4.0, -1.0, 1.0])
+    s7, s9 = math.sqrt(7) + 1e-4, math.sqrt(2) + 1e-4
+    close(grpo_advantages_by_index(scores, index), [-2 / s7, -1 / s7, 3 / s7, 4 / (1 + 1e-4), -1 / s9, 1 / s9])
+    close(rloo_advantages_by_index(scores, index), [-3.0, -1.5, 4.5, 4.0, -2.0, 2.0])
+    # equal groups in consecutive rows: the same numbers as the k-grouped estimators
+    equal = torch.tensor([0, 0, 0, 1, 1, 1])
+    close(grpo_advantages_by_index(scores, equal), grpo_advantages(scores, 3))
+    close(rloo_advantages_by_index(scores, equal), rloo_advantages(scores, 3))
+    # rows of a group anywhere in the batch
+    close(grpo_advantages_by_index(scores[[0, 3, 1, 2]], index[[0, 3, 1, 2]], "none"), [-2.0, 4.0, -1.0, 3.0])
+
+
+def test_remax_subtracts_the_greedy_responses_score():
+    from hf_ppo.algorithms.ppo_math import remax_advantages
+    close(remax_advantages(t64([1.0, 3.0, 0.0, 2.0]), t64([2.0, 1.0])), [-1.0, 1.0, -1.0, 1.0])
+    with pytest.raises(ValueError, match="one greedy score per prompt"):
+        remax_advantages(t64([1.0, 3.0, 0.0]), t64([2.0, 1.0]))
+
+
+def test_reinforce_pp_discounts_with_gamma_over_the_policys_tokens():
+    from hf_ppo.algorithms.estimators import ESTIMATORS, EstimatorSettings
+    from hf_ppo.algorithms.ppo_math import reinforce_pp_advantages
+    scores, kl = t64([1.0, 2.0]), torch.zeros(2, 4, dtype=F64)
+    mask = torch.tensor([[T, F, T, T], [T, T, F, F]])  # an environment token at row 0's position 1
+    # row 0: G = [0.5^2, 0, 0.5, 1] (the masked position is no time step); row 1: [0.5 * 2, 2]
+    returns = reinforce_pp_advantages(scores, kl, mask, 0.0, gamma=0.5)[1]
+    close(returns, [[0.25, 0.0, 0.5, 1.0], [1.0, 2.0, 0.0, 0.0]])
+    close(reinforce_pp_advantages(scores, kl, mask, 0.0)[1], [[1.0, 0.0, 1.0, 1.0], [2.0, 2.0, 0.0, 0.0]])
+    s = EstimatorSettings(kl_coef=0.0, gamma=0.5, advantage_estimator="reinforce_pp")
+    close(ESTIMATORS["reinforce_pp"].compute(scores, kl, mask, None, s)["returns"], returns)
+
+
+def test_gamma_is_refused_where_nothing_is_discounted(tmp_path):
+    with pytest.raises(ValueError, match=r"gamma=0.9 with advantage_estimator='rloo'"):
+        config(tmp_path, advantage_estimator="rloo", num_generations=2, gamma=0.9)
+    assert config(tmp_path, advantage_estimator="reinforce_pp", gamma=0.9).estimator_settings.gamma == 0.9

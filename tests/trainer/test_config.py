@@ -39,6 +39,7 @@ GAE = dict(response_length=17, temperature=0.9, local_rollout_forward_batch_size
            normalize_each_reward=True, system_prompt="Answer as #### <number>.", prompt_column="question",
            apply_chat_template_to_text=True, max_prompt_length=64, stop_token=None, stop_token_ids=[2, 3])
 GRPO = dict(advantage_estimator="grpo", num_generations=4, scale_rewards=False, lam_critic=None, whiten_rewards=False,
+            gamma=1.0,
             critic="shared", critic_model_init_kwargs=None, critic_quantization="none")
 # bf16's default follows the machine (None: on where a CUDA GPU supports it), so GAE sets it on and this one sets it
 # off: the precision and the models' dtype move away from the default on a machine with a GPU as on one without.
