@@ -215,6 +215,8 @@ SUBSET = [
             "test_hf_ppo_evaluate_stops_truncates_scores_and_splits_as_the_run_trained",
             "test_hf_ppo_evaluate_warns_on_the_training_file_and_names_the_held_out_one"),
     "tests/hub/test_publish.py::test_the_run_record_holds_the_stop_truncation_scoring_and_dataset",
+    # subset:loss-family (issue 62): the loss family's oracles and its settings' way down
+    "tests/algorithms/test_loss_family.py",
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -1064,6 +1066,51 @@ MUTATIONS = [
              [("cli/train.py", "        if config is not None:  # nothing to choose in a file: said, since the user "
                                "meant something by it\n            warn_user(",
                "        if False:\n            warn_user(")]),
+    # -- issue 62: the loss family users compare against (verl's and TRL's names) ------------------------------------
+    Mutation("i62_k3_unclamped", "k3 without verl's clamp on the estimate: one ruled-out token gives 5e8",
+             [(P, "k3 = (torch.expm1(log_r) - log_r).clamp(-K3_CLAMP, K3_CLAMP)", "k3 = torch.expm1(log_r) - log_r")]),
+    Mutation("i62_k3plus_is_k3", "k3+ with k3's own gradient (the forward KL's), not k2's",
+             [(P, "return k3.detach() + (k2 - k2.detach())", "return k3")]),
+    Mutation("i62_kl_loss_estimator_ignored", "the KL loss term always k3, whatever kl_loss_estimator says",
+             [(P, "old_logprobs if s.use_bias_correction_kl else None,\n                                         "
+                  "s.kl_loss_estimator)",
+               "old_logprobs if s.use_bias_correction_kl else None,\n                                         \"k3\")")]),
+    Mutation("i62_gae_float_mask", "compute_gae reads a 0/1 float mask as it is (a bare torch error)",
+             [(P, "    mask = as_bool_mask(mask)\n    zeros = torch.zeros_like(values[:, 0])",
+               "    zeros = torch.zeros_like(values[:, 0])")]),
+    Mutation("i62_cispo_weight_differentiated", "CISPO's weight not stop-gradient: the clipped ratio's gradient too",
+             [(P, "weight = ratio.clamp(max=clip_max).detach()", "weight = ratio.clamp(max=clip_max)")]),
+    Mutation("i62_sapo_temperatures_swapped", "SAPO's positive and negative temperatures swapped",
+             [(P, "torch.full_like(ratio, temperature_pos), torch.full_like(ratio, temperature_neg)",
+               "torch.full_like(ratio, temperature_neg), torch.full_like(ratio, temperature_pos)")]),
+    Mutation("i62_gmpo_unclipped", "GMPO's token log-ratios never clipped",
+             [(P, "bounded = sign * torch.minimum(sign * log_ratio, sign * clipped)", "bounded = log_ratio")]),
+    Mutation("i62_seq_mean_token_sum_is_a_mean", "seq_mean_token_sum divides each response's sum by its length",
+             [(P, "        per_sequence = masked_sum(per_token, mask, dim=1)\n    else:",
+               "        per_sequence = masked_sum(per_token, mask, dim=1) / mask.sum(dim=1).clamp(min=1)\n    else:")]),
+    Mutation("i62_mask_mode_keeps_all", "the mask modes reject nothing: every ratio kept",
+             [(P, "return torch.where(keep, weights, torch.zeros_like(weights)).detach()", "return weights.detach()")]),
+    Mutation("i62_sequence_ratio_per_token", "the sequence modes use each token's ratio",
+             [(P, "        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(logprobs)\n",
+               "        pass\n")]),
+    Mutation("i62_policy_loss_dropped", "policy_loss never reaches the loss: PPO's runs under every name",
+             [(C, "kl_loss_estimator=self.kl_loss_estimator, policy_loss=self.policy_loss,",
+               "kl_loss_estimator=self.kl_loss_estimator, policy_loss=\"ppo\",")]),
+    Mutation("i62_batch_scale_is_group", "scale_rewards='batch' divides by each group's std",
+             [(P, "centred = centred / (grouped.std() + eps)", "centred = centred / (grouped.std(dim=1, keepdim=True) + eps)")]),
+    Mutation("i62_reinforce_gamma_ignored", "REINFORCE++ ignores gamma (always the plain sum)",
+             [(E, "reinforce_pp_advantages(scores, kl, mask, s.kl_coef, k=k, gamma=s.gamma)",
+               "reinforce_pp_advantages(scores, kl, mask, s.kl_coef, k=k)")]),
+    Mutation("i62_group_of_one_centred", "a group of one is centred on itself (advantage 0) instead of passing through",
+             [(P, "centred = scores - torch.where(alone, torch.zeros_like(mean), mean)", "centred = scores - mean")]),
+    Mutation("i62_old_aggregation_name_unexplained", "the renamed seq_mean_token_sum_norm refused without its fix",
+             [(P, "    if name in RENAMED_LOSS_AGGREGATIONS:\n        raise", "    if False:\n        raise")]),
+    Mutation("i62_variant_old_logprobs_recomputed", "a policy loss other than PPO's reads the current log-probs as "
+             "the old ones (its ratio always 1)",
+             [(P, "variant_policy_loss(logprobs, old_logprobs, advantages=old.advantages,",
+               "variant_policy_loss(logprobs, logprobs.detach(), advantages=old.advantages,")]),
+    Mutation("i62_loss_parameter_unchecked", "a policy loss's parameter set under another loss passes in silence",
+             [(CC, "if owner != loss and getattr(config, name) != defaults[name].default:", "if False:")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

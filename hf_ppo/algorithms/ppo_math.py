@@ -972,8 +972,9 @@ def ppo_loss(logits: torch.Tensor, values: torch.Tensor | None, old: Experience,
                                                      importance_sampling_level=s.importance_sampling_level,
                                                      token_weights=weights, **aggregation)
     else:
-        pg_loss, pg_clipfrac, approxkl = variant_policy_loss(logprobs, old_logprobs, old.advantages, mask, s,
-                                                             normalizer, weights)
+        pg_loss, pg_clipfrac, approxkl = variant_policy_loss(logprobs, old_logprobs, advantages=old.advantages,
+                                                             mask=mask, s=s, normalizer=normalizer,
+                                                             token_weights=weights)
     loss, stats = pg_loss, {}
     if values is not None:
         vf_loss, vf_clipfrac = value_loss(values, old.values, old.returns, mask, s.cliprange_value, normalizer,
