@@ -352,8 +352,9 @@ class PPOConfig(TrainingArguments):
     entropy_coef: float = field(default=0.0, metadata={"help": "Weight of an entropy bonus (0: off)."})
 
     # ---- Step 11, loss variants (defaults: the clipped PPO loss as above, a token mean) ----------------------------
+    # The old name is a choice so that the command line reaches the refusal that names its fix.
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo", "token-mean",
-                              "seq-mean-token-mean", "seq-mean-token-sum"] = field(
+                              "seq-mean-token-mean", "seq-mean-token-sum", "seq_mean_token_sum_norm"] = field(
         default="token_mean",
         metadata={"help": "How per-token losses (policy, value, entropy, KL) become one number: 'token_mean' (sum "
                   "over the minibatch's real tokens / their count; TRL's dapo); 'seq_mean_token_mean' (mean over "

@@ -442,6 +442,23 @@ def test_loss_variants_train_with_finite_metrics_and_a_sequence_normalizer(tiny_
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
+@pytest.mark.parametrize("policy_loss", ["cispo", "sapo", "gmpo", "gpg", "clip_cov", "kl_cov"])
+def test_each_policy_loss_trains_a_real_run_with_a_k3_plus_kl_loss(policy_loss, tiny_models, tokenizer,
+                                                                    prompts_dataset, tmp_path):
+    """Issue 62: every policy_loss (and the k3+ KL loss term) through PPOLMTrainer: two finite optimizer steps that
+    move the policy, and a loss other than PPO's on the same first micro-batch."""
+    trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, policy_loss=policy_loss, use_kl_loss=True,
+                    kl_loss_estimator="k3+", max_steps=2)
+    assert (trainer.args.loss_settings.policy_loss, trainer.args.loss_settings.kl_loss_estimator) == (
+        policy_loss, "k3+")
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    logged = [e for e in trainer.state.log_history if "loss/policy_avg" in e]
+    assert len(logged) == 2 and all(math.isfinite(e["loss/kl_avg"]) for e in logged)
+    assert all(math.isfinite(v) for e in logged for k, v in e.items() if isinstance(v, float))
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
 def test_seq_mean_aggregation_accumulates_exactly(tiny_models, tokenizer, prompts_dataset, tmp_path):
     """1 x 8 and 2 x 4 (accumulated) move the weights identically under a sequence-level aggregation too (the
     normalizer is the minibatch's 8 sequences; each micro-batch's own 4 would double the 2 x 4 gradient). fp32 on any
