@@ -1109,6 +1109,12 @@ MUTATIONS = [
              "the old ones (its ratio always 1)",
              [(P, "variant_policy_loss(logprobs, old_logprobs, advantages=old.advantages,",
                "variant_policy_loss(logprobs, logprobs.detach(), advantages=old.advantages,")]),
+    Mutation("i62_normalize_then_sum_ignored", "normalize_then_sum sums the raw rewards (sum_then_normalize)",
+             [(W, "            if self.group_size is not None and gather is not None:\n",
+               "            if False:\n")]),
+    Mutation("i62_normalize_then_sum_in_evaluation", "evaluation's combined score normalised within groups too",
+             [(W, "            if self.group_size is not None and gather is not None:\n",
+               "            if self.group_size is not None:\n")]),
     Mutation("i62_loss_parameter_unchecked", "a policy loss's parameter set under another loss passes in silence",
              [(CC, "if owner != loss and getattr(config, name) != defaults[name].default:", "if False:")]),
 ]

@@ -223,6 +223,15 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "One weight per reward when the trainer's `reward_model` is a list (TRL GRPOConfig's name), "
                   "in the same order: the score is sum_i w_i * r_i. None: every weight 1.0."},
     )
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = field(
+        default="sum_then_normalize",
+        metadata={"help": "How a reward list becomes one score (TRL GRPOConfig's name). 'sum_then_normalize': the "
+                  "weighted sum, normalised afterwards by the estimator. 'normalize_then_sum' (GDPO): in training "
+                  "each reward is first normalised within its prompt's group, (r - group mean) / (group std + 1e-4), "
+                  "then weighted and summed; the logged objective/scores is that sum, as TRL's `reward`. Needs "
+                  "advantage_estimator='grpo' with scale_rewards='batch' (TRL normalises the sum over the batch). "
+                  "Evaluation sums the raw rewards."},
+    )
     normalize_each_reward: bool = field(
         default=False,
         metadata={"help": "Normalise each reward by its own running mean/std (over all processes) before weighting, "
@@ -891,4 +900,6 @@ class PPOConfig(TrainingArguments):
         """How the rewards are read and combined (`rollout.RewardSettings`)."""
         weights = None if self.reward_weights is None else tuple(self.reward_weights)
         return RewardSettings(reward_input_format=self.reward_input_format, reward_weights=weights,
-                              normalize_each_reward=self.normalize_each_reward)
+                              normalize_each_reward=self.normalize_each_reward,
+                              multi_objective_aggregation=self.multi_objective_aggregation,
+                              num_generations=self.num_generations)

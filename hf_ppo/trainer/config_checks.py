@@ -231,6 +231,18 @@ def loss_family_errors(config) -> list[str]:
     if config.advantage_estimator in ("rloo", "grpo") and config.gamma != 1:
         errors.append(f"gamma={config.gamma} with advantage_estimator={config.advantage_estimator!r}: its advantage "
                       "is one per response, with nothing to discount. Set gamma=1.0 (gae and reinforce_pp discount).")
+    aggregation = config.multi_objective_aggregation
+    if aggregation not in ("sum_then_normalize", "normalize_then_sum"):
+        errors.append(f"multi_objective_aggregation={aggregation!r}: choose 'sum_then_normalize' or "
+                      "'normalize_then_sum'.")
+    elif aggregation == "normalize_then_sum" and (config.advantage_estimator != "grpo"
+                                                  or config.scale_rewards != "batch"):
+        errors.append("multi_objective_aggregation='normalize_then_sum' is TRL's GRPO recipe: each reward normalised "
+                      "within its group, the sum over the batch. Set advantage_estimator='grpo' and "
+                      "scale_rewards='batch' (TRL's numbers), or use 'sum_then_normalize'.")
+    elif aggregation == "normalize_then_sum" and config.normalize_each_reward is True:
+        errors.append("multi_objective_aggregation='normalize_then_sum' with normalize_each_reward=True normalises "
+                      "each reward twice (running statistics, then its group): choose one.")
     mode = config.vllm_importance_sampling_mode
     if mode not in ROLLOUT_CORRECTIONS:
         errors.append(f"vllm_importance_sampling_mode={mode!r}: choose one of "

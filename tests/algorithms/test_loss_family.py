@@ -413,3 +413,30 @@ def test_gamma_is_refused_where_nothing_is_discounted(tmp_path):
     with pytest.raises(ValueError, match=r"gamma=0.9 with advantage_estimator='rloo'"):
         config(tmp_path, advantage_estimator="rloo", num_generations=2, gamma=0.9)
     assert config(tmp_path, advantage_estimator="reinforce_pp", gamma=0.9).estimator_settings.gamma == 0.9
+
+
+def test_normalize_then_sum_is_trls_definition_in_training_and_raw_in_evaluation(tmp_path):
+    from hf_ppo.algorithms.ppo_math import grpo_advantages
+    from hf_ppo.rollout.scoring import RewardSet, group_normalized
+    a, b = t64([1.0, 3.0, 5.0, 5.0]), t64([0.0, 1.0, 1.0, 1.0])
+    every = torch.ones(4, dtype=torch.bool)
+    s2, s5 = math.sqrt(2) + 1e-4, math.sqrt(0.5) + 1e-4
+    close(group_normalized(a, every, 2), [-1 / s2, 1 / s2, 0.0, 0.0])
+    rewards = RewardSet([None, None], [None, None], ["a", "b"], [1.0, 2.0], group_size=2)
+    each = {"a": (a, every), "b": (b, every)}
+    combined = rewards.combine(each, ["p"] * 4, gather=lambda t: t)
+    # TRL: each reward normalised in its group, weighted and summed: a -> [-1/s2, 1/s2, 0, 0], b -> [-.5/s5, .5/s5, 0,
+    # 0]; the sum's advantages over the batch: (sum - batch mean) / (batch std + 1e-4)
+    trl_sum = t64([-1 / s2 - 1 / s5, 1 / s2 + 1 / s5, 0.0, 0.0])
+    close(combined, trl_sum)
+    close(grpo_advantages(combined, 2, "batch"), (trl_sum - trl_sum.mean()) / (trl_sum.std() + 1e-4))
+    close(rewards.combine(each, ["p"] * 4), a + 2 * b)  # evaluation (no gather): the raw weighted sum
+    # a reward that does not apply to a row (None) is left out of its group's statistics
+    partly = torch.tensor([T, T, T, F])
+    close(group_normalized(t64([1.0, 3.0, 5.0, 100.0]), partly, 2)[2], 0.0)
+    args = config(tmp_path, advantage_estimator="grpo", num_generations=2, scale_rewards="batch",
+                  multi_objective_aggregation="normalize_then_sum")
+    assert (args.reward_settings.multi_objective_aggregation, args.reward_settings.num_generations) == (
+        "normalize_then_sum", 2)
+    with pytest.raises(ValueError, match="Set advantage_estimator='grpo' and scale_rewards='batch'"):
+        config(tmp_path, advantage_estimator="grpo", num_generations=2, multi_objective_aggregation="normalize_then_sum")

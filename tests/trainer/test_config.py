@@ -52,6 +52,8 @@ SAPO = dict(policy_loss="sapo", sapo_temperature_pos=0.9, sapo_temperature_neg=1
 GMPO = dict(policy_loss="gmpo", gmpo_cliprange=0.3)
 CLIP_COV = dict(policy_loss="clip_cov", clip_cov_ratio=1e-3, clip_cov_lb=0.5, clip_cov_ub=4.0)
 KL_COV = dict(policy_loss="kl_cov", kl_cov_ratio=1e-3, kl_cov_coef=0.5)
+MULTI = dict(advantage_estimator="grpo", num_generations=2, scale_rewards="batch",
+             multi_objective_aggregation="normalize_then_sum")
 
 
 def config(tmp_path, **fields) -> PPOConfig:
@@ -88,7 +90,7 @@ def test_every_record_field_comes_from_ppoconfig(record, tmp_path):
     default = config(tmp_path)
     custom = [config(tmp_path, **GAE), config(tmp_path, **{**GAE, **GRPO}),
               config(tmp_path, **VAPO),
-              *(config(tmp_path, **losses) for losses in (CISPO, SAPO, GMPO, CLIP_COV, KL_COV))]
+              *(config(tmp_path, **losses) for losses in (CISPO, SAPO, GMPO, CLIP_COV, KL_COV, MULTI))]
     base = leaves(getattr(default, record))
     changed = [leaves(getattr(c, record)) for c in custom]
     frozen = [name for name in base if all(c[name] == base[name] for c in changed) and name not in FIXED_HERE]

@@ -459,6 +459,33 @@ def test_each_policy_loss_trains_a_real_run_with_a_k3_plus_kl_loss(policy_loss, 
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
+def test_normalize_then_sum_trains_on_each_reward_normalised_in_its_group(tiny_models, tokenizer, tmp_path):
+    """Issue 62 (TRL's multi_objective_aggregation): the rollout's combined score is the weighted sum of each reward
+    normalised within its prompt's group, so each group's score sums to 0, and objective/scores logs its mean (TRL's
+    `reward`); the per-reward logs stay raw."""
+    def length(prompts, completions):
+        return [float(len(c)) for c in completions]
+
+    trainer = build(tiny_models, tokenizer, tmp_path, reward=[count_e, length], reward_weights=[1.0, 0.5],
+                    advantage_estimator="grpo", num_generations=4, scale_rewards="batch",
+                    multi_objective_aggregation="normalize_then_sum", max_steps=1)
+    rollouts = []
+    rollout = trainer._rollout
+
+    def spy(inputs):
+        batch = rollout(inputs)
+        rollouts.append(batch)
+        return batch
+
+    trainer._rollout = spy
+    trainer.train()
+    scores = rollouts[0].scores.reshape(-1, 4)
+    assert torch.allclose(scores.sum(dim=1), torch.zeros(scores.shape[0]), atol=1e-4)
+    assert scores.abs().sum() > 0
+    logged = next(e for e in trainer.state.log_history if "objective/scores" in e)
+    assert abs(logged["objective/scores"]) < 1e-4 and logged["rewards/length/mean"] > 1
+
+
 def test_seq_mean_aggregation_accumulates_exactly(tiny_models, tokenizer, prompts_dataset, tmp_path):
     """1 x 8 and 2 x 4 (accumulated) move the weights identically under a sequence-level aggregation too (the
     normalizer is the minibatch's 8 sequences; each micro-batch's own 4 would double the 2 x 4 gradient). fp32 on any
