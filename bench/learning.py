@@ -48,6 +48,10 @@ long task `run_trl.build_rule_reward_model`; for arithmetic a stand-in that read
 (`learning_peer.build_arithmetic_reward_model`). Its critic is the SFT checkpoint with a new score head, trained in
 full, and it pads with the token hf_ppo chose (SmolLM2 pads with its EOS, which trl would mask out of the prompts).
 
+**The loss family** (issue 62, `LOSS_FAMILY_CONFIGS`): CISPO and a k3+ KL loss term beside grpo k=4 on the
+arithmetic task, run when named (`--tasks arithmetic --configs "grpo k=4" "grpo k=4, cispo" "grpo k=4, k3+ KL
+loss"`); their rows join the second table.
+
 **The crossover table** (issue 50, `bench/crossover.py`): the word-problem tasks "words1" and "words2" (SmolLM2 as
 in "arithmetic", 32-token responses, 6 iterations x 16 responses) and `CROSSOVER_CONFIGS`, run through `launch`.
 
@@ -131,7 +135,14 @@ CROSSOVER_CONFIGS = {
     "grpo k=4": {"advantage_estimator": "grpo", "num_generations": 4},
     "shared head, no whitening, critic lr 10x": {"whiten_advantages": False, "critic_learning_rate": "10x"},
 }
-ALL = {**CONFIGS, **FOLLOW_UPS, **CRITIC_CONFIGS, **CRITIC_FOLLOW_UPS, **CROSSOVER_CONFIGS}
+# The loss family (issue 62), run when named beside grpo k=4 on the arithmetic task (`--tasks arithmetic --configs
+# "grpo k=4" "grpo k=4, cispo" "grpo k=4, k3+ KL loss"`, 3 seeds): CISPO's clipped stop-gradient weights in place of
+# PPO's clip, and the KL loss term with k3+'s unbiased reverse-KL gradient in place of k3's.
+LOSS_FAMILY_CONFIGS = {
+    "grpo k=4, cispo": {"advantage_estimator": "grpo", "num_generations": 4, "policy_loss": "cispo"},
+    "grpo k=4, k3+ KL loss": {"advantage_estimator": "grpo", "num_generations": 4, "kl_loss_estimator": "k3+"},
+}
+ALL = {**CONFIGS, **FOLLOW_UPS, **CRITIC_CONFIGS, **CRITIC_FOLLOW_UPS, **CROSSOVER_CONFIGS, **LOSS_FAMILY_CONFIGS}
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
 # The demo recipe's settings, shared by hf_ppo's runs, the peer's and the evaluator.
 SETTINGS = {"response_length": 12, "temperature": 0.7, "missing_eos_penalty": 1.0, "learning_rate": 2e-4,

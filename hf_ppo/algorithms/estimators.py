@@ -53,7 +53,7 @@ class EstimatorSettings(NamedTuple):
     lam: float = 0.95
     whiten_rewards: bool = False
     whiten_advantages: bool = True
-    scale_rewards: bool = True
+    scale_rewards: bool | str = True  # grpo: True / "group", "batch" or False / "none" (TRL's values)
     lam_critic: float | None = None  # None: lam
     lam_length_alpha: float | None = None  # None: lam for the actor; else VAPO's per-row length-adaptive lambda
     advantage_estimator: str = "gae"  # the ESTIMATORS entry that runs
@@ -111,10 +111,10 @@ def grpo(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tens
 
 
 def reinforce_pp(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tensor]:
-    """REINFORCE++ (`ppo_math.reinforce_pp_advantages`); with k >= 2 responses per prompt REINFORCE++-baseline (the
-    group mean off each score first). Its batch whitening is part of the method (`whiten_advantages` does not apply)."""
+    """REINFORCE++ (`ppo_math.reinforce_pp_advantages`, discounted by `gamma`); with k >= 2 responses per prompt
+    REINFORCE++-baseline (the group mean off each score first). Its batch whitening is part of the method (`whiten_advantages` does not apply)."""
     k = s.num_generations if s.num_generations > 1 else None
-    advantages, returns = reinforce_pp_advantages(scores, kl, mask, s.kl_coef, k=k)
+    advantages, returns = reinforce_pp_advantages(scores, kl, mask, s.kl_coef, k=k, gamma=s.gamma)
     centred = scores if k is None else group_centred(scores, k)
     rewards, non_score_rewards = compute_rewards(centred, kl, mask, s.kl_coef)
     return {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": advantages, "returns": returns}

@@ -139,35 +139,65 @@ def over_positions(fn, logits: torch.Tensor, *per_position: torch.Tensor, fp32_c
     return torch.cat(out)
 
 
+# KL estimators of the penalty and the loss term (`kl_estimate`), and verl's names for them (`kl_penalty` /
+# `kl_loss_type`), accepted as aliases. k3's stability clamps are verl's: the log-ratio to +-20, the estimate to +-10.
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3+", "abs")
+KL_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3", "low_var_kl+": "k3+"}
+K3_LOG_RATIO_CLAMP = 20.0
+K3_CLAMP = 10.0
+
+
+def kl_estimator_name(name: str) -> str:
+    """hf_ppo's name of a KL estimator given by its name or by verl's (`KL_ALIASES`); an unknown name is an error."""
+    canonical = KL_ALIASES.get(name, name)
+    if canonical not in KL_ESTIMATORS:
+        raise ValueError(f"Unknown KL estimator {name!r}: choose one of {', '.join(KL_ESTIMATORS)} (or verl's names "
+                         f"{', '.join(KL_ALIASES)}).")
+    return canonical
+
+
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from log-probs of tokens sampled from the policy.
 
-    k1 = logp - logp_ref (unbiased, can be negative); k2 = (logp - logp_ref)^2 / 2 (biased, low variance);
-    k3 = (r - 1) - log r with r = p_ref / p (unbiased and non-negative; Schulman 2020, "Approximating KL").
-    Shapes: (batch, len) -> (batch, len).
+    With d = logp - logp_ref (Schulman 2020, "Approximating KL Divergence"):
+    k1 = d (unbiased, can be negative); k2 = d^2 / 2 (biased, low variance); abs = |d| (verl's `abs`);
+    k3 = (r - 1) - log r with r = p_ref / p = exp(-d) (unbiased, non-negative), computed as verl does for stability:
+    log r clamped to [-20, 20] and k3 to [-10, 10] (`K3_LOG_RATIO_CLAMP`, `K3_CLAMP`), so one token the policy all
+    but rules out (d = -25) gives 10, not 7e10; a clamped token has no gradient.
+    k3+ (verl's straight-through estimator): k3's value with k2's gradient, d k2 / d logp = d, whose expectation
+    under the policy is the gradient of KL(pi || pi_ref) (k3's own gradient, 1 - r, is the forward KL's).
+    verl's names are accepted (`KL_ALIASES`). Shapes: (batch, len) -> (batch, len).
     """
+    estimator = kl_estimator_name(estimator)
     log_ratio = logprobs - ref_logprobs
     if estimator == "k1":
         return log_ratio
     if estimator == "k2":
         return 0.5 * log_ratio**2
+    if estimator == "abs":
+        return log_ratio.abs()
+    log_r = (-log_ratio).clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)  # log r = logp_ref - logp
+    k3 = (torch.expm1(log_r) - log_r).clamp(-K3_CLAMP, K3_CLAMP)  # r - 1 - log r
     if estimator == "k3":
-        return torch.expm1(-log_ratio) + log_ratio
-    raise ValueError(f"Unknown KL estimator {estimator!r}: choose 'k1', 'k2' or 'k3'.")
+        return k3
+    k2 = 0.5 * log_ratio**2  # k3+: the value k3's, the gradient k2's
+    return k3.detach() + (k2 - k2.detach())
 
 
 def kl_loss_per_token(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-                      old_logprobs: torch.Tensor | None = None) -> torch.Tensor:
-    """The KL-to-reference loss term per token: k3 = p_ref/p - log(p_ref/p) - 1 of the current policy (GRPO, Shao et
-    al. 2024, eq. 4), or with `old_logprobs` that k3 times the importance ratio pi/pi_old (DeepSeek-V3.2, sec. 3.1).
+                      old_logprobs: torch.Tensor | None = None, estimator: str = "k3") -> torch.Tensor:
+    """The KL-to-reference loss term per token: `estimator`'s estimate of the current policy (GRPO's k3, Shao et al.
+    2024, eq. 4; verl's `kl_loss_type`), or with `old_logprobs` that estimate times the importance ratio pi/pi_old
+    (DeepSeek-V3.2, sec. 3.1).
 
     k3's value is unbiased for KL(pi || pi_ref) but its gradient is not: d k3 / d logp = 1 - p_ref/p, whose
-    expectation is the gradient of the forward KL. Times the (differentiable) ratio, the gradient at any pi_old is
-    ratio * (logp - logp_ref) * grad logp, the importance-weighted unbiased gradient of the reverse KL. The ratio is
-    per token, whatever the policy loss's `importance_sampling_level`. Shapes: (batch, len) -> (batch, len).
+    expectation is the gradient of the forward KL. Two fixes: k3+ (k3's value, k2's gradient (logp - logp_ref) *
+    grad logp, the unbiased gradient of the reverse KL on-policy), or k3 times the (differentiable) ratio, whose
+    gradient at any pi_old is ratio * (logp - logp_ref) * grad logp, the importance-weighted unbiased gradient. The
+    ratio is per token, whatever the policy loss's `importance_sampling_level`. Shapes: (batch, len) -> (batch, len).
     """
-    k3 = kl_estimate(logprobs, ref_logprobs, "k3")
-    return k3 if old_logprobs is None else torch.exp(logprobs - old_logprobs) * k3
+    kl = kl_estimate(logprobs, ref_logprobs, estimator)
+    return kl if old_logprobs is None else torch.exp(logprobs - old_logprobs) * kl
 
 
 # ---- Rewards and advantages -----------------------------------------------------------------------------------
@@ -184,8 +214,9 @@ def compute_rewards(
 
     scores: (batch,), kl and mask: (batch, len). Returns (rewards, non_score_rewards), both (batch, len) and 0 at
     masked positions. The score lands on the last *real* token (the stop token when there is one), never on a pad
-    slot after it (the bug of the removed TRL trainer, issues 1893 / 3750).
+    slot after it (the bug of the removed TRL trainer, issues 1893 / 3750). `mask`: bool or 0/1 (`as_bool_mask`).
     """
+    mask = as_bool_mask(mask)
     non_score = torch.where(mask, -kl_coef * kl, torch.zeros_like(kl))
     rewards = non_score.clone()
     rows = torch.arange(rewards.shape[0], device=rewards.device)
@@ -230,8 +261,10 @@ def compute_gae(
     token after it. rewards, values, mask: (batch, len) -> (advantages, returns), (batch, len), 0 at masked
     positions. Example: rewards [0, 0, 1], values 0.5, gamma 1, lam 0.95 -> advantages [0.45125, 0.475, 0.5];
     the same with an environment token in the middle (mask [1, 0, 1, 1]) -> [0.45125, 0, 0.475, 0.5].
-    `lam` is one float, or a (batch,) tensor with each row's own lambda (`length_adaptive_lam`).
+    `lam` is one float, or a (batch,) tensor with each row's own lambda (`length_adaptive_lam`). `mask`: bool or 0/1
+    (`as_bool_mask`).
     """
+    mask = as_bool_mask(mask)
     zeros = torch.zeros_like(values[:, 0])
     if isinstance(lam, torch.Tensor):
         lam = lam.to(device=values.device, dtype=values.dtype)
@@ -297,10 +330,23 @@ def rloo_advantages(scores: torch.Tensor, k: int) -> torch.Tensor:
     return (grouped - others_mean).reshape(scores.shape)
 
 
-def grpo_advantages(scores: torch.Tensor, k: int, scale_rewards: bool = True, eps: float = 1e-4) -> torch.Tensor:
-    """Group-relative advantages (Shao et al. 2024, GRPO; Liu et al. 2025, Dr. GRPO).
+SCALE_REWARDS = ("group", "batch", "none")
 
-    A_i = (R_i - mean_group(R)) / (std_group(R) + eps) with `scale_rewards`; A_i = R_i - mean_group(R) without it
+
+def scale_rewards_name(scale_rewards: bool | str) -> str:
+    """TRL's `scale_rewards` as one of `SCALE_REWARDS`: True is "group", False "none" (TRL maps them so too)."""
+    name = {True: "group", False: "none"}.get(scale_rewards, scale_rewards) if isinstance(scale_rewards, bool) \
+        else scale_rewards
+    if name not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards={scale_rewards!r}: choose 'group' (True), 'batch' or 'none' (False).")
+    return name
+
+
+def grpo_advantages(scores: torch.Tensor, k: int, scale_rewards: bool | str = True, eps: float = 1e-4) -> torch.Tensor:
+    """Group-relative advantages (Shao et al. 2024, GRPO; Liu et al. 2025, Dr. GRPO; TRL's `scale_rewards`).
+
+    A_i = (R_i - mean_group(R)) / (std + eps), std = std_group(R) with `scale_rewards` True / "group", the std of
+    every score of the batch with "batch" (TRL's; PPO Lite, Liu et al. 2025), no division with False / "none"
     (Dr. GRPO: the std division favours groups whose rewards barely differ). std is the sample std (Bessel's
     correction, n - 1), as TRL's GRPO; a group of equal scores gets A = 0 either way. scores: (num_prompts * k,) or
     (num_prompts, k), k consecutive rows per prompt -> same shape.
@@ -308,29 +354,88 @@ def grpo_advantages(scores: torch.Tensor, k: int, scale_rewards: bool = True, ep
     """
     grouped = _grouped(scores, k)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale_rewards:
+    scale = scale_rewards_name(scale_rewards)
+    if scale == "group":
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    elif scale == "batch":
+        centred = centred / (grouped.std() + eps)
     return centred.reshape(scores.shape)
 
 
+def _index_groups(scores: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: its group's size, mean and sample std (0 for a group of one), the groups named by `index` (batch,)
+    (any integer ids, rows of a group anywhere, groups of any size)."""
+    _, group = torch.unique(index, return_inverse=True)
+    n = int(group.max()) + 1 if group.numel() else 0
+    ones = torch.ones_like(scores)
+    size = torch.zeros(n, dtype=scores.dtype, device=scores.device).index_add(0, group, ones)
+    mean = torch.zeros_like(size).index_add(0, group, scores) / size
+    square = torch.zeros_like(size).index_add(0, group, (scores - mean[group]) ** 2)
+    std = torch.sqrt(square / (size - 1).clamp(min=1))
+    return size[group], mean[group], std[group]
+
+
+def grpo_advantages_by_index(scores: torch.Tensor, index: torch.Tensor, scale_rewards: bool | str = True,
+                             eps: float = 1e-4) -> torch.Tensor:
+    """`grpo_advantages` with the groups named by `index` (batch,) instead of k consecutive rows: groups of unequal
+    size (dynamic sampling's filtered batches, environments that ended early), and a group of one passes its score
+    through (its baseline 0, its std 1, as verl's `index`-grouped GRPO). scores (batch,) -> (batch,).
+    Example: index [0, 0, 1], R = [1, 3, 5], scale "none" -> [-1, 1, 5]."""
+    size, mean, std = _index_groups(scores, index)
+    alone = size == 1
+    centred = scores - torch.where(alone, torch.zeros_like(mean), mean)
+    scale = scale_rewards_name(scale_rewards)
+    if scale == "group":
+        centred = centred / (torch.where(alone, torch.ones_like(std), std) + eps)
+    elif scale == "batch":
+        centred = centred / (scores.std() + eps)
+    return centred
+
+
+def rloo_advantages_by_index(scores: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`rloo_advantages` with the groups named by `index` (batch,): A_i = n/(n-1) * (R_i - mean_group(R)) in a group
+    of n >= 2, R_i itself in a group of one (no other response to compare with: verl's RLOO passes it through).
+    scores (batch,) -> (batch,). Example: index [0, 0, 0, 1], R = [1, 2, 6, 4] -> [-3, -1.5, 4.5, 4]."""
+    size, mean, _ = _index_groups(scores, index)
+    return torch.where(size > 1, size / (size - 1).clamp(min=1) * (scores - mean), scores)
+
+
+def remax_advantages(scores: torch.Tensor, greedy_scores: torch.Tensor) -> torch.Tensor:
+    """ReMax (Li et al. 2024): each sampled response's score minus the score of the greedy (temperature 0) response
+    to the same prompt, A_i = R_i - R_greedy(prompt of i). scores (num_prompts * k,), k consecutive rows per prompt;
+    greedy_scores (num_prompts,) -> (num_prompts * k,). Example: k = 2, R = [1, 3, 0, 2], greedy [2, 1] ->
+    [-1, 1, -1, 1]. The estimator only: the rollout does not yet sample the greedy response (docs: what is left)."""
+    k, rest = divmod(scores.numel(), greedy_scores.numel())
+    if rest or k < 1:
+        raise ValueError(f"{scores.numel()} scores cannot be split over {greedy_scores.numel()} prompts: pass one "
+                         "greedy score per prompt, its responses in consecutive rows.")
+    return scores - greedy_scores.repeat_interleave(k)
+
+
 def reinforce_pp_advantages(
-    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float, k: int | None = None
+    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float, k: int | None = None,
+    gamma: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ advantages (Hu 2025), and with `k` REINFORCE++-baseline.
 
     1. With `k` (the baseline variant), each score first loses its group's mean: R_i - mean_group(R), k consecutive
        rows per prompt. 2. Per-token rewards r_t = -kl_coef * KL_t, plus the (centred) score at the last real token
        (`compute_rewards`; the paper uses the k1 estimator: pass KL_t = logp - logp_ref). 3. Returns
-       G_t = sum_{s >= t} r_s (gamma = 1, no critic). 4. Advantages = G whitened over every real token of the batch
+       G_t = sum_{s >= t} gamma^(s - t) r_s over the real positions (masked ones are no time steps, as in
+       `compute_gae`; gamma = 1 is the paper's plain sum; verl's `gamma`), no critic. 4. Advantages = G whitened over every real token of the batch
        (`masked_whiten`: mean and unbiased std of the whole batch, not per group).
     scores: (batch,); kl, mask: (batch, len) -> (advantages, returns), both (batch, len), 0 at masked positions.
     The whitening is over what is passed: in data-parallel training pass the gathered batch for a global one.
     """
     if k is not None:
         scores = group_centred(scores, k)
+    mask = as_bool_mask(mask)
     rewards, _ = compute_rewards(scores, kl, mask, kl_coef)
-    returns = rewards.flip(1).cumsum(1).flip(1)  # masked rewards are 0, so padding adds nothing to G_t
-    returns = torch.where(as_bool_mask(mask), returns, torch.zeros_like(returns))
+    running, returns = torch.zeros_like(rewards[:, 0]), []
+    for t in reversed(range(rewards.shape[1])):  # G_t = r_t + gamma * G_next, G_next the next real position's
+        running = torch.where(mask[:, t], rewards[:, t] + gamma * running, running)
+        returns.append(torch.where(mask[:, t], running, torch.zeros_like(running)))
+    returns = torch.stack(returns[::-1], dim=1)
     return masked_whiten(returns, mask), returns
 
 
@@ -343,7 +448,28 @@ def sequence_to_token_advantages(advantages: torch.Tensor, mask: torch.Tensor) -
 
 
 # ---- Losses ---------------------------------------------------------------------------------------------------
-LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo")
+# verl's spellings of the modes that mean the same here (`loss_agg_mode`).
+LOSS_AGGREGATION_ALIASES = {"token-mean": "token_mean", "seq-mean-token-mean": "seq_mean_token_mean",
+                            "seq-mean-token-sum": "seq_mean_token_sum"}
+# A name hf_ppo used for another reduction than verl's: refused, so a saved config that names it never changes scale
+# in silence.
+RENAMED_LOSS_AGGREGATIONS = {
+    name: (f"loss_aggregation={name!r} is no longer accepted: hf_ppo's mode of that name (each response's token sum "
+           "/ response_length, averaged over responses) is now 'dr_grpo' (TRL's name; the same numbers), while "
+           "verl's seq-mean-token-sum-norm sums over the responses instead of averaging (a loss N times larger with "
+           "N responses). Set loss_aggregation='dr_grpo' to keep the run as it was.")
+    for name in ("seq_mean_token_sum_norm", "seq-mean-token-sum-norm")}
+
+
+def loss_aggregation_name(name: str) -> str:
+    """hf_ppo's name of a loss aggregation given by its name or verl's (`LOSS_AGGREGATION_ALIASES`); a renamed or
+    unknown name is an error naming the fix."""
+    if name in RENAMED_LOSS_AGGREGATIONS:
+        raise ValueError(RENAMED_LOSS_AGGREGATIONS[name])
+    canonical = LOSS_AGGREGATION_ALIASES.get(name, name)
+    _check_aggregation(canonical)
+    return canonical
 
 
 def loss_normalizer(mask: torch.Tensor, loss_aggregation: str = "token_mean") -> torch.Tensor:
@@ -376,8 +502,11 @@ def aggregate_loss(
     - token_mean: sum_{i,t} l_it / N, N = the number of real tokens (PPO's usual mean; long responses weigh more).
     - seq_mean_token_mean: sum_i (sum_t l_it / |y_i|) / N, N = the number of sequences (GRPO's original: each
       response weighs the same, so a token of a short response weighs more than one of a long response).
-    - seq_mean_token_sum_norm: sum_i (sum_t l_it / max_length) / N, N = the number of sequences (Dr. GRPO: a constant
-      divisor, no length bias); `max_length` defaults to `len`, pass the generation budget (`response_length`).
+    - seq_mean_token_sum: sum_i (sum_t l_it) / N, N = the number of sequences (verl's seq-mean-token-sum: each
+      response's token sum, averaged over responses; a loss on the scale of a response's length).
+    - dr_grpo: sum_i (sum_t l_it / max_length) / N, N = the number of sequences (Dr. GRPO, TRL's `dr_grpo`: a
+      constant divisor, no length bias); `max_length` defaults to `len`, pass the generation budget
+      (`response_length`). verl's seq-mean-token-sum-norm is this times N (it sums over responses): not offered.
     `normalizer` replaces N (default: `loss_normalizer(mask, loss_aggregation)` of these rows): pass the whole
     minibatch's, so the losses of its micro-batches sum to the minibatch loss and accumulation is exact.
     """
@@ -389,6 +518,8 @@ def aggregate_loss(
     mask = as_bool_mask(mask)
     if loss_aggregation == "seq_mean_token_mean":
         per_sequence = masked_sum(per_token, mask, dim=1) / mask.sum(dim=1).clamp(min=1)
+    elif loss_aggregation == "seq_mean_token_sum":
+        per_sequence = masked_sum(per_token, mask, dim=1)
     else:
         per_sequence = masked_sum(per_token, mask, dim=1) / (max_length if max_length is not None else mask.shape[1])
     if normalizer is None:
@@ -430,13 +561,7 @@ def policy_loss(
     low = cliprange if cliprange_low is None else cliprange_low
     high = cliprange if cliprange_high is None else cliprange_high
     log_ratio = logprobs - old_logprobs
-    if importance_sampling_level == "sequence":
-        ratio = torch.exp(masked_mean(log_ratio, mask, dim=1)).unsqueeze(1).expand_as(log_ratio)
-    elif importance_sampling_level == "token":
-        ratio = torch.exp(log_ratio)
-    else:
-        raise ValueError(f"Unknown importance_sampling_level {importance_sampling_level!r}: choose 'token' or "
-                         "'sequence'.")
+    ratio = importance_ratio(log_ratio, mask, importance_sampling_level)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
     per_token = torch.maximum(unclipped, clipped)
@@ -449,6 +574,132 @@ def policy_loss(
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
         approxkl = 0.5 * masked_mean(log_ratio**2, mask)
     return loss, clipfrac, approxkl
+
+
+def importance_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
+    """The policy ratio on each token from log_ratio = logp - logp_old (batch, len) -> (batch, len).
+
+    "token": PPO's exp(log_ratio_t); "sequence": GSPO's (Zheng et al. 2025) one ratio per response,
+    exp(mean over its real tokens of log_ratio), on each of its tokens."""
+    if level == "sequence":
+        return torch.exp(masked_mean(log_ratio, mask, dim=1)).unsqueeze(1).expand_as(log_ratio)
+    if level == "token":
+        return torch.exp(log_ratio)
+    raise ValueError(f"Unknown importance_sampling_level {level!r}: choose 'token' or 'sequence'.")
+
+
+# ---- Policy losses beside PPO's clipped surrogate (`policy_loss`): each gives per-token losses (batch, len) and a
+# (batch, len) bool of the tokens its clipping or selection touched; `aggregate_loss` reduces them as PPO's are.
+POLICY_LOSSES = ("ppo", "cispo", "sapo", "gmpo", "gpg", "clip_cov", "kl_cov")
+
+
+def cispo_per_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                    mask: torch.Tensor, clip_max: float = 5.0,
+                    importance_sampling_level: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax-M1, Chen et al. 2025; TRL's `loss_type="cispo"`): the importance weight is clipped and
+    stop-gradient, and multiplies the REINFORCE term, so every token keeps a gradient (PPO's clip zeroes it):
+
+    l_t = -sg(min(r_t, clip_max)) * A_t * logp_t,  r_t = pi / pi_old.
+
+    `clip_max` is the cap on the weight itself (ScaleRL's and TRL's epsilon_max, recommended 5.0; MiniMax-M1's
+    1 + eps_high with no lower bound). Returns (per-token loss, tokens whose weight was capped)."""
+    ratio = importance_ratio(logprobs - old_logprobs, mask, importance_sampling_level)
+    weight = ratio.clamp(max=clip_max).detach()
+    return -weight * advantages * logprobs, (ratio > clip_max).detach()
+
+
+def sapo_per_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                   mask: torch.Tensor, temperature_pos: float = 1.0, temperature_neg: float = 1.05,
+                   importance_sampling_level: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
+    """SAPO (Soft Adaptive Policy Optimization, Gao et al. 2025; TRL's `loss_type="sapo"`): a smooth gate replaces
+    the hard clip,
+
+    l_t = -f(r_t) * A_t,  f(r) = 4 / tau * sigmoid(tau * (r - 1)),  tau = tau_pos if A_t > 0 else tau_neg,
+
+    whose gradient is the ratio's at r = 1 and fades as r leaves it (faster for tau_neg > tau_pos: the paper's 1.0
+    and 1.05). Nothing is clipped: the second result is all False."""
+    ratio = importance_ratio(logprobs - old_logprobs, mask, importance_sampling_level)
+    tau = torch.where(advantages > 0, torch.full_like(ratio, temperature_pos), torch.full_like(ratio, temperature_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+    return -gate * advantages, torch.zeros_like(mask, dtype=torch.bool)
+
+
+def gmpo_per_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                   mask: torch.Tensor, cliprange_low: float = 0.4,
+                   cliprange_high: float = 0.4) -> tuple[torch.Tensor, torch.Tensor]:
+    """GMPO (Geometric-Mean Policy Optimization, Zhao et al. 2025): the geometric mean of the token ratios of a
+    response, each clipped in log space to [-eps_low, eps_high] (the paper's (e^-0.4, e^0.4)) on the side PPO's
+    min picks:
+
+    c_t = sgn(A_t) * min(sgn(A_t) * log r_t, sgn(A_t) * clip(log r_t, -eps_low, eps_high));
+    l_t = -A_t * exp(mean over the response's real tokens of c_t)
+
+    (the response's loss on each of its tokens: with a sequence-level advantage, `seq_mean_token_mean` gives the
+    paper's mean over responses). Returns (per-token loss, tokens whose log-ratio was clipped)."""
+    log_ratio = logprobs - old_logprobs
+    clipped = log_ratio.clamp(-cliprange_low, cliprange_high)
+    sign = torch.where(advantages >= 0, torch.ones_like(log_ratio), -torch.ones_like(log_ratio))
+    bounded = sign * torch.minimum(sign * log_ratio, sign * clipped)
+    sequence_ratio = torch.exp(masked_mean(bounded, mask, dim=1)).unsqueeze(1)
+    return -advantages * sequence_ratio, (bounded != log_ratio).detach()
+
+
+def gpg_per_token(logprobs: torch.Tensor, advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG (Group Policy Gradient, Chu et al. 2025): the plain policy gradient, no ratio and no clip,
+    l_t = -A_t * logp_t (its value is not PPO's; its gradient is -A_t * grad logp_t). Nothing is clipped."""
+    return -advantages * logprobs, torch.zeros_like(logprobs, dtype=torch.bool)
+
+
+def token_covariance(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each real token's centred product (A_t - mean A) * (logp_t - mean logp), the means over the batch's real tokens
+    (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning Language Models": the covariance that drives the
+    entropy's change). (batch, len) -> (batch, len), detached, 0 at masked positions."""
+    mask = as_bool_mask(mask)
+    logprobs = logprobs.detach()
+    cov = (advantages - masked_mean(advantages, mask)) * (logprobs - masked_mean(logprobs, mask))
+    return torch.where(mask, cov, torch.zeros_like(cov))
+
+
+def clip_cov_per_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                       mask: torch.Tensor, cliprange_low: float = 0.2, cliprange_high: float = 0.2,
+                       ratio: float = 2e-4, cov_low: float = 1.0,
+                       cov_high: float = 5.0, generator: torch.Generator | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip-Cov (Cui et al. 2025): PPO's clipped loss, except that max(1, floor(ratio * N)) tokens (N real tokens)
+    drawn at random among those whose covariance (`token_covariance`) lies in (cov_low, cov_high) and that PPO did
+    not clip lose their gradient (loss 0), against entropy collapse. The paper's r = 2e-4, (1, 5).
+    Returns (per-token loss, the tokens PPO clipped or this detached)."""
+    mask = as_bool_mask(mask)
+    ppo_ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ppo_ratio
+    clipped = -advantages * ppo_ratio.clamp(1.0 - cliprange_low, 1.0 + cliprange_high)
+    per_token = torch.maximum(unclipped, clipped)
+    by_clip = (clipped > unclipped) & mask
+    cov = token_covariance(logprobs, advantages, mask)
+    candidates = torch.nonzero((mask & ~by_clip & (cov > cov_low) & (cov < cov_high)).flatten()).squeeze(1)
+    count = min(max(1, int(ratio * int(mask.sum()))), candidates.numel())
+    chosen = candidates[torch.randperm(candidates.numel(), generator=generator)[:count].to(candidates.device)]
+    detached = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    detached[chosen] = True
+    detached = detached.reshape(mask.shape)
+    return torch.where(detached, torch.zeros_like(per_token), per_token), (by_clip | detached).detach()
+
+
+def kl_cov_per_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor, ratio: float = 2e-3, coef: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL-Cov (Cui et al. 2025): the unclipped surrogate -A_t * r_t on every token, plus coef * |log r_t| on the
+    max(1, floor(ratio * N)) real tokens of largest covariance (`token_covariance`), which pulls exactly those tokens
+    back to pi_old. The paper's k = 2e-3 (Qwen2.5-7B; 2e-4 at 32B) and beta = 1.
+    Returns (per-token loss, the tokens that carry the KL term)."""
+    mask = as_bool_mask(mask)
+    log_ratio = logprobs - old_logprobs
+    per_token = -advantages * torch.exp(log_ratio)
+    cov = torch.where(mask, token_covariance(logprobs, advantages, mask), torch.full_like(log_ratio, -math.inf))
+    count = min(max(1, int(ratio * int(mask.sum()))), int(mask.sum()))
+    selected = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    selected[torch.topk(cov.flatten(), count).indices] = True
+    selected = selected.reshape(mask.shape) & mask
+    return per_token + torch.where(selected, coef * log_ratio.abs(), torch.zeros_like(log_ratio)), selected
 
 
 def value_loss(
@@ -566,6 +817,39 @@ def truncated_importance_weights(logprobs: torch.Tensor, sampling_logprobs: torc
     return torch.exp(logprobs - sampling_logprobs).clamp(max=cap).detach()
 
 
+ROLLOUT_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def rollout_correction_weights(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor,
+                               mode: str = "token_truncate", clip_max: float | None = None,
+                               clip_min: float | None = None) -> torch.Tensor:
+    """Importance weights that correct for a sampler whose numerics differ from the training model's (TRL's
+    `vllm_importance_sampling_mode`; verl's `rollout_is` token/sequence levels and `rollout_rs` rejection).
+
+    The ratio is pi_old / pi_sampler: per token, w_t = exp(logp_old_t - logp_sampler_t), or per response ("sequence_*"),
+    w = exp(sum over its real tokens of (logp_old_t - logp_sampler_t)) (the probability ratio of the whole response)
+    on each of its tokens. "*_truncate": w clipped to [clip_min, clip_max] (`truncated_importance_weights` is
+    token_truncate without a floor); "*_mask": w kept where clip_min <= w <= clip_max, else 0 (the token, or the
+    whole response, is rejected: it leaves the loss but still counts in its mean, as in TRL). A bound left None does
+    not bind. logprobs, sampling_logprobs, mask (B, R) -> (B, R), detached.
+    """
+    if mode not in ROLLOUT_CORRECTIONS:
+        raise ValueError(f"Unknown rollout correction mode {mode!r}: choose one of {', '.join(ROLLOUT_CORRECTIONS)}.")
+    mask = as_bool_mask(mask)
+    log_ratio = torch.where(mask, logprobs - sampling_logprobs, torch.zeros_like(logprobs))
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(logprobs)
+    weights = torch.exp(log_ratio)
+    if mode.endswith("truncate"):
+        return weights.clamp(min=clip_min, max=clip_max).detach()
+    keep = torch.ones_like(mask)
+    if clip_min is not None:
+        keep = keep & (weights >= clip_min)
+    if clip_max is not None:
+        keep = keep & (weights <= clip_max)
+    return torch.where(keep, weights, torch.zeros_like(weights)).detach()
+
+
 class Experience(NamedTuple):
     """The rollout's tensors the update reads, each (B, R) (`rollout.RolloutBatch` has them under these names): the
     sampled tokens, the old policy's log-probs and values, the advantages and returns, the policy's real tokens
@@ -591,7 +875,10 @@ class LossSettings:
     entropy bonus (0: off); loss_aggregation and response_length: the reduction (`aggregate_loss`; the generation
     budget is Dr. GRPO's constant divisor); use_bias_correction_kl: the KL loss term times the importance ratio;
     memory_bytes: the budget of the vocabulary-wide fp32 work (`over_positions`); importance_sampling_cap: truncated
-    importance sampling's cap (`truncated_importance_weights`, against the engine's `sampling_logprobs`; None: off).
+    importance sampling's cap (`truncated_importance_weights`, against the engine's `sampling_logprobs`; None: off);
+    importance_sampling_mode / importance_sampling_min: the correction's level, truncation or rejection, and floor
+    (`rollout_correction_weights`); kl_loss_estimator: the KL loss term's estimator (`kl_loss_per_token`);
+    policy_loss: the policy loss (`POLICY_LOSSES`, `variant_policy_loss`) and the rest its variants' parameters.
     """
 
     temperature: float
@@ -608,6 +895,54 @@ class LossSettings:
     use_bias_correction_kl: bool = False
     memory_bytes: int = LOGITS_MEMORY_BYTES
     importance_sampling_cap: float | None = None
+    importance_sampling_mode: str = "token_truncate"
+    importance_sampling_min: float | None = None
+    kl_loss_estimator: str = "k3"
+    policy_loss: str = "ppo"
+    cispo_clip_max: float = 5.0
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    gmpo_cliprange: float = 0.4
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-3
+    kl_cov_coef: float = 1.0
+
+
+def variant_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, s: LossSettings, normalizer: float | torch.Tensor | None = None,
+                        token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`s.policy_loss` other than "ppo" (`POLICY_LOSSES`) with its parameters from `s`, reduced like `policy_loss`
+    (`s.loss_aggregation`, `normalizer`, `s.response_length`; `token_weights` multiply each token's loss). Inputs
+    (batch, len). Returns (loss, share of tokens its clip or selection touched, approx KL), as `policy_loss`."""
+    low = s.cliprange if s.cliprange_low is None else s.cliprange_low
+    high = s.cliprange if s.cliprange_high is None else s.cliprange_high
+    level = s.importance_sampling_level
+    if s.policy_loss == "cispo":
+        per_token, touched = cispo_per_token(logprobs, old_logprobs, advantages, mask, s.cispo_clip_max, level)
+    elif s.policy_loss == "sapo":
+        per_token, touched = sapo_per_token(logprobs, old_logprobs, advantages, mask, s.sapo_temperature_pos,
+                                            s.sapo_temperature_neg, level)
+    elif s.policy_loss == "gmpo":
+        per_token, touched = gmpo_per_token(logprobs, old_logprobs, advantages, mask, s.gmpo_cliprange,
+                                            s.gmpo_cliprange)
+    elif s.policy_loss == "gpg":
+        per_token, touched = gpg_per_token(logprobs, advantages)
+    elif s.policy_loss == "clip_cov":
+        per_token, touched = clip_cov_per_token(logprobs, old_logprobs, advantages, mask, low, high,
+                                                s.clip_cov_ratio, s.clip_cov_lb, s.clip_cov_ub)
+    elif s.policy_loss == "kl_cov":
+        per_token, touched = kl_cov_per_token(logprobs, old_logprobs, advantages, mask, s.kl_cov_ratio, s.kl_cov_coef)
+    else:
+        raise ValueError(f"Unknown policy_loss {s.policy_loss!r}: choose one of {', '.join(POLICY_LOSSES)}.")
+    if token_weights is not None:
+        per_token = per_token * token_weights
+    loss = aggregate_loss(per_token, mask, s.loss_aggregation, normalizer, s.response_length)
+    with torch.no_grad():
+        touched_share = masked_mean(touched.float(), mask)
+        approxkl = 0.5 * masked_mean((logprobs - old_logprobs) ** 2, mask)
+    return loss, touched_share, approxkl
 
 
 def ppo_loss(logits: torch.Tensor, values: torch.Tensor | None, old: Experience, normalizer: torch.Tensor,
@@ -628,12 +963,18 @@ def ppo_loss(logits: torch.Tensor, values: torch.Tensor | None, old: Experience,
     logprobs = logprobs_from_logits(logits, responses, temperature, memory_bytes)
     weights = None
     if s.importance_sampling_cap is not None and old.sampling_logprobs is not None:
-        weights = truncated_importance_weights(old_logprobs, old.sampling_logprobs, s.importance_sampling_cap)
-    pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, old_logprobs, old.advantages, mask, s.cliprange,
-                                                 normalizer, cliprange_low=s.cliprange_low,
-                                                 cliprange_high=s.cliprange_high, dual_clip=s.dual_clip,
-                                                 importance_sampling_level=s.importance_sampling_level,
-                                                 token_weights=weights, **aggregation)
+        weights = rollout_correction_weights(old_logprobs, old.sampling_logprobs, mask, s.importance_sampling_mode,
+                                             s.importance_sampling_cap, s.importance_sampling_min)
+    if s.policy_loss == "ppo":
+        pg_loss, pg_clipfrac, approxkl = policy_loss(logprobs, old_logprobs, old.advantages, mask, s.cliprange,
+                                                     normalizer, cliprange_low=s.cliprange_low,
+                                                     cliprange_high=s.cliprange_high, dual_clip=s.dual_clip,
+                                                     importance_sampling_level=s.importance_sampling_level,
+                                                     token_weights=weights, **aggregation)
+    else:
+        pg_loss, pg_clipfrac, approxkl = variant_policy_loss(logprobs, old_logprobs, advantages=old.advantages,
+                                                             mask=mask, s=s, normalizer=normalizer,
+                                                             token_weights=weights)
     loss, stats = pg_loss, {}
     if values is not None:
         vf_loss, vf_clipfrac = value_loss(values, old.values, old.returns, mask, s.cliprange_value, normalizer,
@@ -641,7 +982,8 @@ def ppo_loss(logits: torch.Tensor, values: torch.Tensor | None, old: Experience,
         loss = loss + s.vf_coef * vf_loss
         stats = {"loss/value_avg": vf_loss, "val/clipfrac_avg": vf_clipfrac}
     if kl_loss_coef:
-        per_token_kl = kl_loss_per_token(logprobs, old.ref_logprobs, old_logprobs if s.use_bias_correction_kl else None)
+        per_token_kl = kl_loss_per_token(logprobs, old.ref_logprobs, old_logprobs if s.use_bias_correction_kl else None,
+                                         s.kl_loss_estimator)
         kl_loss = aggregate_loss(per_token_kl, mask, normalizer=normalizer, **aggregation)
         loss = loss + kl_loss_coef * kl_loss
         stats["loss/kl_avg"] = kl_loss

@@ -67,7 +67,7 @@ def method_texts(hyperparameters: dict) -> tuple[str, str]:
         return (f"clipped PPO with {critic} and a KL penalty towards a frozen reference",
                 "subtracts a per-token KL penalty towards the reference, estimates advantages with GAE on the "
                 "critic's values, and takes several clipped policy and value updates on the batch")
-    if estimator == "grpo" and hyperparameters.get("scale_rewards") is False:
+    if estimator == "grpo" and hyperparameters.get("scale_rewards") in (False, "none"):
         estimator = "dr_grpo"
     name, k = _ESTIMATOR_TEXT.get(estimator, estimator), hyperparameters.get("num_generations", 1)
     kl = ("adds a KL term towards the reference to the loss" if estimator in ("grpo", "dr_grpo")

@@ -53,6 +53,21 @@ class RewardSettings:
     reward_input_format: str = "auto"  # 'auto', 'chat', 'pair' or 'concat': how a reward model reads its input
     reward_weights: tuple[float, ...] | None = None  # one weight per reward (None: all 1.0)
     normalize_each_reward: bool = False  # each reward normalised by its own running statistics before the sum
+    multi_objective_aggregation: str = "sum_then_normalize"  # or each reward normalised within its group (TRL's)
+    num_generations: int = 1  # the group size normalize_then_sum normalises over
+
+
+def group_normalized(scores: torch.Tensor, applies: torch.Tensor, k: int, eps: float = 1e-4) -> torch.Tensor:
+    """One reward's scores normalised within each group of k consecutive rows (TRL's `normalize_then_sum`; GDPO):
+    (r - group mean) / (group std + eps), the mean and the sample std (n - 1) over the group's rows the reward applies
+    to (a group where it applies once: 0). scores, applies (B,) -> (B,). Example: k = 2, r = [1, 3, 5, 5] ->
+    [-1, 1, 0, 0] / (sqrt(2) + eps) for the first group, 0 for the second."""
+    grouped, used = scores.reshape(-1, k), applies.reshape(-1, k)
+    n = used.sum(dim=1, keepdim=True)
+    mean = torch.where(used, grouped, torch.zeros_like(grouped)).sum(dim=1, keepdim=True) / n.clamp(min=1)
+    square = torch.where(used, (grouped - mean) ** 2, torch.zeros_like(grouped)).sum(dim=1, keepdim=True)
+    std = torch.sqrt(square / (n - 1).clamp(min=1))
+    return ((grouped - mean) / (std + eps)).reshape(scores.shape)
 
 
 def reward_set(loaded, given, tokenizer, settings: RewardSettings, chat: set[bool], train_dataset,
@@ -84,7 +99,8 @@ def judge_set(given, tokenizer, settings: RewardSettings, loading: RewardLoading
         raise ValueError("eval_reward_model is an empty list: give a judge (id, path, model or callable) or None.")
     judges, classes = load_rewards(given, None, loading)
     names = unique_names([reward_name(r) for r in given])
-    alone = replace(settings, reward_weights=None, normalize_each_reward=False)
+    alone = replace(settings, reward_weights=None, normalize_each_reward=False,
+                    multi_objective_aggregation="sum_then_normalize")
     return _reward_set(judges, classes, names, True, tokenizer, chat, train_dataset, alone, scoring_context,
                        eval_datasets)
 
@@ -109,7 +125,9 @@ def _reward_set(rewards, classes, names, is_list, tokenizer, chat, train_dataset
                 probe_reward_callable(reward, dataset, tokenizer, name, source)
     return RewardSet(rewards, tokenizers, names, [float(w) for w in weights],
                      input_format=settings.reward_input_format, normalize_each=settings.normalize_each_reward,
-                     is_list=is_list, scoring_context=scoring_context)
+                     is_list=is_list, scoring_context=scoring_context,
+                     group_size=settings.num_generations
+                     if settings.multi_objective_aggregation == "normalize_then_sum" else None)
 
 
 def reward_tokenizer(reward_model, tokenizer, reward_processing_class, input_format: str, chat: set[bool]):
@@ -481,8 +499,10 @@ class RewardSet:
 
     def __init__(self, rewards: list, tokenizers: list, names: list[str], weights: list[float], *,
                  input_format: str = "auto", normalize_each: bool = False, is_list: bool = True,
-                 scoring_context: Callable[[], ContextManager] = contextlib.nullcontext):
+                 scoring_context: Callable[[], ContextManager] = contextlib.nullcontext,
+                 group_size: int | None = None):
         self.rewards, self.tokenizers, self.names, self.weights = list(rewards), list(tokenizers), names, weights
+        self.group_size = group_size  # normalize_then_sum's group (k consecutive rows); None: sum_then_normalize
         self.input_format, self.is_list, self.scoring_context = input_format, is_list, scoring_context
         self.moments = [RunningMoments() for _ in rewards] if normalize_each else None
         self.warned_nonfinite: set[str] = set()  # the rewards already warned about a NaN/inf score
@@ -551,6 +571,10 @@ class RewardSet:
         """sum_i w_i * r_i over the rewards that apply to each row (TRL's None), each r_i first normalised by its own
         running statistics when `normalize_each` (updated from the finite scores of the rows it applies to, over all
         processes through `gather`; None (evaluation): unchanged). A row no reward applies to is an error naming it.
+        With `group_size` (TRL's multi_objective_aggregation="normalize_then_sum") and in training (`gather` given),
+        each r_i is first normalised within its group of `group_size` consecutive rows (`group_normalized`), so the
+        combined score is TRL's normalised-then-summed reward (what TRL logs as `reward`); evaluation (`gather`
+        None) sums the raw scores, which compare a policy's responses with the reference's.
 
         A reward's NaN/inf score of a row it applies to leaves that row's combined score NaN/inf: the rollout leaves
         the row out of the update (`steps.unscored_rows`), and a one-time warning per reward names it and the row."""
@@ -565,6 +589,8 @@ class RewardSet:
                     if gathered_usable.any():
                         self.moments[i].update(gathered_scores[gathered_usable])
                 scores = self.moments[i].normalize(scores)
+            if self.group_size is not None and gather is not None:
+                scores = group_normalized(scores, applies, self.group_size)
             term = torch.where(applies, self.weights[i] * scores, torch.zeros_like(scores))
             combined = term if combined is None else combined + term
         none = ~torch.stack([applies for _, applies in each.values()]).any(0)

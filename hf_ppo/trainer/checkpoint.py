@@ -101,11 +101,17 @@ def default_settings(args) -> dict:
     return _plain(defaults)
 
 
+# A value an earlier hf_ppo saved under a name that now means something else: read as its new name (the same run).
+_RENAMED_VALUES = {("loss_aggregation", "seq_mean_token_sum_norm"): "dr_grpo", ("scale_rewards", True): "group",
+                   ("scale_rewards", False): "none"}
+
+
 def compare_settings(saved: dict, current: dict, defaults: dict | None = None) -> dict[str, str]:
     """{setting: "checkpoint X, now Y"} for each setting that differs between the checkpoint and this run. A setting
     the checkpoint does not record (written before it existed) is not a change while it holds its value in
     `defaults` (`default_settings`)."""
     missing, defaults = object(), defaults or {}
+    saved = {name: _RENAMED_VALUES.get((name, value), value) for name, value in saved.items()}
     return {name: f"checkpoint {saved.get(name, '(not recorded)')!r}, now {current.get(name, '(not set)')!r}"
             for name in sorted(set(saved) | set(current)) if saved.get(name, missing) != current.get(name, missing)
             and not (name not in saved and name in current and current[name] == defaults.get(name, missing))}

@@ -28,7 +28,16 @@ import torch
 from transformers import TrainingArguments
 
 from ..algorithms.estimators import EstimatorSettings
-from ..algorithms.ppo_math import LossSettings
+from ..algorithms.ppo_math import (
+    KL_ALIASES,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATION_ALIASES,
+    LOSS_AGGREGATIONS,
+    RENAMED_LOSS_AGGREGATIONS,
+    LossSettings,
+    kl_estimator_name,
+    loss_aggregation_name,
+)
 from ..evaluation.evaluator import EvalSettings
 from ..hub.cards import CARD_HYPERPARAMETERS, PublishSettings
 from ..models.critics import CriticLoading
@@ -44,6 +53,7 @@ from .config_checks import (
     _TRL_ONLY_NAMES,
     _range_errors,
     critic_and_estimator_errors,
+    loss_family_errors,
     mixed_reward_errors,
     no_op_errors,
     vllm_errors,
@@ -161,6 +171,17 @@ class PPOConfig(TrainingArguments):
         default=None, metadata={"help": "rollout_engine='vllm': truncated importance sampling: each token's policy "
                                 "loss times min(pi_old / pi_vLLM, cap), pi_vLLM the probability vLLM drew it with "
                                 "(TRL: 2.0). None: off."})
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = \
+        field(default="token_truncate", metadata={"help": "With vllm_importance_sampling_cap: how the ratio pi_old / "
+              "pi_vLLM corrects the loss (TRL's name and modes). 'token_truncate': each token's ratio capped (the "
+              "default; hf_ppo's only mode before). 'sequence_truncate': one ratio per response, the product of its "
+              "tokens' (verl's rollout_is sequence level), capped. 'token_mask' / 'sequence_mask': a token / a "
+              "response whose ratio leaves [vllm_importance_sampling_min, cap] is rejected (weight 0; verl's "
+              "rollout_rs); the others keep their ratio. TRL's default is 'sequence_mask' with cap 3.0."})
+    vllm_importance_sampling_min: float | None = field(
+        default=None, metadata={"help": "The lower bound of vllm_importance_sampling_mode's band (TRL's "
+                                "vllm_importance_sampling_clip_min): truncate modes raise a smaller ratio to it, mask "
+                                "modes reject below it. None: no lower bound."})
     stop_token: Literal["eos"] | None = field(
         default="eos",
         metadata={"help": "'eos': responses end at the tokenizer's EOS or any id of the policy's "
@@ -201,6 +222,15 @@ class PPOConfig(TrainingArguments):
         default=None,
         metadata={"help": "One weight per reward when the trainer's `reward_model` is a list (TRL GRPOConfig's name), "
                   "in the same order: the score is sum_i w_i * r_i. None: every weight 1.0."},
+    )
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = field(
+        default="sum_then_normalize",
+        metadata={"help": "How a reward list becomes one score (TRL GRPOConfig's name). 'sum_then_normalize': the "
+                  "weighted sum, normalised afterwards by the estimator. 'normalize_then_sum' (GDPO): in training "
+                  "each reward is first normalised within its prompt's group, (r - group mean) / (group std + 1e-4), "
+                  "then weighted and summed; the logged objective/scores is that sum, as TRL's `reward`. Needs "
+                  "advantage_estimator='grpo' with scale_rewards='batch' (TRL normalises the sum over the batch). "
+                  "Evaluation sums the raw rewards."},
     )
     normalize_each_reward: bool = field(
         default=False,
@@ -245,11 +275,13 @@ class PPOConfig(TrainingArguments):
         metadata={"help": "Responses sampled per prompt (k). Batch sizes count responses: a rollout batch holds "
                   "rollout_batch_size / k prompts, each sampled k times. rloo and grpo need k >= 2."},
     )
-    scale_rewards: bool = field(
-        default=True,
-        metadata={"help": "grpo: divide by the group's reward std (False: Dr. GRPO, mean-centred only)."},
+    scale_rewards: str = field(
+        default="group",
+        metadata={"help": "grpo (TRL's values): 'group' (True) divides by the group's reward std; 'batch' by the std "
+                  "of the whole batch's rewards (PPO Lite); 'none' (False) does not divide (Dr. GRPO, mean-centred "
+                  "only). True / False are stored as 'group' / 'none'."},
     )
-    gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE, and of REINFORCE++'s returns."})
     lam: float = field(default=0.95, metadata={"help": "Lambda of GAE (the actor's advantages)."})
     lam_critic: float | None = field(
         default=None,
@@ -287,16 +319,26 @@ class PPOConfig(TrainingArguments):
 
     # ---- Steps 8 and 10, the KL penalty and its controller ---------------------------------------------------------
     kl_coef: float = field(default=0.05, metadata={"help": "beta: per-token reward is score - beta * KL."})
-    kl_estimator: Literal["k1", "k2", "k3"] = field(
+    kl_estimator: Literal["k1", "k2", "k3", "k3+", "abs", "kl", "mse", "low_var_kl", "low_var_kl+"] = field(
         default="k1",
-        metadata={"help": "Per-token KL estimator: k1 = logp - logp_ref; k2 = (logp - logp_ref)^2 / 2; "
-                  "k3 = (r - 1) - log r with r = p_ref / p (unbiased, non-negative)."},
+        metadata={"help": "Per-token KL estimator of the penalty in the reward and of the logged KL: k1 = logp - "
+                  "logp_ref; k2 = (logp - logp_ref)^2 / 2; abs = |logp - logp_ref|; k3 = (r - 1) - log r with r = "
+                  "p_ref / p (unbiased, non-negative; log r clamped to +-20 and k3 to +-10, as verl does); k3+ = k3's "
+                  "value with k2's gradient (in the reward, where no gradient flows, the same as k3). verl's names "
+                  "are accepted and stored as hf_ppo's: kl = k1, mse = k2, low_var_kl = k3, low_var_kl+ = k3+."},
     )
     use_kl_loss: bool = field(
         default=False,
         metadata={"help": "The KL to the reference as a loss term in the update, kl_coef x k3 per token aggregated "
                   "like the policy loss, instead of -kl_coef x KL in the reward (verl's and OpenRLHF's name; grpo "
                   "always does this). `kl_estimator` still picks the logged KL and the KL controller's input."},
+    )
+    kl_loss_estimator: Literal["k1", "k2", "k3", "k3+", "abs", "kl", "mse", "low_var_kl", "low_var_kl+"] = field(
+        default="k3",
+        metadata={"help": "The estimator of the KL loss term (use_kl_loss, or grpo) (verl's kl_loss_type): 'k3' "
+                  "(GRPO's; its gradient is the forward KL's), 'k3+' (k3's value, k2's gradient: the unbiased "
+                  "gradient of KL(pi || pi_ref), verl's straight-through), 'k1', 'k2', 'abs'; verl's names accepted "
+                  "as for kl_estimator."},
     )
     use_bias_correction_kl: bool = field(
         default=False,
@@ -319,12 +361,17 @@ class PPOConfig(TrainingArguments):
     entropy_coef: float = field(default=0.0, metadata={"help": "Weight of an entropy bonus (0: off)."})
 
     # ---- Step 11, loss variants (defaults: the clipped PPO loss as above, a token mean) ----------------------------
-    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = field(
+    # The old name is a choice so that the command line reaches the refusal that names its fix.
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo", "token-mean",
+                              "seq-mean-token-mean", "seq-mean-token-sum", "seq_mean_token_sum_norm"] = field(
         default="token_mean",
-        metadata={"help": "How per-token losses (policy, value, entropy) become one number: 'token_mean' (sum over "
-                  "the minibatch's real tokens / their count); 'seq_mean_token_mean' (mean over responses of each "
-                  "response's token mean; GRPO); 'seq_mean_token_sum_norm' (each response's token sum / "
-                  "response_length, averaged over responses; no length bias, Dr. GRPO)."},
+        metadata={"help": "How per-token losses (policy, value, entropy, KL) become one number: 'token_mean' (sum "
+                  "over the minibatch's real tokens / their count; TRL's dapo); 'seq_mean_token_mean' (mean over "
+                  "responses of each response's token mean; GRPO, TRL's grpo); 'seq_mean_token_sum' (mean over "
+                  "responses of each response's token sum); 'dr_grpo' (each response's token sum / response_length, "
+                  "averaged over responses; no length bias, Dr. GRPO, TRL's dr_grpo). verl's spellings "
+                  "('seq-mean-token-mean', ...) are accepted and stored as hf_ppo's. 'seq_mean_token_sum_norm' is "
+                  "refused: hf_ppo's mode of that name is now 'dr_grpo', and verl's sums over responses."},
     )
     cliprange_low: float | None = field(
         default=None, metadata={"help": "Lower clip range of the ratio: clip to 1 - cliprange_low (None: cliprange)."}
@@ -344,8 +391,44 @@ class PPOConfig(TrainingArguments):
     dual_clip: float | None = field(
         default=None,
         metadata={"help": "Dual clip c > 1 (Ye et al. 2020; e.g. 3): for negative advantages the policy loss of a "
-                  "token is at most -c * A. None: off."},
+                  "token is at most -c * A. None: off (TRL's default; verl's is on, clip_ratio_c=3.0)."},
     )
+    policy_loss: Literal["ppo", "cispo", "sapo", "gmpo", "gpg", "clip_cov", "kl_cov"] = field(
+        default="ppo",
+        metadata={"help": "The policy loss (docs/reference/algorithms.md). 'ppo': the clipped surrogate above "
+                  "(verl's vanilla). 'cispo': clipped, stop-gradient importance weights times the REINFORCE term "
+                  "(MiniMax-M1; TRL's cispo; cispo_clip_max). 'sapo': a smooth sigmoid gate instead of the clip "
+                  "(TRL's sapo; sapo_temperature_pos/neg). 'gmpo': the geometric mean of a response's token ratios "
+                  "(verl's geo_mean; gmpo_cliprange). 'gpg': the plain policy gradient -A logp (GPG). 'clip_cov' / "
+                  "'kl_cov': PPO's loss with a few high-covariance tokens detached / pulled back by a KL term, "
+                  "against entropy collapse (Cui et al. 2025; clip_cov_* / kl_cov_*)."},
+    )
+    cispo_clip_max: float = field(
+        default=5.0, metadata={"help": "policy_loss='cispo': the cap on the importance weight (TRL's epsilon_high "
+                               "for cispo; ScaleRL's epsilon_max, 5.0)."})
+    sapo_temperature_pos: float = field(
+        default=1.0, metadata={"help": "policy_loss='sapo': the gate's temperature for tokens with A > 0 (TRL's and "
+                               "the paper's 1.0)."})
+    sapo_temperature_neg: float = field(
+        default=1.05, metadata={"help": "policy_loss='sapo': the gate's temperature for tokens with A <= 0 (TRL's and "
+                                "the paper's 1.05)."})
+    gmpo_cliprange: float = field(
+        default=0.4, metadata={"help": "policy_loss='gmpo': each token's log-ratio is clipped to [-c, c] (the "
+                               "paper's ratio range (e^-0.4, e^0.4))."})
+    clip_cov_ratio: float = field(
+        default=2e-4, metadata={"help": "policy_loss='clip_cov': the share of tokens detached (the paper's and "
+                                "verl's 2e-4; at least one)."})
+    clip_cov_lb: float = field(
+        default=1.0, metadata={"help": "policy_loss='clip_cov': tokens are drawn among those with covariance above "
+                               "this (verl's name; 1.0)."})
+    clip_cov_ub: float = field(
+        default=5.0, metadata={"help": "policy_loss='clip_cov': ... and below this (verl's name; 5.0)."})
+    kl_cov_ratio: float = field(
+        default=2e-3, metadata={"help": "policy_loss='kl_cov': the share of tokens, those of largest covariance, "
+                                "that get the KL term (the paper's 2e-3 for a 7B model, 2e-4 at 32B; at least one)."})
+    kl_cov_coef: float = field(
+        default=1.0, metadata={"help": "policy_loss='kl_cov': the weight of |log r| on the selected tokens (the "
+                               "paper's beta = 1)."})
 
     # ---- The critic: what predicts the values GAE needs, and how it trains (docs/concepts/critics.md) --------------
     critic: Literal["shared", "separate", "reward_lora"] = field(
@@ -560,9 +643,8 @@ class PPOConfig(TrainingArguments):
             errors.append(f"rollout_engine={self.rollout_engine!r}: choose 'kv_cache' (the default), 'static' or "
                           "'vllm'.")
         errors += vllm_errors(self)
-        if self.loss_aggregation not in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
-            errors.append(f"loss_aggregation={self.loss_aggregation!r}: choose 'token_mean', 'seq_mean_token_mean' "
-                          "or 'seq_mean_token_sum_norm'.")
+        errors += self._map_verl_names()
+        errors += loss_family_errors(self)
         for name in ("cliprange_low", "cliprange_high"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 errors.append(f"{name}={getattr(self, name)}: must be > 0 (or None to use cliprange).")
@@ -585,6 +667,26 @@ class PPOConfig(TrainingArguments):
         errors += no_op_errors(self)
         if errors:
             raise ValueError("Invalid PPOConfig:\n- " + "\n- ".join(errors))
+
+    def _map_verl_names(self) -> list[str]:
+        """Store verl's names of the KL estimators and loss aggregations as hf_ppo's (one name per setting from here
+        on: the records, the resume comparison, the card); return the errors for unknown or renamed ones."""
+        errors = []
+        if isinstance(self.scale_rewards, bool):  # TRL's bools, stored as its words
+            self.scale_rewards = "group" if self.scale_rewards else "none"
+        for name in ("kl_estimator", "kl_loss_estimator"):
+            try:
+                setattr(self, name, kl_estimator_name(getattr(self, name)))
+            except (ValueError, TypeError):
+                errors.append(f"{name}={getattr(self, name)!r}: choose one of {', '.join(KL_ESTIMATORS)} (or verl's "
+                              f"names {', '.join(KL_ALIASES)}).")
+        try:
+            self.loss_aggregation = loss_aggregation_name(self.loss_aggregation)
+        except (ValueError, TypeError) as err:
+            errors.append(str(err) if self.loss_aggregation in RENAMED_LOSS_AGGREGATIONS else
+                          f"loss_aggregation={self.loss_aggregation!r}: choose one of {', '.join(LOSS_AGGREGATIONS)} "
+                          f"(or verl's {', '.join(LOSS_AGGREGATION_ALIASES)}).")
+        return errors
 
     def _map_trl_names(self) -> list[str]:
         """Turn TRL 1.12's names into hf_ppo's fields; return the errors for names that cannot apply."""
@@ -707,7 +809,14 @@ class PPOConfig(TrainingArguments):
                             cliprange_low=self.cliprange_low, cliprange_high=self.cliprange_high,
                             dual_clip=self.dual_clip, importance_sampling_level=self.importance_sampling_level,
                             use_bias_correction_kl=self.use_bias_correction_kl, memory_bytes=self.logits_memory_bytes,
-                            importance_sampling_cap=self.vllm_importance_sampling_cap)
+                            importance_sampling_cap=self.vllm_importance_sampling_cap,
+                            importance_sampling_mode=self.vllm_importance_sampling_mode,
+                            importance_sampling_min=self.vllm_importance_sampling_min,
+                            kl_loss_estimator=self.kl_loss_estimator, policy_loss=self.policy_loss,
+                            cispo_clip_max=self.cispo_clip_max, sapo_temperature_pos=self.sapo_temperature_pos,
+                            sapo_temperature_neg=self.sapo_temperature_neg, gmpo_cliprange=self.gmpo_cliprange,
+                            clip_cov_ratio=self.clip_cov_ratio, clip_cov_lb=self.clip_cov_lb,
+                            clip_cov_ub=self.clip_cov_ub, kl_cov_ratio=self.kl_cov_ratio, kl_cov_coef=self.kl_cov_coef)
 
     @property
     def eval_settings(self) -> EvalSettings:
@@ -791,4 +900,6 @@ class PPOConfig(TrainingArguments):
         """How the rewards are read and combined (`rollout.RewardSettings`)."""
         weights = None if self.reward_weights is None else tuple(self.reward_weights)
         return RewardSettings(reward_input_format=self.reward_input_format, reward_weights=weights,
-                              normalize_each_reward=self.normalize_each_reward)
+                              normalize_each_reward=self.normalize_each_reward,
+                              multi_objective_aggregation=self.multi_objective_aggregation,
+                              num_generations=self.num_generations)

@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from ..algorithms.ppo_math import POLICY_LOSSES, ROLLOUT_CORRECTIONS, SCALE_REWARDS
 from ..runtime.warn import warn_user
 
 # Fields only a config written for TRL 1.12 sets (hf_ppo has its own ways to say the same).
@@ -61,11 +62,27 @@ _RANGES = [
     ("vllm_max_model_len", True, lambda v: isinstance(v, int) and v >= 2,
      "None (max_prompt_length + response_length) or an integer >= 2 (tokens)"),
     ("vllm_importance_sampling_cap", True, lambda v: 1 <= v < math.inf, "None (off) or >= 1 (TRL uses 2.0)"),
+    ("vllm_importance_sampling_min", True, lambda v: 0 < v <= 1, "None (no lower bound) or in (0, 1] (e.g. 0.5)"),
+    ("cispo_clip_max", False, lambda v: 0 < v < math.inf, "> 0 (the cap on CISPO's weight; TRL: 5.0)"),
+    ("sapo_temperature_pos", False, lambda v: 0 < v < math.inf, "> 0 (SAPO: 1.0)"),
+    ("sapo_temperature_neg", False, lambda v: 0 < v < math.inf, "> 0 (SAPO: 1.05)"),
+    ("gmpo_cliprange", False, lambda v: 0 < v < math.inf, "> 0 (a log-ratio bound; GMPO: 0.4)"),
+    ("clip_cov_ratio", False, lambda v: 0 < v <= 1, "in (0, 1] (a share of tokens; 2e-4)"),
+    ("clip_cov_lb", False, math.isfinite, "a finite number (a covariance; 1.0)"),
+    ("clip_cov_ub", False, math.isfinite, "a finite number (a covariance; 5.0)"),
+    ("kl_cov_ratio", False, lambda v: 0 < v <= 1, "in (0, 1] (a share of tokens; 2e-3)"),
+    ("kl_cov_coef", False, lambda v: 0 <= v < math.inf, ">= 0 (KL-Cov's beta: 1.0)"),
 ]
+
+# Each policy loss's own parameters (`loss_family_errors`): one set away from its default with another loss chosen
+# would do nothing.
+_POLICY_LOSS_PARAMETERS = {"cispo": ("cispo_clip_max",), "sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),
+                           "gmpo": ("gmpo_cliprange",), "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
+                           "kl_cov": ("kl_cov_ratio", "kl_cov_coef")}
 
 
 # The PPO fields that are flags (TrainingArguments checks its own).
-_BOOL_FIELDS = ("disable_dropout", "whiten_advantages", "whiten_rewards", "scale_rewards", "adaptive_kl",
+_BOOL_FIELDS = ("disable_dropout", "whiten_advantages", "whiten_rewards", "adaptive_kl",
                 "use_kl_loss", "use_bias_correction_kl", "drop_uniform_groups",
                 "normalize_rewards", "normalize_each_reward", "push_merged_model", "allow_config_change_on_resume",
                 "print_metrics", "watch_collapse", "stop_on_collapse", "vllm_enable_sleep_mode")
@@ -129,8 +146,6 @@ def no_op_errors(config) -> list[str]:
                           + (" (the column of the prompts)." if name == "prompt_column" else " (the system message)."))
     if config.stop_token not in (None, "eos"):
         errors.append(f"stop_token={config.stop_token!r}: choose 'eos' or None (other stop tokens: stop_token_ids).")
-    if config.kl_estimator not in ("k1", "k2", "k3"):
-        errors.append(f"kl_estimator={config.kl_estimator!r}: choose 'k1', 'k2' or 'k3'.")
     if config.drop_uniform_groups is True and isinstance(config.num_generations, int) and config.num_generations < 2:
         errors.append("drop_uniform_groups=True compares the responses to one prompt: set num_generations >= 2.")
     refill = config.max_refill_rounds
@@ -183,6 +198,59 @@ def no_op_errors(config) -> list[str]:
         warn_user("vf_coef=0 with advantage_estimator='gae': the critic is never trained, so GAE uses the "
                   "values of an untrained critic. Set vf_coef > 0 (e.g. 0.1), or use a critic-free estimator "
                   "(advantage_estimator='rloo' / 'grpo' / 'reinforce_pp').")
+    return errors
+
+
+def loss_family_errors(config) -> list[str]:
+    """Check the policy loss, its parameters and the rollout correction (docs/reference/algorithms.md)."""
+    errors = []
+    loss = config.policy_loss
+    if loss not in POLICY_LOSSES:
+        return [f"policy_loss={loss!r}: choose one of {', '.join(map(repr, POLICY_LOSSES))}."]
+    defaults = type(config).__dataclass_fields__
+    for owner, names in _POLICY_LOSS_PARAMETERS.items():
+        for name in names:
+            if owner != loss and getattr(config, name) != defaults[name].default:
+                errors.append(f"{name}={getattr(config, name)!r} is a parameter of policy_loss={owner!r}, and this "
+                              f"run's is {loss!r}: set policy_loss={owner!r}, or unset {name}.")
+    if loss == "clip_cov" and isinstance(config.clip_cov_lb, (int, float)) and isinstance(config.clip_cov_ub, (
+            int, float)) and not config.clip_cov_lb < config.clip_cov_ub:
+        errors.append(f"clip_cov_lb={config.clip_cov_lb} >= clip_cov_ub={config.clip_cov_ub}: no token's covariance "
+                      "lies between them, so Clip-Cov would detach none. Set clip_cov_lb < clip_cov_ub (1.0, 5.0).")
+    if loss not in ("ppo", "clip_cov"):
+        for name in ("cliprange_low", "cliprange_high", "dual_clip"):
+            if getattr(config, name) is not None:
+                errors.append(f"{name} clips PPO's ratio, and policy_loss={loss!r} has no such clip: unset {name}, or "
+                              f"use policy_loss='ppo'" + (" (its own bounds: " + ", ".join(
+                                  _POLICY_LOSS_PARAMETERS[loss]) + ")." if loss in _POLICY_LOSS_PARAMETERS else "."))
+    elif loss == "clip_cov" and config.dual_clip is not None:
+        errors.append("dual_clip with policy_loss='clip_cov': Clip-Cov uses PPO's single clip. Unset dual_clip.")
+    if config.importance_sampling_level == "sequence" and loss not in ("ppo", "cispo", "sapo"):
+        errors.append(f"importance_sampling_level='sequence' with policy_loss={loss!r}: only 'ppo' (GSPO), 'cispo' and "
+                      "'sapo' take a sequence-level ratio. Set importance_sampling_level='token'.")
+    if config.advantage_estimator in ("rloo", "grpo") and config.gamma != 1:
+        errors.append(f"gamma={config.gamma} with advantage_estimator={config.advantage_estimator!r}: its advantage "
+                      "is one per response, with nothing to discount. Set gamma=1.0 (gae and reinforce_pp discount).")
+    aggregation = config.multi_objective_aggregation
+    if aggregation not in ("sum_then_normalize", "normalize_then_sum"):
+        errors.append(f"multi_objective_aggregation={aggregation!r}: choose 'sum_then_normalize' or "
+                      "'normalize_then_sum'.")
+    elif aggregation == "normalize_then_sum" and (config.advantage_estimator != "grpo"
+                                                  or config.scale_rewards != "batch"):
+        errors.append("multi_objective_aggregation='normalize_then_sum' is TRL's GRPO recipe: each reward normalised "
+                      "within its group, the sum over the batch. Set advantage_estimator='grpo' and "
+                      "scale_rewards='batch' (TRL's numbers), or use 'sum_then_normalize'.")
+    elif aggregation == "normalize_then_sum" and config.normalize_each_reward is True:
+        errors.append("multi_objective_aggregation='normalize_then_sum' with normalize_each_reward=True normalises "
+                      "each reward twice (running statistics, then its group): choose one.")
+    mode = config.vllm_importance_sampling_mode
+    if mode not in ROLLOUT_CORRECTIONS:
+        errors.append(f"vllm_importance_sampling_mode={mode!r}: choose one of "
+                      f"{', '.join(map(repr, ROLLOUT_CORRECTIONS))}.")
+    elif config.vllm_importance_sampling_cap is None and (mode != "token_truncate"
+                                                         or config.vllm_importance_sampling_min is not None):
+        errors.append("vllm_importance_sampling_mode / vllm_importance_sampling_min shape the rollout correction, and "
+                      "it is off: set vllm_importance_sampling_cap (e.g. 3.0, TRL's), or unset them.")
     return errors
 
 
@@ -240,9 +308,12 @@ def critic_and_estimator_errors(config) -> list[str]:
                 errors.append(f"{name} is set, but it applies to critic='separate' only (critic={config.critic!r} "
                               f"loads no critic model): unset {name}, or set critic='separate'.")
     errors += critic_repo_problems(config.critic_hub_model_id, config.hub_model_id, config.fsdp_version)
-    if config.scale_rewards is False and config.advantage_estimator != "grpo":
-        errors.append(f"scale_rewards=False applies to advantage_estimator='grpo' only (Dr. GRPO), not "
-                      f"{config.advantage_estimator!r}: unset it, or set advantage_estimator='grpo'.")
+    if config.scale_rewards not in SCALE_REWARDS:
+        errors.append(f"scale_rewards={config.scale_rewards!r}: choose 'group' (True), 'batch' or 'none' (False).")
+    elif config.scale_rewards != "group" and config.advantage_estimator != "grpo":
+        errors.append(f"scale_rewards={config.scale_rewards!r} applies to advantage_estimator='grpo' only (False / "
+                      f"'none': Dr. GRPO), not {config.advantage_estimator!r}: unset it, or set "
+                      "advantage_estimator='grpo'.")
     if isinstance(config.critic_warmup_steps, int) and config.critic_warmup_steps > 0 and (
             config.vf_coef == 0):
         errors.append(f"critic_warmup_steps={config.critic_warmup_steps} trains only the critic, so it needs a value "

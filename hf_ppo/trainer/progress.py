@@ -131,7 +131,7 @@ class PPOProgressCallback(StageProgressCallback):
         super().__init__("PPO", args.print_metrics)
         self.steps_per_iteration = args.optimizer_steps_per_iteration
         # k1's batch mean can be negative (an unbiased estimate of a non-negative KL): the bar says which it shows.
-        self.kl_label = "kl" if args.kl_estimator in ("k2", "k3") else "kl_k1"
+        self.kl_label = "kl" if args.kl_estimator != "k1" else "kl_k1"
         self.started = None  # (time, global step) when train() began
 
     def on_train_begin(self, args, state, control, **kwargs):

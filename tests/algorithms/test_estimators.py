@@ -459,7 +459,7 @@ def test_refill_leaves_fewer_groups_dropped_and_logs_it(tiny_models, tokenizer, 
     (dict(num_generations=1, lam_critic=1.5), r"lam_critic=1.5: must be None \(lam\) or in \[0, 1\]"),
     (dict(advantage_estimator="ppo"), "advantage_estimator='ppo'"),
     (dict(num_generations=0), "num_generations"),
-    (dict(advantage_estimator="rloo", scale_rewards=False), "scale_rewards=False applies to advantage_estimator='grpo'"),
+    (dict(advantage_estimator="rloo", scale_rewards=False), "scale_rewards='none' applies to advantage_estimator='grpo'"),
     (dict(critic="reward_lora", critic_quantization="4bit"), "critic_quantization is set, but it applies to"),
     (dict(critic_model_init_kwargs={"revision": "main"}), "critic_model_init_kwargs is set, but it applies to"),
 ])

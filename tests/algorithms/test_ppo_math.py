@@ -718,12 +718,12 @@ def test_loss_aggregations_hand_example():
     mask = torch.tensor([[T, T, T, F], [T, F, F, F], [F, F, F, F]])
     assert loss_normalizer(mask, "token_mean").item() == 4
     assert loss_normalizer(mask, "seq_mean_token_mean").item() == 2  # the empty row is not a sequence
-    assert loss_normalizer(mask, "seq_mean_token_sum_norm").item() == 2
+    assert loss_normalizer(mask, "dr_grpo").item() == 2
     close(aggregate_loss(per_token, mask, "token_mean"), -10.0 / 4)  # -2.5
     close(aggregate_loss(per_token, mask, "seq_mean_token_mean"), (-6.0 / 3 + -4.0 / 1) / 2)  # (-2 - 4) / 2 = -3
     # Dr. GRPO: token sums over a constant: max_length defaults to the width 4 -> (-6/4 - 4/4) / 2 = -1.25
-    close(aggregate_loss(per_token, mask, "seq_mean_token_sum_norm"), -1.25)
-    close(aggregate_loss(per_token, mask, "seq_mean_token_sum_norm", max_length=10), (-0.6 - 0.4) / 2)  # -0.5
+    close(aggregate_loss(per_token, mask, "dr_grpo"), -1.25)
+    close(aggregate_loss(per_token, mask, "dr_grpo", max_length=10), (-0.6 - 0.4) / 2)  # -0.5
     # a normalizer replaces the count: seq_mean_token_mean with normalizer 4 -> (-2 - 4) / 4 = -1.5
     close(aggregate_loss(per_token, mask, "seq_mean_token_mean", normalizer=4), -1.5)
     with pytest.raises(ValueError, match="Unknown loss_aggregation 'seq_sum'"):
@@ -732,7 +732,7 @@ def test_loss_aggregations_hand_example():
     advantages = -per_token
     zeros = torch.zeros_like(per_token)
     close(policy_loss(zeros, zeros, advantages, mask, 0.2, loss_aggregation="seq_mean_token_mean")[0], -3.0)
-    close(policy_loss(zeros, zeros, advantages, mask, 0.2, loss_aggregation="seq_mean_token_sum_norm",
+    close(policy_loss(zeros, zeros, advantages, mask, 0.2, loss_aggregation="dr_grpo",
                       max_length=10)[0], -0.5)
 
 

@@ -54,8 +54,8 @@ def check_trains(trainer) -> list[dict]:
 
 
 @pytest.mark.parametrize("estimator,aggregation,quantization", [
-    ("gae", "seq_mean_token_sum_norm", "4bit"), ("rloo", "seq_mean_token_mean", "none"),
-    ("grpo", "seq_mean_token_sum_norm", "4bit"), ("reinforce_pp", "token_mean", "none")])
+    ("gae", "dr_grpo", "4bit"), ("rloo", "seq_mean_token_mean", "none"),
+    ("grpo", "dr_grpo", "4bit"), ("reinforce_pp", "token_mean", "none")])
 def test_estimator_with_loss_variants_and_a_reward_list(estimator, aggregation, quantization, tiny_models, tokenizer,
                                                         tmp_path):
     trainer = train(tiny_models, tokenizer, tmp_path, [tiny_models["reward"], count_e], reward_weights=[0.5, 2.0],

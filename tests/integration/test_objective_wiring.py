@@ -165,7 +165,7 @@ def expected_loss(model, batch, normalizer, s: dict):
             clipped += bool(clipped_pg > unclipped_pg)
             value_clipped += bool(clipped_v > unclipped_v)
             tokens += 1
-        divisor = {"token_mean": 1, "seq_mean_token_mean": n, "seq_mean_token_sum_norm": s["response_length"]}
+        divisor = {"token_mean": 1, "seq_mean_token_mean": n, "dr_grpo": s["response_length"]}
         total = total + row_sum / divisor[s["loss_aggregation"]]
     return total / normalizer, clipped / tokens, value_clipped / tokens
 
@@ -218,7 +218,7 @@ VARIANTS = {
     "clip_higher_reversed": dict(cliprange_low=0.3, cliprange_high=0.1),
     "dual_clip": dict(cliprange_low=0.1, cliprange_high=0.3, dual_clip=3.0),
     "token_mean": dict(loss_aggregation="token_mean"),
-    "seq_mean_token_sum_norm": dict(loss_aggregation="seq_mean_token_sum_norm"),
+    "dr_grpo": dict(loss_aggregation="dr_grpo"),
     "coefficients": dict(vf_coef=0.3, cliprange_value=0.1, entropy_coef=0.05),
     "kl_in_the_loss": dict(advantage_estimator="grpo", kl_ctl_value=0.37),
     "kl_loss_bias_corrected": dict(use_kl_loss=True, use_bias_correction_kl=True, kl_ctl_value=0.37),
@@ -247,7 +247,7 @@ def pushed(run):
     minibatch = [batch, run.micro_batches[1 - k]]
     normalizers = {"token_mean": sum(b.response_mask.sum().item() for b in minibatch),
                    "seq_mean_token_mean": sum(b.response_mask.any(1).sum().item() for b in minibatch)}
-    normalizers["seq_mean_token_sum_norm"] = normalizers["seq_mean_token_mean"]
+    normalizers["dr_grpo"] = normalizers["seq_mean_token_mean"]
     return model, batch, normalizers
 
 
@@ -275,7 +275,7 @@ def test_the_pushed_batch_tells_the_settings_apart(run, pushed):
                                  variant_settings(run, v))[0].item() for v in VARIANTS}
     pairs = [("clip_higher", "clip_higher_reversed"), ("clip_higher", "symmetric_clip"),
              ("clip_higher_reversed", "symmetric_clip"), ("dual_clip", "clip_higher"),
-             ("token_mean", "symmetric_clip"), ("seq_mean_token_sum_norm", "symmetric_clip"),
+             ("token_mean", "symmetric_clip"), ("dr_grpo", "symmetric_clip"),
              ("coefficients", "symmetric_clip"), ("kl_in_the_loss", "symmetric_clip"),
              ("kl_loss_bias_corrected", "kl_in_the_loss"), ("sequence_ratio", "clip_higher")]
     for a, b in pairs:

@@ -57,6 +57,22 @@ def test_the_second_table_plans_the_critic_configurations_on_both_new_tasks(lear
     assert learning.TASKS["long"].settings["response_length"] == 48
 
 
+def test_the_loss_family_rows_run_when_named_on_the_arithmetic_task(learning, capsys):
+    """Issue 62: a CISPO row and a k3+ KL-loss row beside grpo k=4, 3 seeds, each reaching PPOConfig as named."""
+    assert learning.main(["--dry-run", "--tasks", "arithmetic", "--configs", "grpo k=4", "grpo k=4, cispo",
+                          "grpo k=4, k3+ KL loss"]) == []
+    out = capsys.readouterr().out
+    assert "[learning] 9 runs:" in out
+    assert learning.config_overrides("arithmetic", "grpo k=4, cispo")["policy_loss"] == "cispo"
+    assert learning.config_overrides("arithmetic", "grpo k=4, k3+ KL loss")["kl_loss_estimator"] == "k3+"
+    from hf_ppo import PPOConfig
+    for name in ("grpo k=4, cispo", "grpo k=4, k3+ KL loss"):
+        args = PPOConfig(output_dir="unused", report_to=[], **learning.TASKS["arithmetic"].settings,
+                         **learning.config_overrides("arithmetic", name))
+        assert (args.loss_settings.policy_loss, args.loss_settings.kl_loss_estimator) == (
+            ("cispo", "k3") if "cispo" in name else ("ppo", "k3+"))
+
+
 def test_the_arithmetic_reward_reads_the_final_number_against_the_answer_column(learning):
     import common
 

@@ -402,7 +402,7 @@ def test_good_edge_values_are_accepted(tmp_path):
     ({"reward_weights": [0, 0.0]}, r"every weight is 0"),
     ({"cliprange_low": 1.0}, r"cliprange_low=1.0: the lower clip bound .* can never bind"),
     ({"cliprange": 1.5}, r"cliprange=1.5: the lower clip bound"),
-    ({"kl_estimator": "k4"}, r"kl_estimator='k4': choose 'k1', 'k2' or 'k3'"),
+    ({"kl_estimator": "k4"}, r"kl_estimator='k4': choose one of k1, k2, k3, k3\+, abs \(or verl's names"),
     ({"adaptive_kl": True, "kl_coef": 0.0}, r"adaptive_kl=True with kl_coef=0: .*never acts"),
 ], ids=["negative-eos-penalty", "zero-weights", "clip-low-never-binds",
         "cliprange-never-binds", "unknown-kl-estimator", "adaptive-kl-from-zero"])
@@ -599,6 +599,12 @@ BAD_VALUES = {
     "prompt_column": "", "system_prompt": 5, "max_completion_length": 0,
     "vllm_gpu_memory_utilization": 0.0, "vllm_max_model_len": 1, "vllm_dtype": "int4", "vllm_enable_sleep_mode": "yes",
     "vllm_importance_sampling_cap": 0.5,
+    # issue 62: the loss family
+    "kl_loss_estimator": "k4", "policy_loss": "ppo3", "cispo_clip_max": 0.0, "sapo_temperature_pos": 0.0,
+    "sapo_temperature_neg": -1.0, "gmpo_cliprange": 0.0, "clip_cov_ratio": 0.0, "clip_cov_lb": float("nan"),
+    "clip_cov_ub": float("inf"), "kl_cov_ratio": 1.5, "kl_cov_coef": -1.0,
+    "vllm_importance_sampling_mode": "sequence", "vllm_importance_sampling_min": 0.0,
+    "multi_objective_aggregation": "sum",
 }
 # Reviewed: fields for which every value of their type is legal (a name, a label).
 ACCEPTS_ANY_VALUE = {

@@ -39,10 +39,21 @@ GAE = dict(response_length=17, temperature=0.9, local_rollout_forward_batch_size
            normalize_each_reward=True, system_prompt="Answer as #### <number>.", prompt_column="question",
            apply_chat_template_to_text=True, max_prompt_length=64, stop_token=None, stop_token_ids=[2, 3])
 GRPO = dict(advantage_estimator="grpo", num_generations=4, scale_rewards=False, lam_critic=None, whiten_rewards=False,
+            gamma=1.0,
             critic="shared", critic_model_init_kwargs=None, critic_quantization="none")
 # bf16's default follows the machine (None: on where a CUDA GPU supports it), so GAE sets it on and this one sets it
 # off: the precision and the models' dtype move away from the default on a machine with a GPU as on one without.
 VAPO = dict(lam_length_alpha=0.5, bf16=False)
+# The policy losses' own parameters (issue 62), each under its loss; the rollout correction's mode and floor.
+CISPO = dict(policy_loss="cispo", cispo_clip_max=4.0, kl_loss_estimator="k3+", rollout_engine="vllm",
+             vllm_importance_sampling_cap=3.0, vllm_importance_sampling_mode="sequence_mask",
+             vllm_importance_sampling_min=0.5)
+SAPO = dict(policy_loss="sapo", sapo_temperature_pos=0.9, sapo_temperature_neg=1.2)
+GMPO = dict(policy_loss="gmpo", gmpo_cliprange=0.3)
+CLIP_COV = dict(policy_loss="clip_cov", clip_cov_ratio=1e-3, clip_cov_lb=0.5, clip_cov_ub=4.0)
+KL_COV = dict(policy_loss="kl_cov", kl_cov_ratio=1e-3, kl_cov_coef=0.5)
+MULTI = dict(advantage_estimator="grpo", num_generations=2, scale_rewards="batch",
+             multi_objective_aggregation="normalize_then_sum")
 
 
 def config(tmp_path, **fields) -> PPOConfig:
@@ -78,7 +89,8 @@ def test_every_record_property_is_listed(tmp_path):
 def test_every_record_field_comes_from_ppoconfig(record, tmp_path):
     default = config(tmp_path)
     custom = [config(tmp_path, **GAE), config(tmp_path, **{**GAE, **GRPO}),
-              config(tmp_path, **VAPO)]
+              config(tmp_path, **VAPO),
+              *(config(tmp_path, **losses) for losses in (CISPO, SAPO, GMPO, CLIP_COV, KL_COV, MULTI))]
     base = leaves(getattr(default, record))
     changed = [leaves(getattr(c, record)) for c in custom]
     frozen = [name for name in base if all(c[name] == base[name] for c in changed) and name not in FIXED_HERE]

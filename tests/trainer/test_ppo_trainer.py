@@ -422,7 +422,7 @@ def test_trackers_and_sample_tables(tiny_models, tokenizer, prompts_dataset, tmp
 def test_loss_variants_train_with_finite_metrics_and_a_sequence_normalizer(tiny_models, tokenizer, prompts_dataset,
                                                                            tmp_path):
     """Dr. GRPO's length-unbiased aggregation + clip-higher + dual clip + entropy bonus: two optimizer steps."""
-    trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, loss_aggregation="seq_mean_token_sum_norm",
+    trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, loss_aggregation="dr_grpo",
                     cliprange_low=0.2, cliprange_high=0.28, dual_clip=3.0, entropy_coef=0.01, max_steps=2)
     normalizers = []
     compute_loss = trainer.compute_loss
@@ -440,6 +440,50 @@ def test_loss_variants_train_with_finite_metrics_and_a_sequence_normalizer(tiny_
     assert len(logged) == 2
     assert all(math.isfinite(v) for e in logged for k, v in e.items() if isinstance(v, float))
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+@pytest.mark.parametrize("policy_loss", ["cispo", "sapo", "gmpo", "gpg", "clip_cov", "kl_cov"])
+def test_each_policy_loss_trains_a_real_run_with_a_k3_plus_kl_loss(policy_loss, tiny_models, tokenizer,
+                                                                    prompts_dataset, tmp_path):
+    """Issue 62: every policy_loss (and the k3+ KL loss term) through PPOLMTrainer: two finite optimizer steps that
+    move the policy, and a loss other than PPO's on the same first micro-batch."""
+    trainer = build(tiny_models, tokenizer, tmp_path, prompts_dataset, policy_loss=policy_loss, use_kl_loss=True,
+                    kl_loss_estimator="k3+", max_steps=2)
+    assert (trainer.args.loss_settings.policy_loss, trainer.args.loss_settings.kl_loss_estimator) == (
+        policy_loss, "k3+")
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    logged = [e for e in trainer.state.log_history if "loss/policy_avg" in e]
+    assert len(logged) == 2 and all(math.isfinite(e["loss/kl_avg"]) for e in logged)
+    assert all(math.isfinite(v) for e in logged for k, v in e.items() if isinstance(v, float))
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+def test_normalize_then_sum_trains_on_each_reward_normalised_in_its_group(tiny_models, tokenizer, tmp_path):
+    """Issue 62 (TRL's multi_objective_aggregation): the rollout's combined score is the weighted sum of each reward
+    normalised within its prompt's group, so each group's score sums to 0, and objective/scores logs its mean (TRL's
+    `reward`); the per-reward logs stay raw."""
+    def length(prompts, completions):
+        return [float(len(c)) for c in completions]
+
+    trainer = build(tiny_models, tokenizer, tmp_path, reward=[count_e, length], reward_weights=[1.0, 0.5],
+                    advantage_estimator="grpo", num_generations=4, scale_rewards="batch",
+                    multi_objective_aggregation="normalize_then_sum", max_steps=1)
+    rollouts = []
+    rollout = trainer._rollout
+
+    def spy(inputs):
+        batch = rollout(inputs)
+        rollouts.append(batch)
+        return batch
+
+    trainer._rollout = spy
+    trainer.train()
+    scores = rollouts[0].scores.reshape(-1, 4)
+    assert torch.allclose(scores.sum(dim=1), torch.zeros(scores.shape[0]), atol=1e-4)
+    assert scores.abs().sum() > 0
+    logged = next(e for e in trainer.state.log_history if "objective/scores" in e)
+    assert abs(logged["objective/scores"]) < 1e-4 and logged["rewards/length/mean"] > 1
 
 
 def test_seq_mean_aggregation_accumulates_exactly(tiny_models, tokenizer, prompts_dataset, tmp_path):
