@@ -130,6 +130,9 @@ CROSSOVER_CONFIGS = {
     "default (shared head)": {},
     "grpo k=4": {"advantage_estimator": "grpo", "num_generations": 4},
     "shared head, no whitening, critic lr 10x": {"whiten_advantages": False, "critic_learning_rate": "10x"},
+    # Issue 61: EVPO's switch (Pan et al. 2026), the shared head training all along and each batch's advantages from
+    # GAE where the head explains the returns, else grpo's group baseline; at grpo's k=4, so equal samples.
+    "auto k=4": {"advantage_estimator": "auto", "num_generations": 4},
 }
 ALL = {**CONFIGS, **FOLLOW_UPS, **CRITIC_CONFIGS, **CRITIC_FOLLOW_UPS, **CROSSOVER_CONFIGS}
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}

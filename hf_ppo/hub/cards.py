@@ -67,6 +67,16 @@ def method_texts(hyperparameters: dict) -> tuple[str, str]:
         return (f"clipped PPO with {critic} and a KL penalty towards a frozen reference",
                 "subtracts a per-token KL penalty towards the reference, estimates advantages with GAE on the "
                 "critic's values, and takes several clipped policy and value updates on the batch")
+    if estimator == "auto":
+        critic = _CRITIC_TEXT.get(hyperparameters.get("critic", "shared"), "a critic")
+        k = hyperparameters.get("num_generations", 2)
+        return (f"clipped PPO with {critic} and a KL penalty towards a frozen reference, each batch's advantages "
+                f"from GAE where the critic explained the returns and from the group baseline over {k} responses "
+                "per prompt where it did not (EVPO)",
+                "subtracts a per-token KL penalty towards the reference, estimates advantages with GAE on the "
+                f"critic's values when their explained variance is above {hyperparameters.get('auto_ev_threshold', 0)}"
+                f" or else against the mean of the {k} responses to each prompt, and takes several clipped policy "
+                "and value updates on the batch")
     if estimator == "grpo" and hyperparameters.get("scale_rewards") is False:
         estimator = "dr_grpo"
     name, k = _ESTIMATOR_TEXT.get(estimator, estimator), hyperparameters.get("num_generations", 1)

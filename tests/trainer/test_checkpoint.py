@@ -599,6 +599,7 @@ BAD_VALUES = {
     "prompt_column": "", "system_prompt": 5, "max_completion_length": 0,
     "vllm_gpu_memory_utilization": 0.0, "vllm_max_model_len": 1, "vllm_dtype": "int4", "vllm_enable_sleep_mode": "yes",
     "vllm_importance_sampling_cap": 0.5,
+    "auto_ev_threshold": 1.0,
 }
 # Reviewed: fields for which every value of their type is legal (a name, a label).
 ACCEPTS_ANY_VALUE = {

@@ -43,6 +43,7 @@ GRPO = dict(advantage_estimator="grpo", num_generations=4, scale_rewards=False, 
 # bf16's default follows the machine (None: on where a CUDA GPU supports it), so GAE sets it on and this one sets it
 # off: the precision and the models' dtype move away from the default on a machine with a GPU as on one without.
 VAPO = dict(lam_length_alpha=0.5, bf16=False)
+AUTO = dict(advantage_estimator="auto", num_generations=2, auto_ev_threshold=0.2)  # EVPO's gate (issue 61)
 
 
 def config(tmp_path, **fields) -> PPOConfig:
@@ -78,7 +79,7 @@ def test_every_record_property_is_listed(tmp_path):
 def test_every_record_field_comes_from_ppoconfig(record, tmp_path):
     default = config(tmp_path)
     custom = [config(tmp_path, **GAE), config(tmp_path, **{**GAE, **GRPO}),
-              config(tmp_path, **VAPO)]
+              config(tmp_path, **VAPO), config(tmp_path, **AUTO)]
     base = leaves(getattr(default, record))
     changed = [leaves(getattr(c, record)) for c in custom]
     frozen = [name for name in base if all(c[name] == base[name] for c in changed) and name not in FIXED_HERE]
