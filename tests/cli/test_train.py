@@ -615,13 +615,18 @@ def test_a_split_name_on_a_local_dataset_file_is_refused_not_read_as_the_whole_f
 
 def test_a_test_split_that_nothing_evaluates_on_is_said(tmp_path, models, prompts):
     """`dataset_test_split` without `eval_strategy` loaded and checked the prompts and never evaluated on them, in
-    silence: a warning names both fixes."""
+    silence: a warning names both fixes. A held-out file is what `hf-ppo evaluate --dataset <file>` reads after the
+    run (issue 61): no warning opens every run for it."""
     import warnings
 
     from hf_ppo.cli import train
 
     held_out = write_jsonl(tmp_path / "test.jsonl", [{"prompt": "the food was"}])
-    config = tiny_config(tmp_path, models, prompts, dataset_test_split=held_out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train.parse_args(["--config", tiny_config(tmp_path, models, prompts, dataset_test_split=held_out)],
+                         "hf-ppo train")
+    config = tiny_config(tmp_path, models, "org/prompts", dataset_test_split="test")
     with pytest.warns(UserWarning, match=r"dataset_test_split=.*eval_strategy is 'no'.*never evaluated on.*"
                       r"--eval_strategy steps --eval_steps N.*--dataset_test_split none"):
         train.parse_args(["--config", config], "hf-ppo train")
