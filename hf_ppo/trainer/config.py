@@ -238,16 +238,11 @@ class PPOConfig(TrainingArguments):
                   "(group mean, divided by the group std when `scale_rewards`), 'reinforce_pp' (REINFORCE++: "
                   "KL-penalised returns, a group-mean baseline when num_generations > 1, whitened over the batch). "
                   "kl_coef enters the reward per token (gae, reinforce_pp), per response (rloo), or as a k3 KL loss "
-                  "term (grpo); see hf_ppo/estimators.py. 'auto' (EVPO, Pan et al. 2026): the critic trains all "
-                  "along, and each batch uses GAE where the critic explains the returns (explained variance above "
-                  "auto_ev_threshold), else grpo's group baseline; needs num_generations >= 2."},
+                  "term (grpo); see hf_ppo/estimators.py. 'auto' (EVPO): per batch, gae where the critic explains "
+                  "the returns (auto_ev_threshold), else grpo's group baseline; num_generations >= 2."},
     )
-    auto_ev_threshold: float = field(
-        default=0.0,
-        metadata={"help": "advantage_estimator='auto': a batch uses GAE when the critic's explained variance of the "
-                  "returns is above this, else the group baseline. 0: the paper's (EVPO proves the critic lowers the "
-                  "advantages' variance exactly when it is > 0); higher trusts the critic later."},
-    )
+    auto_ev_threshold: float = field(default=0.0, metadata={"help": "'auto': GAE when the critic's explained variance "
+                                     "of the batch's returns is above this (0: EVPO's), else the group baseline."})
     num_generations: int = field(
         default=1,
         metadata={"help": "Responses sampled per prompt (k). Batch sizes count responses: a rollout batch holds "
