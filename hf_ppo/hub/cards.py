@@ -512,7 +512,8 @@ def _fmt(x: float | None) -> str:
 
 
 def _metric_rows(log_history: list[dict]) -> tuple[list[dict], int | None, int | None]:
-    """Rows (final, at the best-reward step, min, max) for each logged card metric; plus last and best step."""
+    """Rows (final, at the best-reward step, min, max) for each logged card metric; plus last and best step (None
+    when the reward was never logged, or had one value at every logged step)."""
     series = {key: metric_series(log_history, key) for key, _ in CARD_METRICS}
     series = {key: s for key, s in series.items() if s[0]}
     if not series:
@@ -520,7 +521,8 @@ def _metric_rows(log_history: list[dict]) -> tuple[list[dict], int | None, int |
     last_step = max(steps[-1] for steps, _ in series.values())
     best_step = None
     reward_key = CARD_METRICS[0][0]
-    if reward_key in series:
+    if reward_key in series and min(series[reward_key][1]) != max(series[reward_key][1]):
+        # A reward that never moved has no best step: "at best reward (step 2)" would name the first step it logged.
         steps, values = series[reward_key]
         best_step = steps[max(range(len(values)), key=values.__getitem__)]
     rows = []
