@@ -59,7 +59,9 @@ def versus(a: list[float], b: list[float]) -> str:
 
 
 def window(scores: list[float], end: int, width: int = 2) -> float:
-    """The mean training score of the `width` iterations ending at iteration `end` (1-based)."""
+    """The mean training score of the `width` iterations ending at iteration `end` (1-based; at least the first: a
+    one-iteration dry run's half budget is its one iteration)."""
+    end = max(1, end)
     return statistics.mean(scores[max(0, end - width):end])
 
 

@@ -111,3 +111,6 @@ def test_auto_is_a_method_choice_on_the_arithmetic_task_at_a_chosen_budget(bench
     assert [a[:3] for a in launched] == [("arithmetic", "auto k=4", 0), ("arithmetic", "grpo k=4", 0)]
     assert all(a[-1] == 12 for a in launched)
     assert "| arithmetic (SFT 5.0%) | auto k=4 |" in (tmp_path / "crossover-it12.md").read_text()
+    # A one-iteration dry run (`--iterations 1`) has a table too (its half budget is its one iteration).
+    assert "| words1 (SFT 5.0%) | auto k=4 | 10.0 +/- 0.0 |" in crossover.table([fake("words1", "auto k=4", 0, 0.1,
+                                                                                       [0.125])])
