@@ -239,7 +239,7 @@ def test_trl_derived_sizes_are_not_offered_but_still_refused_with_the_fix(tmp_pa
     assert "Derived in hf_ppo" not in text
     root = _project(tmp_path, tiny_models, **({"batch_size": 8} if where == "yaml" else {}))
     argv = ["--config", str(root / "configs" / "run.yaml")] + (["--batch_size", "8"] if where == "cli" else [])
-    with pytest.raises(ValueError, match=r"- batch_size=8 cannot be set.*per_device_train_batch_size"):
+    with pytest.raises(ValueError, match=r"batch_size=8 cannot be set.*per_device_train_batch_size"):
         ppo.parse_args(argv, command="hf-ppo train")
     if where == "cli":  # a near miss is pointed at an option it may set
         with pytest.raises(ppo.ConfigError) as info:
