@@ -374,7 +374,10 @@ def train_hf_ppo(task: str, config: str, seed: int, iterations: int, responses: 
     return {"cpu_seconds": round(seconds, 1), "train_kl": logs[-1]["objective/kl"],
             "pad_token": trainer.processing_class.pad_token,
             # the mean score of each iteration's sampled responses: the learning curve at every sample budget
-            "train_scores": [e["objective/scores"] for e in logs if "objective/scores" in e]}
+            "train_scores": [e["objective/scores"] for e in logs if "objective/scores" in e],
+            # advantage_estimator="auto" (issue 61): which advantages each iteration used (1 GAE, 0 the group's)
+            **({"auto_uses_gae": [e["objective/auto_uses_gae"] for e in logs if "objective/auto_uses_gae" in e]}
+               if overrides.get("advantage_estimator") == "auto" else {})}
 
 
 def hf_ppo_pad_token(sft: str) -> str:
