@@ -1077,7 +1077,8 @@ MUTATIONS = [
                "        if False:\n            warn_user(")]),
     # -- i61: learning from a cold start (auto, the no-signal watch, evaluation's numbers, a TRL GRPO user) -----------
     Mutation("i61_auto_always_gae", "advantage_estimator='auto' uses GAE whatever the critic explains",
-             [(E, "    advantages = torch.where(uses_gae, out[\"advantages\"], sequence_to_token_advantages(group, mask))",
+             [(E, "    advantages = torch.where(uses_gae, out[\"advantages\"], "
+                  "sequence_to_token_advantages(group, mask))",
                "    advantages = out[\"advantages\"]")]),
     Mutation("i61_auto_threshold_inclusive", "auto trusts a critic whose explained variance is exactly the threshold "
              "(EVPO: EV <= 0 inflates the variance)",
@@ -1106,7 +1107,8 @@ MUTATIONS = [
                "            parts = replace(trainer.rollout_parts(), gather=None, hooks=logs.hooks(trainer.state))",
                "            parts = replace(trainer.rollout_parts(), gather=None)")]),
     Mutation("i61_card_best_of_flat", "the card says 'at best reward (step 2)' for a reward that never moved",
-             [("hub/cards.py", "    if reward_key in series and min(series[reward_key][1]) != max(series[reward_key][1]):",
+             [("hub/cards.py",
+               "    if reward_key in series and min(series[reward_key][1]) != max(series[reward_key][1]):",
                "    if reward_key in series:")]),
     Mutation("i61_grpo_name_misread", "--use_vllm is pointed at --use_kl_loss, --beta at nothing",
              [("cli/train.py", "        if grpo_hint(key) is not None:", "        if False:")]),
