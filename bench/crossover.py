@@ -3,6 +3,7 @@
     python bench/crossover.py --dry-run          # the runs, without running them
     python bench/crossover.py                    # words1 and words2, three configurations, seeds 0-2, one at a time
     python bench/crossover.py --tasks words2 --configs "grpo k=4" --seeds 0   # a subset (results are reused)
+    python bench/crossover.py --tasks words1 arithmetic --seeds 0 1 2 3 4 --iterations 12   # 192 samples (issue 61)
 
 PPO with a critic starts with a zero-initialised value head, so its first iterations' baseline is whatever the head
 has learned (with whitened advantages: roughly the batch mean); grpo's group mean is a per-prompt baseline from the
@@ -11,7 +12,10 @@ SmolLM2-135M-Instruct on the word-problem tasks of bench/learning.py (`TASKS["wo
 `TASKS["words2"]`, two-step ones: two start accuracies from one pipeline and one lenient final-number reward), with
 `learning.CROSSOVER_CONFIGS`: hf_ppo's default (the shared value head, GAE), grpo k=4, and the shared head with the
 existing options that might close the gap (`critic_learning_rate` 10x the policy's and a one-iteration
-`critic_warmup_steps`). Every run goes through bench/learning.py's machinery (`learning.launch`: a process of its own,
+`critic_warmup_steps`), and `auto k=4` (issue 61: EVPO's per-batch switch between GAE and grpo's group baseline on
+the explained variance, `advantage_estimator="auto"`). `--tasks arithmetic` adds bench/learning.py's arithmetic task
+(SmolLM2, "a + b ="), and `--iterations` sets the budget (16 responses an iteration: 6 is 96 samples, 12 is 192).
+Every run goes through bench/learning.py's machinery (`learning.launch`: a process of its own,
 one torch thread; the one evaluator, `learning.evaluate`; results under bench/out/learning/<task>/<config>/, reused).
 
 Per run: the held-out accuracy after the budget (32 problems, one sample each at temperature 0.7, for the policy and the
@@ -34,6 +38,7 @@ sys.path.insert(0, str(HERE))
 import learning  # noqa: E402
 
 TASKS = ("words1", "words2")
+MORE_TASKS = ("arithmetic",)  # run when named (`--tasks`): the second learning table's task, at this table's budgets
 GRPO = "grpo k=4"
 
 
@@ -54,7 +59,9 @@ def versus(a: list[float], b: list[float]) -> str:
 
 
 def window(scores: list[float], end: int, width: int = 2) -> float:
-    """The mean training score of the `width` iterations ending at iteration `end` (1-based)."""
+    """The mean training score of the `width` iterations ending at iteration `end` (1-based; at least the first: a
+    one-iteration dry run's half budget is its one iteration)."""
+    end = max(1, end)
     return statistics.mean(scores[max(0, end - width):end])
 
 
@@ -64,7 +71,7 @@ def table(runs: list[dict]) -> str:
     lines = ["| task (start) | configuration | held-out accuracy after the budget | vs grpo k=4 (+/- 2 SE) | "
              "training accuracy, first 2 iterations | at half the budget | at the end | mean training curve | "
              "held-out KL | CPU s (train) | seeds |", "|---" * 11 + "|"]
-    for task in TASKS:
+    for task in dict.fromkeys(r["task"] for r in runs):
         grpo = [r["held_out_reward"] for r in runs if r["task"] == task and r["config"] == GRPO]
         # The start: the SFT policy's held-out accuracy in the same evaluations, one per seed (the reference's
         # samples are the same for every configuration at a seed).
@@ -90,11 +97,13 @@ def table(runs: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="list the runs, run none")
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS + MORE_TASKS)
     parser.add_argument("--configs", nargs="+", default=list(learning.CROSSOVER_CONFIGS),
                         choices=list(learning.CROSSOVER_CONFIGS))
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the tasks' (0-2)")
     parser.add_argument("--fresh", action="store_true", help="rerun runs whose results are saved")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="the budget per run in iterations of 16 responses (default: the task's, 6 = 96 samples)")
     args = parser.parse_args(argv)
     # Task by task, seed-major within a task: a table cut short by the clock has every configuration of the tasks
     # it reached at the seeds it reached.
@@ -108,13 +117,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     learning.smollm2()  # converted once, before the runs share it
     runs = []
     for task, config, seed in plan:
-        r = learning.launch(task, config, seed, False, args.fresh)
+        r = learning.launch(task, config, seed, False, args.fresh, args.iterations)
         runs.append(r)
         print(f"[crossover] {task} / {config} / seed {seed}: held-out {r['held_out_reward']:.3f} (SFT "
               f"{r['reference_reward']:.3f}), training {' '.join(f'{s:.2f}' for s in r['train_scores'])}, KL "
               f"{r['held_out_kl']:.2f}, {r['cpu_seconds']} CPU s", flush=True)
     md = table(runs)
-    out = learning.OUT / "crossover.md"
+    out = learning.OUT / ("crossover.md" if args.iterations is None else f"crossover-it{args.iterations}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md + "\n")
     print("\n" + md)

@@ -134,6 +134,9 @@ CROSSOVER_CONFIGS = {
     "default (shared head)": {},
     "grpo k=4": {"advantage_estimator": "grpo", "num_generations": 4},
     "shared head, no whitening, critic lr 10x": {"whiten_advantages": False, "critic_learning_rate": "10x"},
+    # Issue 61: EVPO's switch (Pan et al. 2026), the shared head training all along and each batch's advantages from
+    # GAE where the head explains the returns, else grpo's group baseline; at grpo's k=4, so equal samples.
+    "auto k=4": {"advantage_estimator": "auto", "num_generations": 4},
 }
 # The loss family (issue 62), run when named beside grpo k=4 on the arithmetic task (`--tasks arithmetic --configs
 # "grpo k=4" "grpo k=4, cispo" "grpo k=4, k3+ KL loss"`, 3 seeds): CISPO's clipped stop-gradient weights in place of
@@ -382,7 +385,10 @@ def train_hf_ppo(task: str, config: str, seed: int, iterations: int, responses: 
     return {"cpu_seconds": round(seconds, 1), "train_kl": logs[-1]["objective/kl"],
             "pad_token": trainer.processing_class.pad_token,
             # the mean score of each iteration's sampled responses: the learning curve at every sample budget
-            "train_scores": [e["objective/scores"] for e in logs if "objective/scores" in e]}
+            "train_scores": [e["objective/scores"] for e in logs if "objective/scores" in e],
+            # advantage_estimator="auto" (issue 61): which advantages each iteration used (1 GAE, 0 the group's)
+            **({"auto_uses_gae": [e["objective/auto_uses_gae"] for e in logs if "objective/auto_uses_gae" in e]}
+               if overrides.get("advantage_estimator") == "auto" else {})}
 
 
 def hf_ppo_pad_token(sft: str) -> str:

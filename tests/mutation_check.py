@@ -234,6 +234,16 @@ SUBSET = [
             "test_a_conversational_completion_with_several_messages_is_read_from_the_last"),
     # subset:loss-family (issue 62): the loss family's oracles and its settings' way down
     "tests/algorithms/test_loss_family.py",
+    # subset:i61 (auto: tests/algorithms/test_estimators.py above; the no-signal watch and the closing line,
+    # evaluation's log_metric per side, the card of a flat reward, TRL GRPO names, one-line refusals)
+    *select("tests/trainer/test_watch.py",
+            "test_no_signal_names_what_the_run_shows",
+            "test_no_signal_says_again_with_the_count"),
+    "tests/trainer/test_progress.py::test_the_closing_line_says_when_no_update_moved_the_policy",
+    "tests/evaluation/test_evaluator.py::"
+    "test_a_reward_functions_log_metric_is_reported_for_the_policy_and_the_reference_apart",
+    "tests/hub/test_cards.py::test_a_run_whose_reward_never_moved_names_no_best_step",
+    "tests/cli/test_grpo_names.py",
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -775,7 +785,8 @@ MUTATIONS = [
     Mutation("length_alpha_not_passed", "lam_length_alpha dropped on its way from PPOConfig to the rollout",
              [(C, " lam_length_alpha=self.lam_length_alpha,", "")]),
     Mutation("use_kl_loss_not_in_records", "use_kl_loss dropped where PPOConfig builds the estimator's record",
-             [(C, "                                 use_kl_loss=self.use_kl_loss)", "                                 use_kl_loss=False)")]),
+             [(C, "                                 use_kl_loss=self.use_kl_loss, auto_ev_threshold",
+               "                                 use_kl_loss=False, auto_ev_threshold")]),
     Mutation("eval_seed_constant", "evaluation seeded with a constant instead of the run's seed",
              [(C, "num_eval_samples=self.num_eval_samples, seed=self.seed,", "num_eval_samples=self.num_eval_samples, seed=42,")]),
     # -- files hf_ppo did not write, a LoRA critic's base, the evaluated precision ------------------------------------
@@ -1038,8 +1049,8 @@ MUTATIONS = [
                'and record["reference"] != args.reference:')]),
     Mutation("i53c_test_split_unevaluated_unsaid", "dataset_test_split without eval_strategy: loaded and never "
              "evaluated on, in silence",
-             [("cli/train.py", '    if test is not None and ppo_config.eval_strategy == "no" and not',
-               '    if False and ppo_config.eval_strategy == "no" and not')]),
+             [("cli/train.py", '    if test is not None and not held_out_file and ppo_config.eval_strategy == "no"',
+               '    if False and ppo_config.eval_strategy == "no"')]),
     Mutation("i53c_config_equals_unread", "--config=run.yaml leaves the YAML unread",
              [("cli/train.py", '(["--config", arg[len("--config="):]] if arg.startswith("--config=")',
                '([arg] if arg.startswith("--config=")')]),
@@ -1209,6 +1220,45 @@ MUTATIONS = [
                "            if self.group_size is not None:\n")]),
     Mutation("i62_loss_parameter_unchecked", "a policy loss's parameter set under another loss passes in silence",
              [(CC, "if owner != loss and getattr(config, name) != defaults[name].default:", "if False:")]),
+    # -- i61: learning from a cold start (auto, the no-signal watch, evaluation's numbers, a TRL GRPO user) -----------
+    Mutation("i61_auto_always_gae", "advantage_estimator='auto' uses GAE whatever the critic explains",
+             [(E, "    advantages = torch.where(uses_gae, out[\"advantages\"], "
+                  "sequence_to_token_advantages(group, mask))",
+               "    advantages = out[\"advantages\"]")]),
+    Mutation("i61_auto_threshold_inclusive", "auto trusts a critic whose explained variance is exactly the threshold "
+             "(EVPO: EV <= 0 inflates the variance)",
+             [(E, "    return ev > threshold, ev", "    return ev >= threshold, ev")]),
+    Mutation("i61_auto_nan_row_alone", "with auto, a NaN score leaves its row out but the rest of its group in: the "
+             "group baseline is over k - 1 responses",
+             [(R, "    if k > 1 and (not estimator.needs_critic or estimator.compares_groups) and bad.any():",
+               "    if k > 1 and not estimator.needs_critic and bad.any():")]),
+    Mutation("i61_auto_k1_accepted", "advantage_estimator='auto' with num_generations=1 is accepted: its group "
+             "baseline compares one response with itself",
+             [(CC, '    if config.advantage_estimator == "auto" and isinstance(config.num_generations, int) \\\n',
+               '    if False and isinstance(config.num_generations, int) \\\n')]),
+    Mutation("i61_no_signal_cut_off_unsaid", "the no-signal warning does not say that the answers are cut off at "
+             "response_length",
+             [("trainer/watch.py", "        if self.can_stop and eos_rate is not None and eos_rate < CUT_OFF:",
+               "        if False:")]),
+    Mutation("i61_no_signal_said_once", "the no-signal warning is said once, and 7 more empty iterations pass in "
+             "silence",
+             [("trainer/watch.py", "                 and (iteration - self.since[name] + 1) % REPEAT_AFTER == 0}",
+               "                 and False}")]),
+    Mutation("i61_unmoved_unsaid", "the closing line of a run whose KL stayed 0 reads like any other",
+             [("trainer/progress.py", '    if summary.get("policy_unmoved"):', "    if False:")]),
+    Mutation("i61_eval_log_metric_averaged", "a reward function's log_metric at evaluation averages the policy's "
+             "and the reference's values",
+             [("evaluation/evaluator.py",
+               "            parts = replace(trainer.rollout_parts(), gather=None, hooks=logs.hooks(trainer.state))",
+               "            parts = replace(trainer.rollout_parts(), gather=None)")]),
+    Mutation("i61_card_best_of_flat", "the card says 'at best reward (step 2)' for a reward that never moved",
+             [("hub/cards.py",
+               "    if reward_key in series and min(series[reward_key][1]) != max(series[reward_key][1]):",
+               "    if reward_key in series:")]),
+    Mutation("i61_grpo_name_misread", "--use_vllm is pointed at --use_kl_loss, --beta at nothing",
+             [("cli/train.py", "        if grpo_hint(key) is not None:", "        if False:")]),
+    Mutation("i61_config_refusal_traceback", "PPOConfig's refusal on the command line comes under a traceback",
+             [("cli/train.py", "        raise ConfigError(one_line_config_error(err)) from err", "        raise")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

@@ -16,6 +16,8 @@ Where the KL penalty enters, as each method's paper / reference implementation d
   so `objective/non_score_reward` and `objective/rlhf_reward` report the penalised objective (the KL measured with
   `kl_estimator`, the loss term's being k3).
 - reinforce_pp (Hu 2025): in every token's reward (like gae), returns summed to the end, whitened over the batch.
+- auto (EVPO, Pan et al. 2026): as gae's, in every token's reward; the group baseline, when it is chosen, compares
+  the KL-penalised sequence returns R_i = sum_t r_t (rloo's R_i, with gae's per-token rewards).
 
 `rewards` is what the advantages were computed from (per token, the score at the last real token); `returns` is
 the critic's target for gae, and for the critic-free estimators the return each response's advantage starts from
@@ -32,6 +34,7 @@ import torch
 from .ppo_math import (
     compute_gae,
     compute_rewards,
+    explained_variance,
     group_centred,
     grpo_advantages,
     length_adaptive_lam,
@@ -59,6 +62,7 @@ class EstimatorSettings(NamedTuple):
     advantage_estimator: str = "gae"  # the ESTIMATORS entry that runs
     kl_estimator: str = "k1"  # how the per-token KL of the penalty is estimated (`ppo_math.kl_estimate`)
     use_kl_loss: bool = False  # the KL leaves the reward for a loss term in the update (`estimate`)
+    auto_ev_threshold: float = 0.0  # auto: GAE where the batch's explained variance is above it, else the group's
 
 
 def gae(scores, kl, mask, values, s: EstimatorSettings, step_rewards=None) -> dict[str, torch.Tensor]:
@@ -120,13 +124,50 @@ def reinforce_pp(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, to
     return {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": advantages, "returns": returns}
 
 
+def critic_explains(values, returns, mask, threshold: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """EVPO's gate (Pan et al. 2026, arXiv 2604.19485): whether the critic's values (B, R) lower the variance of the
+    advantages below a baseline that ignores the state. EV = 1 - Var(R - V) / Var(R) over the real tokens of `mask`
+    (B, R) (`ppo_math.explained_variance`), R the Monte-Carlo returns (B, R); the paper proves the critic reduces the
+    variance exactly when EV > 0 (at EV <= 0 it adds more noise than the state signal it captures). Returns (uses
+    the critic: a bool tensor (), EV: a float tensor ()), strictly above `threshold` (the paper's 0 by default); a
+    batch without a real token, or a NaN value, has a NaN EV and falls to the group baseline.
+    Example: R = [1, 0, 1, 0] at the last tokens, V = [0.9, 0.1, 0.8, 0.2]: Var(R - V) = 0.025, Var(R) = 0.25,
+    EV = 0.9 -> True; V = [0.5, 0.5, 0.5, 0.5]: EV = 0 -> False (no better than the mean)."""
+    ev = explained_variance(values, returns, mask)
+    ev = torch.where(mask.any(), ev, torch.full_like(ev, float("nan")))  # no real token: no evidence either way
+    return ev > threshold, ev
+
+
+def auto(scores, kl, mask, values, s: EstimatorSettings, step_rewards=None) -> dict[str, torch.Tensor]:
+    """EVPO (Pan et al. 2026): each batch, the advantages of gae where the critic explains the batch's returns
+    (`critic_explains`: explained variance of the values against the Monte-Carlo returns (GAE with lambda 1)
+    above `s.auto_ev_threshold`), else the group baseline of grpo over the `num_generations` responses to each
+    prompt (`ppo_math.grpo_advantages` of the KL-penalised sequence returns R_i = sum_t r_t, `scale_rewards` as
+    grpo's, the same on every real token). The paper's other arm is a batch mean; a group mean is the sharper
+    baseline with k >= 2 responses per prompt (GRPO's). Either way the critic trains on gae's `returns`, so it keeps
+    learning while the group baseline stands in for it. The choice is one tensor op (no host sync); `stats` reports it:
+    `objective/auto_uses_gae` (1 gae, 0 the group's) and `objective/auto_explained_variance`."""
+    if values is None:
+        raise ValueError("advantage_estimator='auto' needs a critic's values: this model has no critic.")
+    out = gae(scores, kl, mask, values, s, step_rewards=step_rewards)
+    monte_carlo = compute_gae(out["rewards"], values, mask, s.gamma, 1.0)[1]  # lambda 1: the reward-to-go
+    uses_gae, ev = critic_explains(values, monte_carlo, mask, s.auto_ev_threshold)
+    group = grpo_advantages(masked_sum(out["rewards"], mask, dim=1), s.num_generations, scale_rewards=s.scale_rewards)
+    advantages = torch.where(uses_gae, out["advantages"], sequence_to_token_advantages(group, mask))
+    return {**out, "advantages": advantages,
+            "stats": {"objective/auto_uses_gae": uses_gae.float(), "objective/auto_explained_variance": ev}}
+
+
 class Estimator(NamedTuple):
     """An advantage estimator: `compute(scores, kl, mask, values, settings)` -> {rewards, non_score_rewards,
-    advantages, returns}; whether it needs a critic's values; whether its KL penalty is a loss term."""
+    advantages, returns} (and, for `auto`, `stats`: its own metrics, scalar tensors); whether it needs a critic's
+    values; whether its KL penalty is a loss term; whether it compares the responses to one prompt though it has a
+    critic (a NaN score then takes its whole group out of the update: `rollout.steps.unscored_rows`)."""
 
     compute: Callable[..., dict[str, torch.Tensor]]
     needs_critic: bool
     kl_in_loss: bool
+    compares_groups: bool = False  # with a critic: auto's group baseline; without one, every estimator with k > 1
 
 
 ESTIMATORS: dict[str, Estimator] = {
@@ -134,6 +175,7 @@ ESTIMATORS: dict[str, Estimator] = {
     "rloo": Estimator(rloo, needs_critic=False, kl_in_loss=False),
     "grpo": Estimator(grpo, needs_critic=False, kl_in_loss=True),
     "reinforce_pp": Estimator(reinforce_pp, needs_critic=False, kl_in_loss=False),
+    "auto": Estimator(auto, needs_critic=True, kl_in_loss=False, compares_groups=True),
 }
 
 

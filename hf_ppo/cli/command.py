@@ -513,7 +513,7 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     metrics_path = write_metrics(args.output_dir, {"policy": args.policy, "reference": reference,
                                                    "quantization": quantization, "precision": precision,
                                                    "dataset": dataset, "not_as_trained": not_as_trained,
-                                                   "not_recorded": not_recorded, **metrics})
+                                                   "not_recorded": not_recorded, **without_eval_loss(metrics)})
     loaded = "quantization: " + ", ".join(f"{name} {q}" for name, q in quantization.items()) + f"; {precision}"
     split = "" if os.path.isfile(args.dataset) else f" split {dataset['split']!r}"
     training = ", the training prompts" if dataset["training_prompts"] else ""
@@ -522,6 +522,12 @@ def evaluate(argv: list[str]) -> dict[str, float]:
     print(metrics_markdown(metrics, "eval_"))
     print("\n" + written_files_line(args.output_dir, metrics_path))
     return metrics
+
+
+def without_eval_loss(metrics: dict) -> dict:
+    """`metrics` without Trainer's `eval_loss`: here it is minus the mean training score of the policy's samples, a
+    number that reads as a loss and means nothing for this job; the scores are in `eval_reward/<name>/policy`."""
+    return {k: v for k, v in metrics.items() if k != "eval_loss"}
 
 
 def written_files_line(output_dir: str, metrics_path: str | None) -> str:

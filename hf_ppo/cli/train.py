@@ -33,6 +33,7 @@ from ..trainer.data import with_system_prompt as system_prompt_first
 from ..trainer.ppo_trainer import PPOLMTrainer
 from ..trainer.run_lock import in_use_message
 from ..trainer.watch import CollapseWatch
+from .grpo_names import grpo_hint
 from .reward_funcs import RewardFunc, RewardFuncsError, check_signatures, load_reward_funcs
 
 HELP = """PPO (RLHF) on a Hub or local policy with a Hub or local reward model.
@@ -225,6 +226,8 @@ def _unknown_keys(parser: TrlParser, remaining: list[str], source: str, prefix: 
         key = item[2:].split("=", 1)[0].replace("-", "_")
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
         hint = f" Did you mean '{prefix}{close[0]}'?" if close else f" `{parser.command} --help` lists every key."
+        if grpo_hint(key) is not None:  # TRL GRPO's name: hf_ppo's for it, or why there is none
+            hint = f" It is TRL GRPOConfig's: {grpo_hint(key)}."
         messages.append(f"unknown key '{prefix}{item[2:].split('=', 1)[0]}' {source}.{hint}")
     return messages
 
@@ -245,8 +248,13 @@ def parse_args(argv: list[str] | None = None, command: str = "python recipes/ppo
     if config_file is not None and not os.path.isfile(config_file):
         raise ConfigError(f"--config {config_file}: no such file (relative to {os.getcwd()}).")
     parser = build_parser(command)
-    script_args, model_args, ppo_config, from_yaml, from_cli = parser.parse_args_and_config(
-        argv, return_remaining_strings=True, separate_remaining_strings=True)
+    try:
+        script_args, model_args, ppo_config, from_yaml, from_cli = parser.parse_args_and_config(
+            argv, return_remaining_strings=True, separate_remaining_strings=True)
+    except ConfigError:
+        raise
+    except ValueError as err:  # PPOConfig's own refusals (GRPO without num_generations, two length names): one line
+        raise ConfigError(one_line_config_error(err)) from err
     errors = (_unknown_keys(parser, from_yaml, f"in {config_file}", "")
               + _unknown_keys(parser, from_cli, "on the command line", "--"))
     if from_cli and not from_cli[0].startswith("--"):
@@ -272,12 +280,17 @@ def parse_args(argv: list[str] | None = None, command: str = "python recipes/ppo
     if isinstance(test, str) and test.strip().lower() in ("none", "null"):
         # The command line's way to drop a YAML's `dataset_test_split` (the YAML writes `null`).
         script_args.dataset_test_split = test = None
-    if test is not None and ppo_config.eval_strategy == "no" and not getattr(ppo_config, "eval_on_start", False):
+    held_out_file = test is not None and (os.sep in test or os.path.splitext(test)[1].lower() in LOCAL_BUILDERS)
+    # A held-out file with no evaluation during training is what `hf-ppo evaluate --dataset <file>` reads after it
+    # (the run records it, and evaluate's messages name it): no warning at every run. A split of the training
+    # dataset with eval_strategy 'no' is most likely an evaluation the user meant to run during training.
+    if test is not None and not held_out_file and ppo_config.eval_strategy == "no" \
+            and not getattr(ppo_config, "eval_on_start", False):
         warn_user(f"dataset_test_split={test!r} is set but eval_strategy is 'no': the evaluation prompts are loaded "
                   "and checked, and never evaluated on. Set eval_strategy: steps and eval_steps: N (--eval_strategy "
                   "steps --eval_steps N) to evaluate during training, or leave dataset_test_split out "
                   "(--dataset_test_split none).")
-    if test is not None and (os.sep in test or os.path.splitext(test)[1].lower() in LOCAL_BUILDERS):
+    if held_out_file:
         script_args.dataset_test_split = resolve_input(test, "dataset_test_split", config_dir, hub=False)
     resume = ppo_config.resume_from_checkpoint
     if isinstance(resume, str) and resume.strip().lower() in ("true", "false"):
@@ -292,6 +305,34 @@ def parse_args(argv: list[str] | None = None, command: str = "python recipes/ppo
         if in_use is not None:
             raise ConfigError(in_use)
     return script_args, model_args, ppo_config
+
+
+def one_line_config_error(err: ValueError) -> str:
+    """PPOConfig's refusal (`Invalid PPOConfig:` and one `- ` line per problem) as the command line's one line, the
+    problems joined with "; "."""
+    return str(err).replace("Invalid PPOConfig:\n- ", "").replace("\n- ", "; ")
+
+
+def context_error(policy_path: str, ppo_config: PPOConfig, model_args: ModelArguments) -> str | None:
+    """The trainer's refusal of a `response_length` that leaves no room for a prompt in the policy's context, found
+    from the policy's config alone (before any model loads); None when it fits or the context is unknown (the
+    trainer's own load then says what is wrong)."""
+    from transformers import AutoConfig
+
+    from ..models.tokenizers import max_positions
+
+    folder, _ = gguf.converted(policy_path, ppo_config.model_init_kwargs, "policy")
+    try:
+        config = AutoConfig.from_pretrained(folder, revision=None if folder != policy_path else
+                                            model_args.model_revision, trust_remote_code=model_args.trust_remote_code)
+    except (OSError, ValueError):
+        return None
+    context = max_positions(config)
+    if context is None or context - ppo_config.response_length >= 1:
+        return None
+    return (f"response_length={ppo_config.response_length} leaves no room for a prompt in the policy's context of "
+            f"{context} tokens: lower response_length (--response_length; TRL GRPO's --max_completion_length is the "
+            "same setting).")
 
 
 def resolve_input(value: str | None, name: str, config_dir: str | None, hub: bool = True) -> str | None:
@@ -483,6 +524,9 @@ def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") 
                                            **(ppo_config.reward_model_init_kwargs or {})}
 
     policy_path, tokenizer_path, reward_path = resolve_model_paths(model_args, ppo_config)
+    too_long = context_error(policy_path, ppo_config, model_args)
+    if too_long is not None:
+        raise ConfigError(too_long)
     try:  # the tokenizer (a GGUF file's name checked), the prompts read and checked as the trainer will read them,
         # before any model loads
         tokenizer = load_tokenizer(tokenizer_path, ppo_config.model_init_kwargs, model_args)

@@ -25,6 +25,8 @@ are finite and neither reward function returned None (does not apply). Metrics, 
   tokens, as `objective/kl`), averaged over all k samples of every prompt;
 - `eval_policy/response_length`, `eval_reference/response_length` (tokens), `eval_policy/stop_rate`,
   `eval_reference/stop_rate` (the fraction of responses that ended with a stop token);
+- `eval_<name>/policy`, `eval_<name>/reference`: what a reward function logged with TRL's `log_metric(name, value)`
+  while scoring that side's responses (the mean of its values), the two sides apart (`logged_metrics`);
 - `.../nonfinite`: the number of pairs where either side's score was NaN/inf; `.../not_applicable`: the number of
   pairs where either side's reward function returned None. As training drops NaN rollouts, evaluation leaves those
   pairs out of that score's means, win rate and pass@k (NaN/inf with a warning naming the reward or judge and a
@@ -49,6 +51,7 @@ from torch import nn
 from ..algorithms.ppo_math import LOGITS_MEMORY_BYTES, kl_estimate, masked_sum
 from ..models.adapters import adapter_parameters
 from ..rollout.engines import sampling_weights
+from ..rollout.reward_calls import RewardLogs
 from ..rollout.scoring import RewardSet, decode_masked
 from ..rollout.steps import policy_forward, reference_context, reference_logprobs, sample_and_score
 from ..runtime.warn import warn_user
@@ -145,6 +148,7 @@ class Side:
     lengths: torch.Tensor
     stopped: torch.Tensor
     applies: dict[str, torch.Tensor] = field(default_factory=dict)
+    logged: dict[str, list[float]] = field(default_factory=dict)  # the reward functions' log_metric, this side's
 
 
 class _Generator(nn.Module):
@@ -265,8 +269,10 @@ class Evaluator:
         columns = inputs.get("columns")
         with context, sampling_weights(weights), _naming(f"while sampling the {who}'s responses and scoring them with the training reward(s) "
                               f"{trainer.rewards.names}", tokenizer, inputs):
-            # No gather: evaluation never moves the rewards' running statistics.
-            parts = replace(trainer.rollout_parts(), gather=None)
+            # No gather: evaluation never moves the rewards' running statistics. The reward functions' log_metric
+            # goes to this side's own log, so the policy's values and the reference's are reported apart.
+            logs = RewardLogs()
+            parts = replace(trainer.rollout_parts(), gather=None, hooks=logs.hooks(trainer.state))
             samples = sample_and_score(parts, model, inputs["queries"], inputs["query_mask"], inputs["prompts"],
                                        batch_size, columns)
         # Every reward's raw score and the rows it applies to (a function's None: applies False, score 0.0).
@@ -284,7 +290,7 @@ class Evaluator:
             scores.update({f"judge/{k}": v for k, (v, _) in judged.items()})
             applies.update({f"judge/{k}": a for k, (_, a) in judged.items()})
         side = Side(decode_masked(tokenizer, samples.responses, samples.response_mask), scores,
-                    samples.response_mask.sum(1).float(), samples.contains_stop, applies)
+                    samples.response_mask.sum(1).float(), samples.contains_stop, applies, logs.metrics)
         return side, samples.scores, samples
 
     def finish(self, trainer, settings: EvalSettings, prefix: str = "eval") -> dict[str, float]:
@@ -306,7 +312,20 @@ class Evaluator:
             write_report(settings.output_dir, metrics, rows, step=None if step == self.UNKNOWN_STEP else step,
                          num_prompts=len(merged["kl"]), num_samples=num_samples,
                          system_prompt=next(iter(systems)) if len(systems) == 1 else None)
+        metrics.update(logged_metrics([(ref, pol) for _, ref, pol, _ in batches]))
         return {f"{prefix}_{k}": v for k, v in metrics.items()}
+
+
+def logged_metrics(sides: list[tuple[Side, Side]]) -> dict[str, float]:
+    """What the reward functions logged with TRL's `log_metric` while scoring each side, `<name>/policy` and
+    `<name>/reference` apart (the mean of the values logged over the (reference, policy) batches `sides`; this
+    process's). The reference's come from the responses sampled once and cached, as its scores do."""
+    values: dict[str, list[float]] = {}
+    for reference, policy in sides:
+        for who, side in (("reference", reference), ("policy", policy)):
+            for name, logged in side.logged.items():
+                values.setdefault(f"{name}/{who}", []).extend(logged)
+    return {name: sum(v) / len(v) for name, v in sorted(values.items()) if v}
 
 
 @contextlib.contextmanager

@@ -67,6 +67,16 @@ def method_texts(hyperparameters: dict) -> tuple[str, str]:
         return (f"clipped PPO with {critic} and a KL penalty towards a frozen reference",
                 "subtracts a per-token KL penalty towards the reference, estimates advantages with GAE on the "
                 "critic's values, and takes several clipped policy and value updates on the batch")
+    if estimator == "auto":
+        critic = _CRITIC_TEXT.get(hyperparameters.get("critic", "shared"), "a critic")
+        k = hyperparameters.get("num_generations", 2)
+        return (f"clipped PPO with {critic} and a KL penalty towards a frozen reference, each batch's advantages "
+                f"from GAE where the critic explained the returns and from the group baseline over {k} responses "
+                "per prompt where it did not (EVPO)",
+                "subtracts a per-token KL penalty towards the reference, estimates advantages with GAE on the "
+                f"critic's values when their explained variance is above {hyperparameters.get('auto_ev_threshold', 0)}"
+                f" or else against the mean of the {k} responses to each prompt, and takes several clipped policy "
+                "and value updates on the batch")
     if estimator == "grpo" and hyperparameters.get("scale_rewards") in (False, "none"):
         estimator = "dr_grpo"
     name, k = _ESTIMATOR_TEXT.get(estimator, estimator), hyperparameters.get("num_generations", 1)
@@ -502,7 +512,8 @@ def _fmt(x: float | None) -> str:
 
 
 def _metric_rows(log_history: list[dict]) -> tuple[list[dict], int | None, int | None]:
-    """Rows (final, at the best-reward step, min, max) for each logged card metric; plus last and best step."""
+    """Rows (final, at the best-reward step, min, max) for each logged card metric; plus last and best step (None
+    when the reward was never logged, or had one value at every logged step)."""
     series = {key: metric_series(log_history, key) for key, _ in CARD_METRICS}
     series = {key: s for key, s in series.items() if s[0]}
     if not series:
@@ -510,7 +521,8 @@ def _metric_rows(log_history: list[dict]) -> tuple[list[dict], int | None, int |
     last_step = max(steps[-1] for steps, _ in series.values())
     best_step = None
     reward_key = CARD_METRICS[0][0]
-    if reward_key in series:
+    if reward_key in series and min(series[reward_key][1]) != max(series[reward_key][1]):
+        # A reward that never moved has no best step: "at best reward (step 2)" would name the first step it logged.
         steps, values = series[reward_key]
         best_step = steps[max(range(len(values)), key=values.__getitem__)]
     rows = []

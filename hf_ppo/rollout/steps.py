@@ -196,7 +196,8 @@ def unscored_rows(scores: torch.Tensor, s: EstimatorSettings) -> torch.Tensor:
     cleared), so the rest of it trains."""
     bad = ~torch.isfinite(scores)
     k = s.num_generations
-    if k > 1 and not ESTIMATORS[s.advantage_estimator].needs_critic and bad.any():
+    estimator = ESTIMATORS[s.advantage_estimator]
+    if k > 1 and (not estimator.needs_critic or estimator.compares_groups) and bad.any():
         bad = bad.reshape(-1, k).any(1, keepdim=True).expand(-1, k).reshape(bad.shape)
     return bad
 
@@ -499,6 +500,7 @@ def rollout(policy: nn.Module, queries, query_mask, prompts: list, parts: Rollou
         update_mask = policy_mask & ~unscored.unsqueeze(1)
     kl, rewards = compute_advantages(logprobs, ref_logprobs, values, update_mask, shaped, estimator,
                                      step_rewards=samples.step_rewards)
+    estimator_stats = rewards.pop("stats", {})  # an estimator's own metrics (auto: which advantages it used)
     values = values if has_critic else torch.zeros_like(logprobs)
     sampled = parts.engine.last_logprobs() if parts.environment is None else None  # vLLM's, for its correction
     batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
@@ -507,6 +509,7 @@ def rollout(policy: nn.Module, queries, query_mask, prompts: list, parts: Rollou
     # 9. Statistics (of everything sampled; the score means over the finite scores).
     stats = rollout_stats(batch, kl, entropy, parts.stop_token_ids, has_critic, finite if left_out else None)
     stats.update(combined_reward_stats(samples.scores, parts.gather))
+    stats.update(estimator_stats)
     if left_out:
         kept = ~unscored.unsqueeze(1)
         batch = replace(batch, response_mask=batch.response_mask & kept, policy_mask=batch.policy_mask & kept)

@@ -261,15 +261,18 @@ class PPOConfig(TrainingArguments):
     )
 
     # ---- Step 8, advantages: the estimator, samples per prompt, GAE, dynamic sampling ------------------------------
-    advantage_estimator: Literal["gae", "rloo", "grpo", "reinforce_pp"] = field(
+    advantage_estimator: Literal["gae", "rloo", "grpo", "reinforce_pp", "auto"] = field(
         default="gae",
         metadata={"help": "'gae': PPO with a critic (GAE, `gamma`, `lam`). Critic-free, with no value head or value "
                   "loss: 'rloo' (leave-one-out baseline over the `num_generations` responses to a prompt), 'grpo' "
                   "(group mean, divided by the group std when `scale_rewards`), 'reinforce_pp' (REINFORCE++: "
                   "KL-penalised returns, a group-mean baseline when num_generations > 1, whitened over the batch). "
                   "kl_coef enters the reward per token (gae, reinforce_pp), per response (rloo), or as a k3 KL loss "
-                  "term (grpo); see hf_ppo/estimators.py."},
+                  "term (grpo); see hf_ppo/estimators.py. 'auto' (EVPO): per batch, gae where the critic explains "
+                  "the returns (auto_ev_threshold), else grpo's group baseline; num_generations >= 2."},
     )
+    auto_ev_threshold: float = field(default=0.0, metadata={"help": "'auto': GAE when the critic's explained variance "
+                                     "of the batch's returns is above this (0: EVPO's), else the group baseline."})
     num_generations: int = field(
         default=1,
         metadata={"help": "Responses sampled per prompt (k). Batch sizes count responses: a rollout batch holds "
@@ -788,7 +791,7 @@ class PPOConfig(TrainingArguments):
                                  whiten_advantages=self.whiten_advantages, scale_rewards=self.scale_rewards,
                                  lam_critic=self.lam_critic, lam_length_alpha=self.lam_length_alpha,
                                  advantage_estimator=self.advantage_estimator, kl_estimator=self.kl_estimator,
-                                 use_kl_loss=self.use_kl_loss)
+                                 use_kl_loss=self.use_kl_loss, auto_ev_threshold=self.auto_ev_threshold)
 
     @property
     def rollout_settings(self) -> RolloutSettings:

@@ -35,6 +35,8 @@ _RANGES = [
     ("lam", False, lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("lam_critic", True, lambda v: 0 <= v <= 1, "None (lam) or in [0, 1]"),
     ("lam_length_alpha", True, lambda v: 0 < v < math.inf, "None (off: lam) or > 0 (VAPO: 0.05)"),
+    ("auto_ev_threshold", False, lambda v: -1 <= v < 1,
+     "in [-1, 1) (explained variance; 0: EVPO's, where the critic starts to lower the advantages' variance)"),
     ("dataset_num_proc", True, lambda v: v >= 1, "None or an integer >= 1 (processes that tokenize the prompts)"),
     ("logits_memory_mb", False, lambda v: 0 < v < math.inf, "> 0 (MiB, e.g. 256)"),
     ("cliprange", False, lambda v: 0 < v < math.inf, "> 0 (e.g. 0.2)"),
@@ -193,9 +195,10 @@ def no_op_errors(config) -> list[str]:
             isinstance(w, (int, float)) and w == 0 for w in weights):
         errors.append(f"reward_weights={list(weights)}: every weight is 0, so every score is 0 and PPO learns "
                       "from the KL penalty alone. Give at least one reward a non-zero weight.")
-    if config.vf_coef == 0 and config.advantage_estimator == "gae" and not config.critic_warmup_steps \
+    if config.vf_coef == 0 and config.advantage_estimator in ("gae", "auto") and not config.critic_warmup_steps \
             and config.critic_updates_per_step == 1:
-        warn_user("vf_coef=0 with advantage_estimator='gae': the critic is never trained, so GAE uses the "
+        warn_user(f"vf_coef=0 with advantage_estimator={config.advantage_estimator!r}: the critic is never trained, "
+                  "so GAE uses the "
                   "values of an untrained critic. Set vf_coef > 0 (e.g. 0.1), or use a critic-free estimator "
                   "(advantage_estimator='rloo' / 'grpo' / 'reinforce_pp').")
     return errors
@@ -278,13 +281,13 @@ def critic_and_estimator_errors(config) -> list[str]:
         errors.append(f"critic={config.critic!r}: choose 'shared', 'separate' or 'reward_lora'.")
     if config.critic_quantization not in ("4bit", "8bit", "none"):
         errors.append(f"critic_quantization={config.critic_quantization!r}: choose '4bit', '8bit' or 'none'.")
-    if config.advantage_estimator not in ("gae", "rloo", "grpo", "reinforce_pp"):
-        errors.append(f"advantage_estimator={config.advantage_estimator!r}: choose 'gae', 'rloo', 'grpo' or "
-                      "'reinforce_pp'.")
-    elif config.advantage_estimator != "gae" and config.critic != "shared":
+    if config.advantage_estimator not in ("gae", "rloo", "grpo", "reinforce_pp", "auto"):
+        errors.append(f"advantage_estimator={config.advantage_estimator!r}: choose 'gae', 'rloo', 'grpo', "
+                      "'reinforce_pp' or 'auto'.")
+    elif config.advantage_estimator not in ("gae", "auto") and config.critic != "shared":
         errors.append(f"critic={config.critic!r} with advantage_estimator={config.advantage_estimator!r}: the "
                       "critic-free estimators use no critic. Set advantage_estimator='gae' or leave critic unset.")
-    elif config.advantage_estimator != "gae":
+    elif config.advantage_estimator not in ("gae", "auto"):
         # Options that only act through a critic or GAE: set, they would be silently ignored.
         for name, is_set in (("critic_learning_rate", config.critic_learning_rate is not None),
                              ("critic_warmup_steps", bool(config.critic_warmup_steps)),
@@ -310,10 +313,18 @@ def critic_and_estimator_errors(config) -> list[str]:
     errors += critic_repo_problems(config.critic_hub_model_id, config.hub_model_id, config.fsdp_version)
     if config.scale_rewards not in SCALE_REWARDS:
         errors.append(f"scale_rewards={config.scale_rewards!r}: choose 'group' (True), 'batch' or 'none' (False).")
-    elif config.scale_rewards != "group" and config.advantage_estimator != "grpo":
-        errors.append(f"scale_rewards={config.scale_rewards!r} applies to advantage_estimator='grpo' only (False / "
-                      f"'none': Dr. GRPO), not {config.advantage_estimator!r}: unset it, or set "
-                      "advantage_estimator='grpo'.")
+    elif config.scale_rewards != "group" and config.advantage_estimator not in ("grpo", "auto"):
+        errors.append(f"scale_rewards={config.scale_rewards!r} applies to advantage_estimator='grpo' (False / "
+                      f"'none': Dr. GRPO) and 'auto' (its group baseline) only, not "
+                      f"{config.advantage_estimator!r}: unset it, or set advantage_estimator='grpo'.")
+    if config.advantage_estimator == "auto" and isinstance(config.num_generations, int) \
+            and config.num_generations < 2:
+        errors.append(f"advantage_estimator='auto' falls back to the group baseline where the critic does not explain "
+                      f"the returns, and a group needs several responses to one prompt: set num_generations >= 2 "
+                      f"(e.g. 4; it is {config.num_generations}), or use advantage_estimator='gae'.")
+    if config.advantage_estimator != "auto" and config.auto_ev_threshold != 0:
+        errors.append(f"auto_ev_threshold={config.auto_ev_threshold} applies to advantage_estimator='auto' only (it "
+                      f"is {config.advantage_estimator!r}): unset it, or set advantage_estimator='auto'.")
     if isinstance(config.critic_warmup_steps, int) and config.critic_warmup_steps > 0 and (
             config.vf_coef == 0):
         errors.append(f"critic_warmup_steps={config.critic_warmup_steps} trains only the critic, so it needs a value "

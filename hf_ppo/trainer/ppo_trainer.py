@@ -148,7 +148,8 @@ class PPOLMTrainer(StepAPI, SavingSeams, Trainer):
         self._micro_step = None  # position in the current iteration; derived from global_step on first use
         self._schedule: MinibatchSchedule | None = None  # the current iteration's rollout and update order
         self._guard = NonFiniteGuard(args.max_consecutive_nonfinite, score_hint(args))
-        self._no_signal = watch.NoSignal(args)  # warns once when every sample got the same reward
+        self._no_signal = watch.NoSignal(args, self.rewards.names, watch.parameter_count(policy.policy_model),
+                                         bool(self.stop_token_ids))  # warns when every sample got the same reward
         self._step_loss_finite: torch.Tensor | None = None  # all micro-batch losses of this optimizer step finite
         self._metrics: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._reward_logs = RewardLogs()  # what reward functions log (TRL's log_metric / log_extra)
@@ -251,8 +252,8 @@ class PPOLMTrainer(StepAPI, SavingSeams, Trainer):
         stats = self.accelerator.reduce(torch.stack(list(result.stats.values())), reduction="mean")
         self._record(dict(zip(result.stats, stats)))
         # The collapse watch reads every rollout, however rarely the run logs (trainer/watch.py).
-        watch.observe_rollout(self.callback_handler.callbacks,
-                              {**dict(zip(result.stats, stats.tolist())), "iteration": self.iteration + 1})
+        reduced = {**dict(zip(result.stats, stats.tolist())), "iteration": self.iteration + 1}
+        watch.observe_rollout(self.callback_handler.callbacks, reduced)
         self._record(self._reward_logs.take_metrics())  # the reward functions' own (log_metric), as TRL names them
         self._guard.unscored_rows(result.unscored, self.accelerator, args.world_size)
         generated_tokens = result.generated_tokens * args.world_size
@@ -264,7 +265,7 @@ class PPOLMTrainer(StepAPI, SavingSeams, Trainer):
         self.kl_ctl.update(stats[0].item(), len(batch) * args.world_size)
         self.iteration += 1
         if self.is_world_process_zero():
-            self._no_signal.check(result.uniform, self.iteration, len(batch) * args.world_size)
+            self._no_signal.check(result.uniform, self.iteration, len(batch) * args.world_size, reduced)
             maybe_log_samples(tokenizer, batch, self.iteration, self.state.global_step, self.state.max_steps, args,
                               inputs["prompts"], self._reward_logs.take_extra())
         self._reward_logs.take_extra()  # the columns reward functions logged (log_extra): this rollout's alone

@@ -192,22 +192,28 @@ def kl_figures(history: list[dict]) -> dict:
 
 def run_summary(history: list[dict], seconds: float, iterations: int) -> dict:
     """The figures a run ends on, from Trainer's `log_history`: the combined reward (`objective/scores`) at the first
-    and the last logged iteration, `kl_figures`, and `seconds` (the run's wall time) per iteration. {} when no
-    iteration was logged."""
+    and the last logged iteration, `kl_figures`, `seconds` (the run's wall time) per iteration, and whether every
+    logged KL was exactly 0 (`policy_unmoved`: no update moved the policy). {} when no iteration was logged."""
     scores = [e["objective/scores"] for e in history if "objective/scores" in e]
     if not scores:
         return {}
+    kls = [e["objective/kl"] for e in history if "objective/kl" in e]
     return {"reward": {"first": scores[0], "last": scores[-1]}, "kl": kl_figures(history), "iterations": iterations,
-            "seconds": seconds, "seconds_per_iteration": seconds / max(1, iterations)}
+            "seconds": seconds, "seconds_per_iteration": seconds / max(1, iterations),
+            "policy_unmoved": bool(kls) and all(kl == 0 for kl in kls)}
 
 
 def summary_text(summary: dict, kl_label: str = "kl") -> str:
     """`run_summary` in one line: reward first -> last, KL last and peak (nats per response), seconds per iteration."""
     kl, reward = summary["kl"], summary["reward"]
-    return (f"PPO: {summary['iterations']} iterations in {summary['seconds']:.0f}s "
+    text = (f"PPO: {summary['iterations']} iterations in {summary['seconds']:.0f}s "
             f"({summary['seconds_per_iteration']:.1f} s/iteration); reward {reward['first']:+.3f} -> "
             f"{reward['last']:+.3f}; {kl_label} to the reference {kl['last']:.2f} at the end, peak {kl['peak']:.2f} "
             f"(iteration {kl['iteration_of_peak']})")
+    if summary.get("policy_unmoved"):  # every logged KL exactly 0: the policy is still the reference
+        text += ("; no update moved the policy (its KL to the reference stayed 0: the rollouts gave no learning "
+                 "signal, or every update was skipped; the warnings above say which)")
+    return text
 
 
 def sample_iterations(total: int, n: int) -> set[int]:

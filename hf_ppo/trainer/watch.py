@@ -245,36 +245,106 @@ class NoSignalWarning(UserWarning):
     """Every sample of an iteration got the same reward: nothing to learn from (see `NoSignal`)."""
 
 
+# The no-signal warning says again, with the count, after this many iterations in a row without signal.
+REPEAT_AFTER = 4
+# A temperature this high or higher, on a policy of fewer parameters than SMALL_MODEL, samples near-random text: at 1.0
+# SmolLM2-135M wrote "11 is a multiple of 2 (2In 2)" to a word problem; at 0.7 it starts at a few percent right.
+HIGH_TEMPERATURE, SMALL_MODEL = 0.9, 1_000_000_000
+# Fewer than this share of the responses stopping within response_length: the answers are cut off.
+CUT_OFF = 0.5
+FORMAT_NAMES = ("format", "fmt")  # a reward whose name holds one of these pays for the format
+
+
 class NoSignal:
     """Warns once per reward, and once for the combined score, in the first PPO iteration where every sample got the
     same value of it (`rollout.steps.uniform_rewards`): no response then scores better than another, so the update
     learns nothing from it (a group baseline gives every response advantage 0; a critic learns a constant). A
     verifiable reward that a model does not hit yet (an answer check whose format an instruct model does not write)
-    is the usual cause; the warning names what to try."""
+    is the usual cause; the warning names what to try, and first what the run itself shows (`seen`): responses cut
+    off at `response_length` (the count that stopped), a format reward already in the run, a temperature high for the
+    policy's size. After `REPEAT_AFTER` iterations in a row without signal it says so again, with the count.
 
-    def __init__(self, args):
+    `reward_names`: the run's rewards; `parameters`: the policy's parameter count (None: unknown); `can_stop`: the
+    run has a stop token (without one no response ever stops, and the count says nothing)."""
+
+    def __init__(self, args, reward_names=(), parameters: int | None = None, can_stop: bool = True):
         self.estimator, self.k = args.advantage_estimator, args.num_generations
+        self.temperature = getattr(args, "temperature", None)
+        self.response_length = getattr(args, "response_length", None)
+        self.format_rewards = [n for n in reward_names if any(f in str(n).lower() for f in FORMAT_NAMES)]
+        self.parameters, self.can_stop = parameters, can_stop
         self.warned: set = set()
+        self.since: dict = {}  # reward (None: the combined score) -> the first iteration of its run without signal
 
-    def check(self, uniform: dict, iteration: int, samples: int) -> None:
+    def check(self, uniform: dict, iteration: int, samples: int, stats: dict | None = None) -> None:
+        """`uniform`: {reward name (None: the combined score): the one value every sample got} of this iteration;
+        `stats`: its rollout statistics (`rollout/eos_rate`, reduced over processes), for what the run shows."""
+        self.since = {name: self.since.get(name, iteration) for name in uniform}
         new = {name: value for name, value in uniform.items() if name not in self.warned}
+        again = {name: value for name, value in uniform.items() if name in self.warned
+                 and (iteration - self.since[name] + 1) % REPEAT_AFTER == 0}
+        if not new and not again:
+            return
+        seen = self.seen(uniform, samples, (stats or {}).get("rollout/eos_rate"))
+        shown = (" What this run shows: " + "; ".join(seen) + ".") if seen else ""
+        if again:
+            count = iteration - self.since[next(iter(again))] + 1
+            warn_user(f"Still no learning signal at PPO iteration {iteration}: {' and '.join(_what(again))} got one "
+                      f"value for every sampled response in each of the last {count} iterations (iterations "
+                      f"{iteration - count + 1}-{iteration}, {samples} responses each), so no update has learned "
+                      f"from it.{shown} See docs/guides/verifiable-rewards.md.", NoSignalWarning)
         if not new:
             return
         self.warned |= set(new)
-        what = [f"the reward {name!r} ({value:g} each)" for name, value in new.items() if name is not None]
-        if None in new:
-            what.append(f"the combined score ({new[None]:g} each)")
         group = "" if self.k > 1 and self.estimator != "gae" else (
-            " Sample several responses per prompt (num_generations=4 with advantage_estimator='grpo' or 'rloo'), "
-            "so that the responses to one prompt are compared and one right answer among them is signal.")
+            " Sample several responses per prompt (num_generations=4 with advantage_estimator='grpo', 'rloo' or "
+            "'auto'), so that the responses to one prompt are compared and one right answer among them is signal.")
+        fmt = ("add a format reward beside it that pays for the format alone, once (exactly one final answer line, "
+               "not one point per marker), or put a few-shot example of the format in the prompts (or "
+               "system_prompt)." if not self.format_rewards else
+               f"the run already has a format reward ({', '.join(map(repr, self.format_rewards))}): put a few-shot "
+               "example of the whole answer in the prompts (or system_prompt), and check that the answers fit "
+               "response_length.")
         warn_user(f"No learning signal in PPO iteration {iteration}: all {samples} sampled responses got the same "
-                  f"value of {' and '.join(what)}, so no response scores better than another and this update learns "
-                  "nothing from it. A verifiable reward (an answer check such as exact_answer) usually starts at 0 "
-                  "because the model does not yet write the answer in the format it checks: add a format reward "
-                  "beside it that pays for the format alone, or put a few-shot example of the format in the prompts "
-                  f"(or system_prompt).{group} And check the reward function on a few completions by hand: does it "
-                  "ever give another value? frac_reward_zero_std in the logs is the fraction of prompt groups without "
-                  "spread. See docs/guides/verifiable-rewards.md.", NoSignalWarning)
+                  f"value of {' and '.join(_what(new))}, so no response scores better than another and this update "
+                  f"learns nothing from it.{shown} A verifiable reward (an answer check such as exact_answer) usually "
+                  "starts at 0 because the model does not yet write the answer in the format it checks: "
+                  f"{fmt}{group} And check the reward function on a few completions by hand: does it ever give "
+                  "another value? frac_reward_zero_std in the logs is the fraction of prompt groups without spread. "
+                  "See docs/guides/verifiable-rewards.md.", NoSignalWarning)
+
+    def seen(self, uniform: dict, samples: int, eos_rate: float | None) -> list[str]:
+        """What the run shows that explains an iteration without signal, each with its fix."""
+        found = []
+        if self.can_stop and eos_rate is not None and eos_rate < CUT_OFF:
+            stopped = round(eos_rate * samples)
+            found.append(f"{stopped} of {samples} responses ended within response_length={self.response_length}: "
+                         "answers are cut off before they are finished; raise response_length")
+        if self.format_rewards:
+            varies = [n for n in self.format_rewards if n not in uniform]
+            found.append(f"the format reward {', '.join(map(repr, self.format_rewards))} is already in the run"
+                         + (" and varies, so answers reach the format but none is right yet" if varies else
+                            " and pays every response the same too"))
+        if (self.parameters is not None and self.parameters < SMALL_MODEL and self.temperature is not None
+                and self.temperature >= HIGH_TEMPERATURE):
+            found.append(f"temperature={self.temperature:g} is high for a policy of {self.parameters / 1e6:.0f}M "
+                         "parameters: small models sample near-random text there; try temperature=0.7")
+        return found
+
+
+def parameter_count(model) -> int | None:
+    """The model's parameter count as transformers counts it (`num_parameters`: a 4-bit weight counts whole), or
+    None for a model without it."""
+    count = getattr(model, "num_parameters", None)
+    return count() if callable(count) else None
+
+
+def _what(values: dict) -> list[str]:
+    """The rewards of `values` ({name (None: the combined score): value}) as the no-signal warnings name them."""
+    what = [f"the reward {name!r} ({value:g} each)" for name, value in values.items() if name is not None]
+    if None in values:
+        what.append(f"the combined score ({values[None]:g} each)")
+    return what
 
 
 def add_watch(callbacks: list | None, args, last_checkpoint: Callable[[], str | None]) -> list:

@@ -87,6 +87,7 @@ def test_evaluate_prints_the_table_and_writes_the_report(tiny_models, prompts_fi
     assert (tmp_path / "hf_ppo_eval" / "eval_report.md").read_text().count("| the ") == 3
     saved = json.loads((tmp_path / "hf_ppo_eval" / "metrics.json").read_text())
     assert saved["eval_reward/reward/win_rate"] == metrics["eval_reward/reward/win_rate"]
+    assert "eval_loss" not in saved  # Trainer's: minus the mean training score, no loss of this job (issue 61)
 
 
 def main_evaluate(tiny_models, prompts_file, *extra):

@@ -239,7 +239,7 @@ def test_trl_derived_sizes_are_not_offered_but_still_refused_with_the_fix(tmp_pa
     assert "Derived in hf_ppo" not in text
     root = _project(tmp_path, tiny_models, **({"batch_size": 8} if where == "yaml" else {}))
     argv = ["--config", str(root / "configs" / "run.yaml")] + (["--batch_size", "8"] if where == "cli" else [])
-    with pytest.raises(ValueError, match=r"- batch_size=8 cannot be set.*per_device_train_batch_size"):
+    with pytest.raises(ValueError, match=r"batch_size=8 cannot be set.*per_device_train_batch_size"):
         ppo.parse_args(argv, command="hf-ppo train")
     if where == "cli":  # a near miss is pointed at an option it may set
         with pytest.raises(ppo.ConfigError) as info:
@@ -615,13 +615,18 @@ def test_a_split_name_on_a_local_dataset_file_is_refused_not_read_as_the_whole_f
 
 def test_a_test_split_that_nothing_evaluates_on_is_said(tmp_path, models, prompts):
     """`dataset_test_split` without `eval_strategy` loaded and checked the prompts and never evaluated on them, in
-    silence: a warning names both fixes."""
+    silence: a warning names both fixes. A held-out file is what `hf-ppo evaluate --dataset <file>` reads after the
+    run (issue 61): no warning opens every run for it."""
     import warnings
 
     from hf_ppo.cli import train
 
     held_out = write_jsonl(tmp_path / "test.jsonl", [{"prompt": "the food was"}])
-    config = tiny_config(tmp_path, models, prompts, dataset_test_split=held_out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train.parse_args(["--config", tiny_config(tmp_path, models, prompts, dataset_test_split=held_out)],
+                         "hf-ppo train")
+    config = tiny_config(tmp_path, models, "org/prompts", dataset_test_split="test")
     with pytest.warns(UserWarning, match=r"dataset_test_split=.*eval_strategy is 'no'.*never evaluated on.*"
                       r"--eval_strategy steps --eval_steps N.*--dataset_test_split none"):
         train.parse_args(["--config", config], "hf-ppo train")

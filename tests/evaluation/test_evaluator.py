@@ -96,6 +96,28 @@ def test_evaluate_compares_policy_and_reference_and_writes_the_report(tiny_model
     assert "Evaluation against the reference (step 2)" in card and "| judge/length_judge |" in card
 
 
+def test_a_reward_functions_log_metric_is_reported_for_the_policy_and_the_reference_apart(tiny_models, tokenizer,
+                                                                                            tmp_path):
+    """Issue 61: at evaluation, what a reward function logged with `log_metric` was the mean over both sides' calls.
+    A function that logs its own call number: the reference is scored first (once per eval set, then cached), then
+    the policy, so the two sides log different values."""
+    calls = []
+
+    def counted(prompts, completions, log_metric, **kwargs):
+        calls.append(len(completions))
+        log_metric("call", float(len(calls)))
+        return [0.0] * len(completions)
+
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args(tmp_path), processing_class=tokenizer,
+                           reward_model=counted, train_dataset=PROMPTS, eval_dataset=PROMPTS.select(range(4)))
+    first = len(calls)  # the construction probes (they log nowhere)
+    metrics = trainer.evaluate()
+    assert metrics["eval_call/reference"] == first + 1 and metrics["eval_call/policy"] == first + 2
+    assert "eval_call" not in metrics
+    again = trainer.evaluate()  # the reference's responses (and what its scoring logged) are the cached ones
+    assert again["eval_call/reference"] == first + 1 and again["eval_call/policy"] == first + 3
+
+
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
 def test_at_step_zero_the_policy_is_its_reference(tiny_models, tokenizer, tmp_path, bf16):
     """With no training the policy is the reference: KL 0 on its own samples. Under bf16 mixed precision (a GPU's

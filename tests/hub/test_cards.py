@@ -114,6 +114,16 @@ def test_the_card_plot_has_the_four_documented_panels_against_iterations(tmp_pat
     assert "![Reward, KL, response length and entropy per PPO iteration](training_curves.png)" in text
 
 
+def test_a_run_whose_reward_never_moved_names_no_best_step(tmp_path):
+    """Issue 61: a run whose every sample scored 0 had a card row "at best reward (step 2)": the first step logged."""
+    flat = [{"step": s, "iteration": s, "objective/scores": 0.0, "objective/kl": 0.0, "rollout/response_length": 40.0}
+            for s in (2, 4, 6)]
+    write_model_card(tmp_path, **{**card_kwargs(), "log_history": flat})
+    text = (tmp_path / "README.md").read_text()
+    assert "at best reward" not in text and "| reward (score) | 0 | 0 | 0 |" in text
+    assert "The reward had the same value at every logged step: it never moved" in text
+
+
 def test_a_history_without_iterations_is_plotted_against_steps():
     """A log history written before iterations were logged still plots (against optimizer steps)."""
     assert x_axis(HISTORY) == "iteration"

@@ -56,10 +56,10 @@ def test_the_plan_runs_each_task_seed_major_and_resolves_the_relative_settings(b
     learning, crossover = bench
     assert crossover.main(["--dry-run"]) == []
     out = capsys.readouterr().out
-    assert "[crossover] 18 runs, one at a time:" in out
+    assert "[crossover] 24 runs, one at a time:" in out
     lines = [line.split() for line in out.splitlines()[1:]]
-    assert [line[0] for line in lines] == ["words1"] * 9 + ["words2"] * 9
-    assert [re.search(r" seed (\d):", line).group(1) for line in out.splitlines()[1:10]] == list("000111222")
+    assert [line[0] for line in lines] == ["words1"] * 12 + ["words2"] * 12
+    assert [re.search(r" seed (\d):", line).group(1) for line in out.splitlines()[1:13]] == list("000011112222")
     plain = learning.config_overrides("words1", "shared head, no whitening, critic lr 10x")
     assert plain == {"whiten_advantages": False, "critic_learning_rate": 2e-3}  # 10x the task's learning rate
 
@@ -94,3 +94,23 @@ def test_the_start_is_the_sft_accuracy_of_every_seed_the_task_ran(bench):
     runs.append(dict(fake("words1", "default (shared head)", 0, 0.4, [0.2, 0.3]), reference_reward=0.10))
     md = crossover.table(runs)
     assert "| words1 (SFT 15.0%) | grpo k=4 |" in md and "| words1 (SFT 15.0%) | default (shared head) |" in md
+
+
+def test_auto_is_a_method_choice_on_the_arithmetic_task_at_a_chosen_budget(bench, capsys, monkeypatch, tmp_path):
+    """Issue 61: `auto k=4` (advantage_estimator='auto', equal samples with grpo k=4) in the crossover plan, the
+    arithmetic task when named, and `--iterations` handed to every run (96 or 192 samples)."""
+    learning, crossover = bench
+    assert learning.config_overrides("arithmetic", "auto k=4") == {"advantage_estimator": "auto", "num_generations": 4}
+    crossover.main(["--dry-run", "--tasks", "arithmetic", "--configs", "auto k=4", "--seeds", "0", "--iterations", "1"])
+    assert "arithmetic auto k=4" in " ".join(capsys.readouterr().out.split())
+    launched = []
+    monkeypatch.setattr(learning, "smollm2", lambda: "unused")
+    monkeypatch.setattr(learning, "launch", lambda *a: launched.append(a) or fake(a[0], a[1], a[2], 0.1, [0.0, 0.1]))
+    monkeypatch.setattr(learning, "OUT", tmp_path)
+    crossover.main(["--tasks", "arithmetic", "--configs", "auto k=4", "grpo k=4", "--seeds", "0", "--iterations", "12"])
+    assert [a[:3] for a in launched] == [("arithmetic", "auto k=4", 0), ("arithmetic", "grpo k=4", 0)]
+    assert all(a[-1] == 12 for a in launched)
+    assert "| arithmetic (SFT 5.0%) | auto k=4 |" in (tmp_path / "crossover-it12.md").read_text()
+    # A one-iteration dry run (`--iterations 1`) has a table too (its half budget is its one iteration).
+    assert "| words1 (SFT 5.0%) | auto k=4 | 10.0 +/- 0.0 |" in crossover.table([fake("words1", "auto k=4", 0, 0.1,
+                                                                                       [0.125])])

@@ -605,6 +605,7 @@ BAD_VALUES = {
     "clip_cov_ub": float("inf"), "kl_cov_ratio": 1.5, "kl_cov_coef": -1.0,
     "vllm_importance_sampling_mode": "sequence", "vllm_importance_sampling_min": 0.0,
     "multi_objective_aggregation": "sum",
+    "auto_ev_threshold": 1.0,
 }
 # Reviewed: fields for which every value of their type is legal (a name, a label).
 ACCEPTS_ANY_VALUE = {

@@ -54,6 +54,7 @@ CLIP_COV = dict(policy_loss="clip_cov", clip_cov_ratio=1e-3, clip_cov_lb=0.5, cl
 KL_COV = dict(policy_loss="kl_cov", kl_cov_ratio=1e-3, kl_cov_coef=0.5)
 MULTI = dict(advantage_estimator="grpo", num_generations=2, scale_rewards="batch",
              multi_objective_aggregation="normalize_then_sum")
+AUTO = dict(advantage_estimator="auto", num_generations=2, auto_ev_threshold=0.2)  # EVPO's gate (issue 61)
 
 
 def config(tmp_path, **fields) -> PPOConfig:
@@ -90,7 +91,7 @@ def test_every_record_field_comes_from_ppoconfig(record, tmp_path):
     default = config(tmp_path)
     custom = [config(tmp_path, **GAE), config(tmp_path, **{**GAE, **GRPO}),
               config(tmp_path, **VAPO),
-              *(config(tmp_path, **losses) for losses in (CISPO, SAPO, GMPO, CLIP_COV, KL_COV, MULTI))]
+              *(config(tmp_path, **losses) for losses in (CISPO, SAPO, GMPO, CLIP_COV, KL_COV, MULTI, AUTO))]
     base = leaves(getattr(default, record))
     changed = [leaves(getattr(c, record)) for c in custom]
     frozen = [name for name in base if all(c[name] == base[name] for c in changed) and name not in FIXED_HERE]

@@ -245,6 +245,17 @@ def test_run_summary_reads_the_history():
     assert "+0.100 -> +0.900" in text and "3.00 at the end, peak 7.50 (iteration 2)" in text
     assert "10.0 s/iteration" in text
     assert progress.run_summary([{"loss": 1.0}], 1.0, 1) == {}
+    assert "no update moved the policy" not in text and not summary["policy_unmoved"]
+
+
+def test_the_closing_line_says_when_no_update_moved_the_policy():
+    """Issue 61: a run whose KL stayed exactly 0 (every sample scored 0, the adapter never moved) ended on a summary
+    that read like any other; it now says so. A KL that dips below 0 and comes back is no such run."""
+    still = [{"objective/scores": 0.0, "objective/kl": 0.0, "iteration": i} for i in (1, 2, 3)]
+    assert "; no update moved the policy (its KL to the reference stayed 0" in progress.summary_text(
+        progress.run_summary(still, seconds=3.0, iterations=3))
+    dipped = [{"objective/scores": 0.0, "objective/kl": kl, "iteration": i} for i, kl in ((1, -0.1), (2, 0.0))]
+    assert "no update moved" not in progress.summary_text(progress.run_summary(dipped, seconds=2.0, iterations=2))
 
 
 # ---- 6-7. one short run, as the console shows it --------------------------------------------------------------------

@@ -724,6 +724,83 @@ def test_no_signal_warns_once_per_reward_and_suggests_groups_to_a_run_without_th
         watch.check({"fmt": 1.0, "exact_answer": 0.0}, 3, 32)
 
 
+def no_signal_watch(**overrides):
+    from types import SimpleNamespace
+
+    from hf_ppo.trainer.watch import NoSignal
+
+    settings = dict(reward_names=["exact_answer"], parameters=135_000_000, can_stop=True)
+    settings.update(overrides)
+    return NoSignal(SimpleNamespace(advantage_estimator="grpo", num_generations=4, temperature=1.0,
+                                    response_length=40), **settings)
+
+
+def test_no_signal_names_what_the_run_shows():
+    """Issue 61, run A: 0-1 of 16 responses ended within response_length=40, at temperature 1.0 on a 135M model; the
+    warning named format rewards, few-shot prompts and k samples, not the cut-off. Run B already had a format reward,
+    and the warning advised adding one."""
+    from hf_ppo.trainer.watch import NoSignalWarning
+
+    with pytest.warns(NoSignalWarning) as caught:
+        no_signal_watch().check({"exact_answer": 0.0, None: 0.0}, 1, 16, {"rollout/eos_rate": 0.0})
+    said = str(caught[0].message)
+    assert "0 of 16 responses ended within response_length=40: answers are cut off" in said
+    assert "raise response_length" in said and "temperature=1 is high for a policy of 135M parameters" in said
+    assert "add a format reward" in said
+    with pytest.warns(NoSignalWarning) as caught:
+        no_signal_watch(reward_names=["exact_answer", "format_reward"]).check(
+            {"exact_answer": 0.0}, 1, 16, {"rollout/eos_rate": 0.75})
+    said = str(caught[0].message)
+    assert "the format reward 'format_reward' is already in the run and varies" in said
+    assert "add a format reward" not in said and "cut off" not in said and "the run already has a format reward" in said
+    with pytest.warns(NoSignalWarning) as caught:  # a big model, answers that stop, no stop token at all: none of it
+        no_signal_watch(parameters=7_000_000_000, can_stop=False).check({"exact_answer": 0.0}, 1, 16,
+                                                                       {"rollout/eos_rate": 0.0})
+    assert "What this run shows" not in str(caught[0].message)
+
+
+def test_no_signal_says_again_with_the_count():
+    """Run A was told once, at iteration 1, and iterations 2-8 were as empty: the warning comes back every
+    REPEAT_AFTER iterations in a row without signal, with the count; a streak broken by signal starts again."""
+    from hf_ppo.trainer.watch import REPEAT_AFTER, NoSignalWarning
+
+    watch = no_signal_watch()
+    stats = {"rollout/eos_rate": 1.0}
+    with pytest.warns(NoSignalWarning):
+        watch.check({"exact_answer": 0.0}, 1, 16, stats)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for iteration in range(2, REPEAT_AFTER):
+            watch.check({"exact_answer": 0.0}, iteration, 16, stats)
+    with pytest.warns(NoSignalWarning, match=rf"Still no learning signal at PPO iteration {REPEAT_AFTER}: the reward "
+                      rf"'exact_answer' \(0 each\) .* last {REPEAT_AFTER} iterations \(iterations 1-{REPEAT_AFTER}, "
+                      r"16 responses each\)"):
+        watch.check({"exact_answer": 0.0}, REPEAT_AFTER, 16, stats)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        watch.check({}, REPEAT_AFTER + 1, 16, stats)  # signal
+        for iteration in range(REPEAT_AFTER + 2, 2 * REPEAT_AFTER + 1):
+            watch.check({"exact_answer": 0.0}, iteration, 16, stats)
+    with pytest.warns(NoSignalWarning, match=rf"iterations {REPEAT_AFTER + 2}-{2 * REPEAT_AFTER + 1}"):
+        watch.check({"exact_answer": 0.0}, 2 * REPEAT_AFTER + 1, 16, stats)
+
+
+def test_a_trainer_hands_the_watch_the_stop_count_and_the_policys_size(tiny_models, tmp_path):
+    from hf_ppo.trainer.watch import NoSignalWarning
+
+    args = PPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_ppo_epochs=1, max_steps=1,
+                     response_length=3, logging_steps=1, learning_rate=1e-3, report_to=[], save_strategy="no",
+                     num_sample_generations=0, disable_tqdm=True, seed=0, num_generations=2, temperature=1.0,
+                     advantage_estimator="grpo", stop_token_id=0)  # a stop id the tiny model never samples
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, reward_model=always_zero, train_dataset=PROMPTS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    said = [str(w.message) for w in caught if issubclass(w.category, NoSignalWarning)]
+    assert "0 of 4 responses ended within response_length=3" in said[0], said
+    assert "temperature=1 is high for a policy of" in said[0]
+
+
 # ---- a short, wildly tuned run ---------------------------------------------------------------------------------------
 def words(completions, **kwargs):
     """One point per word."""
