@@ -450,3 +450,67 @@ def test_a_lock_file_replaced_by_another_runs_is_left_at_release(tmp_path):
     os.replace(tmp_path / "theirs", out / LOCK)
     lock.release()
     assert (out / LOCK).read_text() == theirs
+
+
+# ---- issue 60 item 7: the lock lasts until the final save is complete ---------------------------------------------
+def test_the_final_save_holds_the_folder_and_is_refused_while_another_run_holds_it(tiny_models, tokenizer, tmp_path,
+                                                                                   monkeypatch):
+    """The lock ended with train(): a second run started before the final save wrote its weights under the first
+    run's record, and the first printed "Saved". save_model() into output_dir now holds the folder while it writes
+    (and is refused, writing nothing, while another run holds it); train()'s own hold is not taken twice."""
+    from hf_ppo.hub import publish
+    from hf_ppo.trainer import run_lock
+
+    out = tmp_path / "out"
+    trainer = make_trainer(tiny_models, tokenizer, out, save_strategy="no")
+    trainer.train()
+    assert not (out / LOCK).exists()
+    seen = []
+    real = publish.save_policy_folder
+
+    def looking(*args, **kwargs):
+        seen.append(json.loads((out / LOCK).read_text()) if (out / LOCK).exists() else None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(publish, "save_policy_folder", looking)
+    trainer.save_model()
+    assert seen and seen[0]["pid"] == os.getpid() and not (out / LOCK).exists()
+
+    other = run_lock.acquire(str(out))  # another run (its own open file: flock refuses this trainer's)
+    (out / "model.safetensors").unlink()
+    try:
+        with pytest.raises(run_lock.OutputDirInUseError, match=rf"output_dir {out} is in use by another hf_ppo run"):
+            trainer.save_model()
+        assert not (out / "model.safetensors").exists()
+    finally:
+        other.release()
+    trainer.save_model(str(tmp_path / "elsewhere"))  # a save outside output_dir takes nothing
+    assert seen[-1] is None and (tmp_path / "elsewhere" / "model.safetensors").is_file()
+
+
+def test_hf_ppo_train_holds_the_folder_until_its_final_save_is_written(tiny_models, tmp_path, monkeypatch):
+    """hf-ppo train holds output_dir across train() and the final save (and the run record's dataset)."""
+    import yaml
+
+    from hf_ppo.cli import train as cli
+    from hf_ppo.hub import publish
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["the movie was", "the food was"]))
+    config = {"dataset_name": str(data), "model_name_or_path": tiny_models["policy"],
+              "reward_model_name_or_path": tiny_models["reward"], "output_dir": str(tmp_path / "out"),
+              "response_length": 4, "per_device_train_batch_size": 2, "num_mini_batches": 1, "num_ppo_epochs": 1,
+              "max_steps": 1, "report_to": "none", "save_strategy": "no", "use_cpu": True, "disable_tqdm": True,
+              "num_sample_generations": 0, "policy_quantization": "none", "reward_quantization": "none"}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    out, seen = tmp_path / "out", []
+    for owner, name in [(publish, "save_policy_folder"), (cli, "record_dataset")]:
+        real = getattr(owner, name)
+
+        def looking(*args, _real=real, **kwargs):
+            seen.append(json.loads((out / LOCK).read_text())["pid"])
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, looking)
+    cli.main(["--config", str(tmp_path / "run.yaml")], command="hf-ppo train")
+    assert seen == [os.getpid(), os.getpid()] and not (out / LOCK).exists()
