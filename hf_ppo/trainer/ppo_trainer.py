@@ -89,7 +89,8 @@ class PPOLMTrainer(StepAPI, SavingSeams, Trainer):
     ):
         args = args if args is not None else PPOConfig(output_dir="ppo_output")
         if not isinstance(args, PPOConfig):
-            raise TypeError(f"args must be a PPOConfig, got {type(args).__name__}: PPOConfig(**args.to_dict()) converts it.")
+            raise TypeError(f"args must be a PPOConfig, got {type(args).__name__}: "
+                            "PPOConfig(**{**args.to_dict(), 'hub_token': args.hub_token}) converts it.")
         if args.process_index == 0:  # a live run holds output_dir: refused now, before any model loads
             problem = run_lock.in_use_message(args.output_dir)
             if problem is not None:
