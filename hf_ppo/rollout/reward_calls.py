@@ -260,7 +260,6 @@ def _await_all(awaitables: list, names: list[str] | None = None) -> list:
             except concurrent.futures.TimeoutError:
                 if _answers(loop, LOOP_BLOCKED_AFTER, future):
                     continue
-                _abandon(loop)
                 task = asyncio.current_task(loop)
                 holder = task.get_name() if task is not None and task.get_name() in names else " or ".join(names)
                 raise RewardFunctionError(
@@ -270,9 +269,9 @@ def _await_all(awaitables: list, names: list[str] | None = None) -> list:
                     "any later one. Await asynchronous calls (await asyncio.sleep, an async HTTP client), run a "
                     "blocking one with `await asyncio.to_thread(f, ...)`, or make the function a plain def. "
                     "Checkpoints already saved are kept.") from None
-    except BaseException:
+    except BaseException:  # (the error above, or a Ctrl-C while the loop is held: later calls get a fresh loop)
         if not future.done() and not _answers(loop, 1.0, future):
-            _abandon(loop)  # (a Ctrl-C while it is held, too: later calls get a fresh loop)
+            _abandon(loop)
         future.cancel()
         raise
 
