@@ -234,6 +234,8 @@ SUBSET = [
             "test_the_final_save_holds_the_folder_and_is_refused_while_another_run_holds_it",
             "test_hf_ppo_train_holds_the_folder_until_its_final_save_is_written"),
     "tests/rewards/test_answers.py::test_a_float32_answer_column_scores_the_right_answers_right",
+    "tests/trainer/test_checkpoint.py::test_a_save_of_the_other_kind_leaves_no_stale_weights_of_an_earlier_hf_ppo_save",
+    "tests/hub/test_publish.py::test_a_damaged_run_record_is_said_not_ignored_in_silence",
     *select("tests/rollout/test_reward_calls.py",
             "test_an_async_function_raising_systemexit_or_keyboardinterrupt_stops_naming_itself",
             "test_a_blocking_call_inside_an_async_function_is_named_and_later_calls_get_a_fresh_loop"),
@@ -1127,6 +1129,12 @@ MUTATIONS = [
              [("rollout/reward_calls.py", "    with _loop_lock:\n        if _loop is loop:\n            _loop = None\n", "")]),
     Mutation("i60_hub_token_placeholder", "PPOConfig(**args.to_dict()) pushes with the token '<HUB_TOKEN>'",
              [(C, "        if self.hub_token == HUB_TOKEN_PLACEHOLDER:", "        if False:")]),
+    Mutation("i60_stale_weights_kept", "a LoRA save over an earlier full-model save leaves model.safetensors beside "
+             "the adapter (pushed, and loaded as the model)",
+             [(SV, "superseded = () if in_checkpoint else publish.superseded_files(output_dir, self.trained_adapter is "
+               "not None)", "superseded = ()")]),
+    Mutation("i60_damaged_record_silent", "a corrupt hf_ppo_run.json is ignored without a word",
+             [("hub/publish.py", '    warn_user(f"{path} {problem}: it is ignored,', '    (f"{path} {problem}: it is ignored,')]),
     # -- i63 kinds 1 and 2: the paths this machine never takes, and leftovers on disk ---------------------------------
     Mutation("i63_reused_pid_holds", "a recorded pid now owned by another process is taken for the run",
              [("trainer/run_lock.py", "    return start is None or now is None or now == start", "    return True")]),

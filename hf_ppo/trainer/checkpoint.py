@@ -379,11 +379,13 @@ def save_failures_named(folder: str, run_dir: str, what: str, intact: str, neede
 
 
 @contextlib.contextmanager
-def staged_save(folder: str, run_dir: str, needed=None, last: tuple[str, ...] = ()):
+def staged_save(folder: str, run_dir: str, needed=None, last: tuple[str, ...] = (),
+                superseded: tuple[str, ...] = ()):
     """Yield a fresh folder (`STAGING_DIR`, inside `folder`) to write the policy into; when the body ends, each file
     written there moves to its place in `folder` (a rename: no space needed), replacing the earlier save's file of
     that name; the files named in `last` (the run record, which says what the folder holds) move after all others,
-    so a kill between the moves never leaves this save's record over the earlier save's weights. A failed write leaves `folder` as it was (an earlier complete save stays whole), deletes what the
+    so a kill between the moves never leaves this save's record over the earlier save's weights; the earlier save's
+    files named in `superseded` (a full model's weights under an adapter's save) go once all of this save is in. A failed write leaves `folder` as it was (an earlier complete save stays whole), deletes what the
     save wrote, and raises `SaveWriteError` naming the folder, the space and the last complete checkpoint."""
     staging = os.path.join(folder, STAGING_DIR)
     if os.path.isdir(staging) and not os.path.isfile(os.path.join(staging, _STAGING_MARKER)):
@@ -412,6 +414,9 @@ def staged_save(folder: str, run_dir: str, needed=None, last: tuple[str, ...] = 
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 os.replace(os.path.join(staging, name), target)
                 moved.append(name)
+            for name in superseded:
+                if name not in moved and os.path.isfile(os.path.join(folder, name)):
+                    os.remove(os.path.join(folder, name))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             if created and not moved and os.path.isdir(folder) and not os.listdir(folder):

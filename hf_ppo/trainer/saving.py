@@ -99,8 +99,10 @@ class SavingSeams:
         with contextlib.ExitStack() as stack:
             if not in_checkpoint and into_run:
                 stack.enter_context(self._holding_output_dir(every_process=False))
+            superseded = () if in_checkpoint else publish.superseded_files(output_dir, self.trained_adapter is not None)
             folder = output_dir if in_checkpoint else stack.enter_context(
-                checkpoint.staged_save(output_dir, self.args.output_dir, size, last=(publish.RUN_RECORD_FILE,)))
+                checkpoint.staged_save(output_dir, self.args.output_dir, size, last=(publish.RUN_RECORD_FILE,),
+                                       superseded=superseded))
             publish.save_policy_folder(wrapper.policy_model, folder, self.trained_adapter, self.processing_class,
                                        state_dict, record)
 

@@ -1079,3 +1079,24 @@ def test_the_final_save_moves_the_run_record_in_after_the_weights(tmp_path, monk
             with open(os.path.join(folder, name), "w") as f:
                 f.write(name)
     assert sorted(order) == sorted(names) and order[-1] == "hf_ppo_run.json"
+
+
+def test_a_save_of_the_other_kind_leaves_no_stale_weights_of_an_earlier_hf_ppo_save(tiny_models, tokenizer, tmp_path):
+    """Issue 60 item 10: a LoRA run saved over a full-model run left the stale model.safetensors beside the adapter
+    (a push uploaded it, from_pretrained loaded it as the model); the other way round, a stale adapter beside full
+    weights. A save removes the earlier hf_ppo save's files of the other kind once it is in place; a folder hf_ppo
+    never saved into (no run record) keeps every file."""
+    out = tmp_path / "out"
+    make_trainer(tiny_models, tokenizer, out).save_model()
+    assert (out / "model.safetensors").is_file()
+    make_trainer(tiny_models, tokenizer, out, lora()).save_model()
+    assert (out / "adapter_model.safetensors").is_file() and not (out / "model.safetensors").exists()
+    make_trainer(tiny_models, tokenizer, out).save_model()
+    assert (out / "model.safetensors").is_file()
+    assert not (out / "adapter_model.safetensors").exists() and not (out / "adapter_config.json").exists()
+
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "model.safetensors").write_bytes(b"my own weights")
+    make_trainer(tiny_models, tokenizer, users, lora()).save_model()
+    assert (users / "model.safetensors").read_bytes() == b"my own weights"
