@@ -238,7 +238,8 @@ SUBSET = [
     "tests/hub/test_publish.py::test_a_damaged_run_record_is_said_not_ignored_in_silence",
     *select("tests/rollout/test_reward_calls.py",
             "test_an_async_function_raising_systemexit_or_keyboardinterrupt_stops_naming_itself",
-            "test_a_blocking_call_inside_an_async_function_is_named_and_later_calls_get_a_fresh_loop"),
+            "test_a_blocking_call_inside_an_async_function_is_named_and_later_calls_get_a_fresh_loop",
+            "test_log_metric_under_a_trainer_metrics_name_warns_once"),
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -1135,6 +1136,9 @@ MUTATIONS = [
                "not None)", "superseded = ()")]),
     Mutation("i60_damaged_record_silent", "a corrupt hf_ppo_run.json is ignored without a word",
              [("hub/publish.py", '    warn_user(f"{path} {problem}: it is ignored,', '    (f"{path} {problem}: it is ignored,')]),
+    Mutation("i60_log_metric_mixes_in_silence", "log_metric('reward', ...) mixes into the trainer's own reward "
+             "without a word", [("rollout/reward_calls.py", "        if trainer_metric(name) and name not in self.said:",
+                                 "        if False:")]),
     # -- i63 kinds 1 and 2: the paths this machine never takes, and leftovers on disk ---------------------------------
     Mutation("i63_reused_pid_holds", "a recorded pid now owned by another process is taken for the run",
              [("trainer/run_lock.py", "    return start is None or now is None or now == start", "    return True")]),

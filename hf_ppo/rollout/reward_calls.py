@@ -29,6 +29,7 @@ import torch
 from transformers import TrainerState
 
 from ..models.tokenizers import with_completion
+from ..runtime.warn import warn_user
 
 # Columns that are the prompt itself; every other column of a prompt dataset reaches the reward functions.
 PROMPT_COLUMNS = ("prompt", "messages", "input_ids", "attention_mask")
@@ -63,6 +64,19 @@ class RewardHooks:
         return {"trainer_state": self.trainer_state, "log_extra": self.log_extra, "log_metric": self.log_metric}
 
 
+# The names the trainer logs its own metrics under: Trainer's, hf_ppo's, and hf_ppo's namespaces. A reward function's
+# `log_metric` under one of them is averaged into the trainer's own value of that name (TRL mixes them in silence).
+TRAINER_METRICS = frozenset({"loss", "grad_norm", "learning_rate", "lr", "epoch", "episode", "iteration", "reward",
+                             "reward_std", "frac_reward_zero_std"})
+TRAINER_NAMESPACES = ("objective/", "loss/", "policy/", "val/", "rollout/", "time/", "nonfinite/", "rewards/", "eval_",
+                      "train_")
+
+
+def trainer_metric(name: str) -> bool:
+    """Whether the trainer logs a metric of its own under `name` (or in its namespace)."""
+    return name in TRAINER_METRICS or name.startswith(TRAINER_NAMESPACES)
+
+
 class RewardLogs:
     """What reward functions log through TRL's `log_metric` and `log_extra`, kept until the trainer takes it: the
     metrics' means (`take_metrics`: {name: mean of the values logged since}) and the extra columns (`take_extra`:
@@ -71,9 +85,16 @@ class RewardLogs:
     def __init__(self):
         self.metrics: dict[str, list[float]] = {}
         self.extra: dict[str, list] = {}
+        self.said: set[str] = set()  # the trainer's metric names a reward function was warned about
 
     def log_metric(self, name: str, value: float) -> None:
-        self.metrics.setdefault(str(name), []).append(float(value))
+        name = str(name)
+        if trainer_metric(name) and name not in self.said:
+            self.said.add(name)
+            warn_user(f"A reward function called log_metric({name!r}, ...): the trainer logs its own metric under "
+                      "that name (or in that namespace), so the two are averaged into one logged value. Log it under "
+                      f"a name of your own, e.g. 'custom/{name.replace('/', '_')}'.")
+        self.metrics.setdefault(name, []).append(float(value))
 
     def log_extra(self, column: str, values: list) -> None:
         self.extra.setdefault(str(column), []).extend(list(values))

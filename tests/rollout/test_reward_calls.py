@@ -744,3 +744,25 @@ def test_one_element_numpy_arrays_in_the_list_are_refused_naming_the_function(to
     scores, applies = reward_values([torch.tensor([0.5]), None], 2, "tensors")
     assert scores.tolist() == [0.5, 0.0] and applies.tolist() == [True, False]
     assert reward_values(tensors(["a", "b"]), 2)[0].tolist() == [0.5, 0.5]
+
+
+def test_log_metric_under_a_trainer_metrics_name_warns_once():
+    """Issue 60 item 10: a reward function's log_metric('reward', ...) was averaged into the trainer's own 'reward'
+    in silence (TRL does the same). A name the trainer logs under (or its namespace) warns, once per name; a name
+    of one's own is quiet."""
+    import warnings
+
+    from hf_ppo.rollout.reward_calls import RewardLogs
+
+    logs = RewardLogs()
+    with pytest.warns(UserWarning, match=r"log_metric\('reward', \.\.\.\): the trainer logs its own metric under that "
+                                         r"name .*e\.g\. 'custom/reward'") as said:
+        logs.log_metric("reward", 1.0)
+        logs.log_metric("reward", 3.0)
+        logs.log_metric("objective/kl", 0.5)
+    assert len(said) == 2 and "'objective/kl'" in str(said[1].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        logs.log_metric("accuracy", 1.0)
+        logs.log_metric("format/ok", 0.0)
+    assert logs.take_metrics() == {"reward": 2.0, "objective/kl": 0.5, "accuracy": 1.0, "format/ok": 0.0}
