@@ -206,6 +206,8 @@ def _written(value: float) -> str:
     float 0.10000000149011612, whose float32 text is 0.1); at float64's otherwise."""
     import numpy as np
 
+    if isinstance(value, np.floating) and value.dtype.itemsize < 8:
+        return str(value)  # a numpy float16 / float32 prints its own shortest text
     with np.errstate(over="ignore"):  # a float64 beyond float32's range is no float32 (inf here)
         single = np.float32(value)
     return str(single) if float(single) == float(value) else repr(float(value))

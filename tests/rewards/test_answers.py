@@ -265,6 +265,8 @@ def test_a_float32_answer_column_scores_the_right_answers_right(tmp_path):
     assert reference_answer(float(np.float32(3.3))) == Fraction(33, 10)
     assert reference_answer(1 / 3) == Fraction("0.3333333333333333")  # float64: its own shortest text
     assert reference_answer(16777217.0) == 16777217  # no float32 holds it: read at float64's precision
+    assert reference_answer(np.float16(0.1)) == Fraction(1, 10)  # numpy's own types: their own precision
+    assert reference_answer(np.float64(np.float32(0.1))) == Fraction(1, 10)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
