@@ -11,7 +11,10 @@ process. Where `flock` is missing (Windows) or refused (some network filesystems
 that no longer runs on this host frees the folder; one on another host is named, with the file to delete if that run
 is over. Only the main process takes the lock; the other processes of a distributed run learn its outcome (the
 trainer's `broadcast`), so they all stop together. `in_use_message` is the same question asked without taking the
-lock, so the trainer and `hf-ppo train` can refuse before any model loads.
+lock, so the trainer and `hf-ppo train` can refuse before any model loads. The trainer holds the folder through its
+final save as well (`SavingSeams._holding_output_dir`: `hf-ppo train` across training and the save, `save_model()`
+while it writes). The recorded command has its secrets masked (`masked_command`); a lock path that is no plain file
+(a FIFO, whose read would wait for ever; a symbolic link, whose write would land in its target) is never opened.
 
 TRL 0.11's `step()` loop has no end that hf_ppo sees, so with save_strategy="steps" (checkpoints written into
 output_dir) its first call takes the folder for the trainer's life (`hold_for_steps`): released when the trainer is
