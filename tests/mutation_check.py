@@ -1129,7 +1129,7 @@ MUTATIONS = [
     Mutation("i60_blocked_loop_kept", "a loop a blocking call holds serves every later call, which hangs with it",
              [("rollout/reward_calls.py", "    with _loop_lock:\n        if _loop is loop:\n            _loop = None\n", "")]),
     Mutation("i60_hub_token_placeholder", "PPOConfig(**args.to_dict()) pushes with the token '<HUB_TOKEN>'",
-             [(C, "        if self.hub_token == HUB_TOKEN_PLACEHOLDER:", "        if False:")]),
+             [(C, '        if self.hub_token == "<HUB_TOKEN>":', "        if False:")]),
     Mutation("i60_stale_weights_kept", "a LoRA save over an earlier full-model save leaves model.safetensors beside "
              "the adapter (pushed, and loaded as the model)",
              [(SV, "superseded = () if in_checkpoint else publish.superseded_files(output_dir, self.trained_adapter is "

@@ -53,9 +53,6 @@ Quantization = Literal["4bit", "8bit", "none"]
 _HUB_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'namespace/name' or 'name'
 
 
-# TrainingArguments.to_dict() masks hub_token as this (set or not): PPOConfig(**args.to_dict()) must not push with it.
-HUB_TOKEN_PLACEHOLDER = "<HUB_TOKEN>"
-
 @dataclass
 class PPOConfig(TrainingArguments):
     r"""Configuration for [`PPOLMTrainer`]. Every field below is PPO-specific; the rest are TrainingArguments'."""
@@ -542,10 +539,8 @@ class PPOConfig(TrainingArguments):
                 self.fp16 or self.use_cpu)
         if self.exp_name is not None and self.run_name is None:
             self.run_name = self.exp_name
-        if self.hub_token == HUB_TOKEN_PLACEHOLDER:
-            # What TrainingArguments.to_dict() writes in place of any hub_token, None included: never a token. Sent
-            # to the Hub, it fails the push after training; as None, the saved login (or HF_TOKEN) serves.
-            self.hub_token = None
+        if self.hub_token == "<HUB_TOKEN>":  # TrainingArguments.to_dict()'s mask of any hub_token: never a token
+            self.hub_token = None  # (sent to the Hub, it fails the push after training; None: the saved login)
         if self.dataloader_pin_memory is None:
             self.dataloader_pin_memory = torch.accelerator.is_available() and not self.use_cpu
         sharded = sharding_problems(self.fsdp, self.fsdp_config, self.deepspeed)  # before TrainingArguments reads a DeepSpeed config (it imports deepspeed)
