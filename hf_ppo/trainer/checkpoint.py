@@ -385,8 +385,9 @@ def staged_save(folder: str, run_dir: str, needed=None, last: tuple[str, ...] = 
     written there moves to its place in `folder` (a rename: no space needed), replacing the earlier save's file of
     that name; the files named in `last` (the run record, which says what the folder holds) move after all others,
     so a kill between the moves never leaves this save's record over the earlier save's weights; the earlier save's
-    files named in `superseded` (a full model's weights under an adapter's save) go once all of this save is in. A failed write leaves `folder` as it was (an earlier complete save stays whole), deletes what the
-    save wrote, and raises `SaveWriteError` naming the folder, the space and the last complete checkpoint."""
+    files named in `superseded` (a full model's weights under an adapter's save) go once all of this save is in. A
+    failed write leaves `folder` as it was (an earlier complete save stays whole), deletes what the save wrote, and
+    raises `SaveWriteError` naming the folder, the space and the last complete checkpoint."""
     staging = os.path.join(folder, STAGING_DIR)
     if os.path.isdir(staging) and not os.path.isfile(os.path.join(staging, _STAGING_MARKER)):
         raise FileExistsError(f"Cannot save the policy to {folder}: {staging}, the folder hf_ppo writes a save into "
