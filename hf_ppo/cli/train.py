@@ -573,28 +573,31 @@ def main(argv: list[str] | None = None, command: str = "python recipes/ppo.py") 
             processing_class=tokenizer,
             peft_config=peft_config,
         )
-    trainer.train(resume_from_checkpoint=ppo_config.resume_from_checkpoint)
-    trainer.save_state()  # trainer_state.json: every logged metric, beside the policy
-    stop = next((c for c in trainer.callback_handler.callbacks if isinstance(c, CollapseWatch) and c.stopped), None)
-    if stop is not None:  # stop_on_collapse: the policy in memory is the collapsed one, never saved as the result
-        if trainer.is_world_process_zero():
-            print(collapse_stop_message(stop.last_checkpoint(), ppo_config.output_dir, ppo_config.push_to_hub))
-        return trainer
-    if ppo_config.push_to_hub:  # saves the policy to output_dir, then uploads it with its card
-        commit = trainer.push_to_hub(dataset_name=script_args.dataset_name)
-        if trainer.is_world_process_zero():  # an adapter, unless merged; full weights load with AutoModelForCausalLM
-            adapter = trainer.accelerator.unwrap_model(trainer.model).is_peft_model and not ppo_config.push_merged_model
-            print(pushed_policy_message(trainer.hub_model_id, commit, ppo_config.output_dir, adapter))
-    else:
-        # The policy, then its card, written once (naming the dataset too, which save_model() alone does not know),
-        # then where the policy is, how to load and push it (what save_model() prints).
-        trainer.save_model(ppo_config.output_dir, _internal_call=True)
-        trainer.create_model_card(dataset_name=script_args.dataset_name)
-        if trainer.is_world_process_zero():
-            print(saved_policy_message(ppo_config.output_dir, trainer.trained_adapter is not None))
-    if ppo_config.should_save:  # the dataset beside the run record (the trainer knows no names): evaluate's default
-        record_dataset(ppo_config.output_dir, script_args.dataset_name, script_args.dataset_config,
-                       script_args.dataset_train_split, script_args.dataset_test_split)
+    # The run holds output_dir until its final save is complete: no other run starts between the two.
+    with trainer._holding_output_dir():
+        trainer.train(resume_from_checkpoint=ppo_config.resume_from_checkpoint)
+        trainer.save_state()  # trainer_state.json: every logged metric, beside the policy
+        stop = next((c for c in trainer.callback_handler.callbacks if isinstance(c, CollapseWatch) and c.stopped), None)
+        if stop is not None:  # stop_on_collapse: the policy in memory is the collapsed one, never saved as the result
+            if trainer.is_world_process_zero():
+                print(collapse_stop_message(stop.last_checkpoint(), ppo_config.output_dir, ppo_config.push_to_hub))
+            return trainer
+        if ppo_config.push_to_hub:  # saves the policy to output_dir, then uploads it with its card
+            commit = trainer.push_to_hub(dataset_name=script_args.dataset_name)
+            if trainer.is_world_process_zero():  # an adapter unless merged; full weights load with AutoModelForCausalLM
+                adapter = (trainer.accelerator.unwrap_model(trainer.model).is_peft_model
+                           and not ppo_config.push_merged_model)
+                print(pushed_policy_message(trainer.hub_model_id, commit, ppo_config.output_dir, adapter))
+        else:
+            # The policy, then its card, written once (naming the dataset too, which save_model() alone does not know),
+            # then where the policy is, how to load and push it (what save_model() prints).
+            trainer.save_model(ppo_config.output_dir, _internal_call=True)
+            trainer.create_model_card(dataset_name=script_args.dataset_name)
+            if trainer.is_world_process_zero():
+                print(saved_policy_message(ppo_config.output_dir, trainer.trained_adapter is not None))
+        if ppo_config.should_save:  # the dataset beside the run record (the trainer knows no names): evaluate's default
+            record_dataset(ppo_config.output_dir, script_args.dataset_name, script_args.dataset_config,
+                           script_args.dataset_train_split, script_args.dataset_test_split)
     return trainer
 
 

@@ -429,14 +429,44 @@ def record_dataset(folder, name: str, config: str | None, train_split: str, test
     os.replace(staged, path)
 
 
+def superseded_files(folder, adapter: bool) -> tuple[str, ...]:
+    """The policy files an earlier hf_ppo save left in `folder` (its run record there says hf_ppo saved it) under
+    names a save of the other kind does not write, so that save would leave them behind: a full model's weights
+    beside a LoRA adapter (a push uploads them, and from_pretrained loads them as the model), or an adapter beside
+    full weights. `adapter`: whether the new save is an adapter. None of a folder hf_ppo never saved into."""
+    if not Path(folder, RUN_RECORD_FILE).is_file():
+        return ()
+    if adapter:
+        names = ["model.safetensors", "model.safetensors.index.json"]
+        try:
+            index = json.loads(Path(folder, "model.safetensors.index.json").read_text())
+            names += sorted({str(name) for name in index["weight_map"].values()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # no index (one file), or not one hf_ppo can read: its shards are not named
+    else:
+        names = ["adapter_model.safetensors", "adapter_config.json"]
+    return tuple(name for name in names if Path(folder, name).is_file())
+
+
 def read_run_record(folder) -> dict | None:
     """The `RUN_RECORD_FILE` of a saved policy folder; None when there is none (a policy saved by another tool, or
-    a Hub id) or it cannot be read."""
+    a Hub id) or it cannot be read: a record that is there but not a readable JSON object (truncated, edited) is
+    said, since what it held (the run's reference, stop tokens, prompt format) is then not used."""
     path = Path(folder, RUN_RECORD_FILE)
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as err:
+        problem = f"cannot be read ({type(err).__name__}: {str(err)[:120]})"
+    else:
+        if isinstance(record, dict):
+            return record
+        problem = f"holds a JSON {type(record).__name__}, not the object hf_ppo writes"
+    warn_user(f"{path} {problem}: it is ignored, so what the run recorded there (its reference, stop tokens, prompt "
+              "format, dataset) is not used, and hf-ppo evaluate falls back to its own defaults. Save the policy "
+              "again (trainer.save_model()) to write it anew, or pass those settings explicitly.")
+    return None
 
 
 # ---- A critic, to a repo of its own ----------------------------------------------------------------------------------

@@ -200,6 +200,19 @@ def extract_answer(text: str, strict: bool = True) -> Fraction | None:
     return None
 
 
+def _written(value: float) -> str:
+    """The decimal a float cell was written as: its shortest round-trip text, at float32's precision when the value is
+    a float32 (a float32 column, from parquet, pandas or datasets' Value("float32"), reads 0.1 back as the Python
+    float 0.10000000149011612, whose float32 text is 0.1); at float64's otherwise."""
+    import numpy as np
+
+    if isinstance(value, np.floating) and value.dtype.itemsize < 8:
+        return str(value)  # a numpy float16 / float32 prints its own shortest text
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range is no float32 (inf here)
+        single = np.float32(value)
+    return str(single) if float(single) == float(value) else repr(float(value))
+
+
 def reference_answer(answer, row: int | None = None) -> Fraction:
     """The reference number of a dataset's `answer` cell: GSM8K's worked solution ending "#### 42", a bare number
     ("42", "1,200"), or an int / float. A float counts as the decimal it was written as (0.1 is 1/10, not its binary
@@ -213,12 +226,13 @@ def reference_answer(answer, row: int | None = None) -> Fraction:
         return Fraction(answer)
     if isinstance(answer, Real):
         # A float is the decimal it was written as (its shortest round-trip text: 0.1, not the binary fraction
-        # 3602879701896397/36028797018963968 it holds), which is what a model writes; numpy's float32 prints its own.
+        # 3602879701896397/36028797018963968 it holds), which is what a model writes; a float32 cell at its own
+        # precision (`_written`).
         if not math.isfinite(answer):
             raise ValueError(f"The reference answer{where} is {answer!r}, not a finite number: fix the dataset's "
                              "`answer` column (or drop the row), e.g. dataset.filter(lambda x: "
                              "math.isfinite(x['answer'])).")
-        return Fraction(Decimal(str(answer)))
+        return Fraction(Decimal(_written(answer)))
     value = parse_number(answer)
     if value is None:
         value = extract_answer(answer)

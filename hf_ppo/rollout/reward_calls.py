@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import inspect
 import numbers
@@ -28,6 +29,7 @@ import torch
 from transformers import TrainerState
 
 from ..models.tokenizers import with_completion
+from ..runtime.warn import warn_user
 
 # Columns that are the prompt itself; every other column of a prompt dataset reaches the reward functions.
 PROMPT_COLUMNS = ("prompt", "messages", "input_ids", "attention_mask")
@@ -62,6 +64,19 @@ class RewardHooks:
         return {"trainer_state": self.trainer_state, "log_extra": self.log_extra, "log_metric": self.log_metric}
 
 
+# The names the trainer logs its own metrics under: Trainer's, hf_ppo's, and hf_ppo's namespaces. A reward function's
+# `log_metric` under one of them is averaged into the trainer's own value of that name (TRL mixes them in silence).
+TRAINER_METRICS = frozenset({"loss", "grad_norm", "learning_rate", "lr", "epoch", "episode", "iteration", "reward",
+                             "reward_std", "frac_reward_zero_std"})
+TRAINER_NAMESPACES = ("objective/", "loss/", "policy/", "val/", "rollout/", "time/", "nonfinite/", "rewards/", "eval_",
+                      "train_")
+
+
+def trainer_metric(name: str) -> bool:
+    """Whether the trainer logs a metric of its own under `name` (or in its namespace)."""
+    return name in TRAINER_METRICS or name.startswith(TRAINER_NAMESPACES)
+
+
 class RewardLogs:
     """What reward functions log through TRL's `log_metric` and `log_extra`, kept until the trainer takes it: the
     metrics' means (`take_metrics`: {name: mean of the values logged since}) and the extra columns (`take_extra`:
@@ -70,9 +85,16 @@ class RewardLogs:
     def __init__(self):
         self.metrics: dict[str, list[float]] = {}
         self.extra: dict[str, list] = {}
+        self.said: set[str] = set()  # the trainer's metric names a reward function was warned about
 
     def log_metric(self, name: str, value: float) -> None:
-        self.metrics.setdefault(str(name), []).append(float(value))
+        name = str(name)
+        if trainer_metric(name) and name not in self.said:
+            self.said.add(name)
+            warn_user(f"A reward function called log_metric({name!r}, ...): the trainer logs its own metric under "
+                      "that name (or in that namespace), so the two are averaged into one logged value. Log it under "
+                      f"a name of your own, e.g. 'custom/{name.replace('/', '_')}'.")
+        self.metrics.setdefault(name, []).append(float(value))
 
     def log_extra(self, column: str, values: list) -> None:
         self.extra.setdefault(str(column), []).extend(list(values))
@@ -184,6 +206,12 @@ def trl_prompts(prompts: list) -> list:
 
 _loop_lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+# The reward loop serves every async reward function of the process, one step at a time: a synchronous call that
+# blocks inside one (time.sleep, requests.get, a lock) stops them all. When the loop has not answered for this long
+# while a call waits on it, that call stops naming the function, and later calls get a fresh loop. Async work that
+# awaits (an API call taking minutes) keeps the loop answering and is never cut short.
+LOOP_BLOCKED_AFTER = 120.0  # seconds
+_LOOK_EVERY = 5.0  # seconds between looks at a loop while a call waits on it
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
@@ -198,12 +226,75 @@ def _event_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-def _await_all(awaitables: list) -> list:
-    """The results of `awaitables`, run concurrently; an exception is returned in place of its result."""
-    async def together():
-        return await asyncio.gather(*awaitables, return_exceptions=True)
+def _abandon(loop: asyncio.AbstractEventLoop) -> None:
+    """Leave a blocked loop to its thread (a daemon: it cannot be stopped from outside, and it stops once unblocked):
+    later calls get a fresh loop."""
+    global _loop
+    with _loop_lock:
+        if _loop is loop:
+            _loop = None
+    loop.call_soon_threadsafe(loop.stop)
 
-    return asyncio.run_coroutine_threadsafe(together(), _event_loop()).result()
+
+def _answers(loop: asyncio.AbstractEventLoop, within: float, also: concurrent.futures.Future) -> bool:
+    """Whether `loop` runs a callback within `within` seconds (or `also` finishes meanwhile): False when a
+    synchronous call inside a coroutine holds it."""
+    ping: concurrent.futures.Future = concurrent.futures.Future()
+    loop.call_soon_threadsafe(ping.set_result, None)
+    done, _ = concurrent.futures.wait([ping, also], timeout=within, return_when=concurrent.futures.FIRST_COMPLETED)
+    return bool(done)
+
+
+class Raised:
+    """A KeyboardInterrupt or SystemExit an async function raised, handed back as its result: raised inside the
+    loop's thread it would end that thread (and every call waiting on it would wait for ever)."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+async def _guarded(awaitable):
+    try:
+        return await awaitable
+    except (KeyboardInterrupt, SystemExit) as err:
+        return Raised(err)
+
+
+def _await_all(awaitables: list, names: list[str] | None = None) -> list:
+    """The results of `awaitables` (the coroutines of the functions `names`), run concurrently; an exception is
+    returned in place of its result, a KeyboardInterrupt or SystemExit as `Raised`. A loop held by a synchronous
+    call for `LOOP_BLOCKED_AFTER` seconds is a `RewardFunctionError` naming the function that holds it."""
+    names = names or [getattr(a, "__qualname__", "an async reward function") for a in awaitables]
+
+    async def together():
+        tasks = [asyncio.ensure_future(_guarded(a)) for a in awaitables]
+        for task, name in zip(tasks, names):
+            task.set_name(name)
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    loop = _event_loop()
+    future = asyncio.run_coroutine_threadsafe(together(), loop)
+    try:
+        while True:
+            try:
+                return future.result(timeout=_LOOK_EVERY)
+            except concurrent.futures.TimeoutError:
+                if _answers(loop, LOOP_BLOCKED_AFTER, future):
+                    continue
+                task = asyncio.current_task(loop)
+                holder = task.get_name() if task is not None and task.get_name() in names else " or ".join(names)
+                raise RewardFunctionError(
+                    f"The async reward function {holder!r} has held hf_ppo's reward event loop for more than "
+                    f"{LOOP_BLOCKED_AFTER:g} s without awaiting: a synchronous call inside it (time.sleep, "
+                    "requests.get, a blocking read or lock) stops every async reward function, in this trainer and "
+                    "any later one. Await asynchronous calls (await asyncio.sleep, an async HTTP client), run a "
+                    "blocking one with `await asyncio.to_thread(f, ...)`, or make the function a plain def. "
+                    "Checkpoints already saved are kept.") from None
+    except BaseException:  # (the error above, or a Ctrl-C while the loop is held: later calls get a fresh loop)
+        if not future.done() and not _answers(loop, 1.0, future):
+            _abandon(loop)
+        future.cancel()
+        raise
 
 
 def _own_copy(value):
@@ -237,7 +328,9 @@ class RewardCall:
         """Call the function on row `i` alone (awaited when it is async); raises what it raises."""
         value = self._invoke(slice(i, i + 1))
         if inspect.isawaitable(value):
-            (value,) = _await_all([value])
+            (value,) = _await_all([value], [self.name])
+            if isinstance(value, Raised):
+                raise value.error
             if isinstance(value, BaseException):
                 raise value
 
@@ -314,11 +407,17 @@ def finish_reward_calls(calls: list[RewardCall]) -> list:
     first call that raised re-raised as `RewardFunctionError` (`RewardCall.result`)."""
     pending = [call for call in calls if call.pending is not None]
     if pending:
-        for call, outcome in zip(pending, _await_all([call.pending for call in pending])):
+        outcomes = _await_all([call.pending for call in pending], [call.name for call in pending])
+        for call, outcome in zip(pending, outcomes):
             call.pending = None
             if isinstance(outcome, Exception):
                 call.error = outcome
-            elif isinstance(outcome, BaseException):  # KeyboardInterrupt, SystemExit: not the function's error
+            elif isinstance(outcome, Raised):  # KeyboardInterrupt, SystemExit: stop, as they would have, naming it
+                err = outcome.error
+                raise type(err)(f"The async reward function {call.name!r} raised {type(err).__name__}"
+                                f"{f' ({err})' if str(err) else ''}: training stops, as it asked. Checkpoints already "
+                                "saved are kept.") from err
+            elif isinstance(outcome, BaseException):  # a CancelledError: not the function's error
                 raise outcome
             else:
                 call.value = outcome

@@ -140,13 +140,32 @@ def save_ppo_state(folder: str, *, state: dict, value_head: dict[str, torch.Tens
             raise CheckpointError(f"{folder} exists and was not written by hf_ppo (no {MARKER_FILE}): hf_ppo will not "
                                   "replace another program's files. Choose another output_dir, or move that folder.")
         shutil.rmtree(folder)
-    os.makedirs(folder)
-    _atomic_write(os.path.join(folder, MARKER_FILE), json.dumps({"writer": "hf_ppo", "format": FORMAT_VERSION}).encode())
+    _created_with_marker(folder)
     _atomic_safetensors(os.path.join(folder, VALUE_HEAD_FILE), value_head)
     if rollout_buffer is not None:
         _atomic_safetensors(os.path.join(folder, ROLLOUT_BUFFER_FILE), rollout_buffer)
     state = {"format": FORMAT_VERSION, **state, "rollout_buffer": rollout_buffer is not None}
     _atomic_write(os.path.join(folder, PPO_STATE_FILE), json.dumps(state, indent=2).encode())
+
+
+# A checkpoint folder is made under this name beside its final one, its marker written, then renamed into place: a
+# kill between the two never leaves a `checkpoint-N` without the marker that makes it hf_ppo's to move aside.
+_NEW_SUFFIX = ".hf_ppo-new"
+
+
+def _created_with_marker(folder: str) -> None:
+    """Create `folder` holding `MARKER_FILE` in one step (made aside, then renamed into place). A leftover of a killed
+    creation (the aside name, empty or holding the marker alone) is hf_ppo's and is replaced; anything else there is
+    another program's and stops the save."""
+    new = os.path.normpath(folder) + _NEW_SUFFIX
+    if os.path.lexists(new):
+        if not os.path.isdir(new) or os.path.islink(new) or set(os.listdir(new)) - {MARKER_FILE, MARKER_FILE + ".tmp"}:
+            raise CheckpointError(f"{new} exists and was not written by hf_ppo (the name hf_ppo creates a checkpoint "
+                                  "under before moving it into place): move it away, then train again.")
+        shutil.rmtree(new)
+    os.makedirs(new)
+    _atomic_write(os.path.join(new, MARKER_FILE), json.dumps({"writer": "hf_ppo", "format": FORMAT_VERSION}).encode())
+    os.rename(new, folder)
 
 
 def save_trainer_state(folder: str, *, args, iteration: int, kl_controller, reward_moments, guard, peft: bool,
@@ -366,11 +385,15 @@ def save_failures_named(folder: str, run_dir: str, what: str, intact: str, neede
 
 
 @contextlib.contextmanager
-def staged_save(folder: str, run_dir: str, needed=None):
+def staged_save(folder: str, run_dir: str, needed=None, last: tuple[str, ...] = (),
+                superseded: tuple[str, ...] = ()):
     """Yield a fresh folder (`STAGING_DIR`, inside `folder`) to write the policy into; when the body ends, each file
     written there moves to its place in `folder` (a rename: no space needed), replacing the earlier save's file of
-    that name. A failed write leaves `folder` as it was (an earlier complete save stays whole), deletes what the
-    save wrote, and raises `SaveWriteError` naming the folder, the space and the last complete checkpoint."""
+    that name; the files named in `last` (the run record, which says what the folder holds) move after all others,
+    so a kill between the moves never leaves this save's record over the earlier save's weights; the earlier save's
+    files named in `superseded` (a full model's weights under an adapter's save) go once all of this save is in. A
+    failed write leaves `folder` as it was (an earlier complete save stays whole), deletes what the save wrote, and
+    raises `SaveWriteError` naming the folder, the space and the last complete checkpoint."""
     staging = os.path.join(folder, STAGING_DIR)
     if os.path.isdir(staging) and not os.path.isfile(os.path.join(staging, _STAGING_MARKER)):
         raise FileExistsError(f"Cannot save the policy to {folder}: {staging}, the folder hf_ppo writes a save into "
@@ -391,14 +414,16 @@ def staged_save(folder: str, run_dir: str, needed=None):
         try:
             open(os.path.join(staging, _STAGING_MARKER), "wb").close()
             yield staging
-            for root, _, names in os.walk(staging):
-                for name in names:
-                    source = os.path.join(root, name)
-                    if source != os.path.join(staging, _STAGING_MARKER):
-                        target = os.path.join(folder, os.path.relpath(source, staging))
-                        os.makedirs(os.path.dirname(target), exist_ok=True)
-                        os.replace(source, target)
-                        moved.append(os.path.relpath(source, staging))
+            written = [os.path.relpath(os.path.join(root, name), staging) for root, _, names in os.walk(staging)
+                       for name in names]
+            for name in sorted((n for n in written if n != _STAGING_MARKER), key=lambda n: n in last):
+                target = os.path.join(folder, name)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.replace(os.path.join(staging, name), target)
+                moved.append(name)
+            for name in superseded:
+                if name not in moved and os.path.isfile(os.path.join(folder, name)):
+                    os.remove(os.path.join(folder, name))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             if created and not moved and os.path.isdir(folder) and not os.listdir(folder):
@@ -491,8 +516,9 @@ def hide_incomplete(run_dir: str) -> list[tuple[str, str, list[str]]]:
     """
     moved = []
     for folder in reversed(checkpoints_by_step(run_dir)):
-        if not written_by_hf_ppo(folder):
+        if not written_by_hf_ppo(folder) and os.listdir(folder):
             continue  # another program's: never moved (a resume from it says it is not an hf_ppo checkpoint)
+        # (an empty one holds nothing of anyone's: left by a kill between creating a checkpoint and writing its marker)
         issues = problems(folder)
         if not issues:
             break
@@ -712,6 +738,27 @@ def prepare_run_dir(run_dir: str, save_total_limit: int | None) -> None:
     for folder, moved_to, issues in hide_incomplete(run_dir):
         warn_user(f"Skipping incomplete checkpoint {folder} ({'; '.join(issues)}): the run stopped while writing "
                   f"it. Moved to {moved_to}.")
+
+
+def finished_run(run_dir: str, resume_from_checkpoint, max_steps: int, save_total_limit: int | None,
+                 should_save: bool) -> tuple[str, int] | None:
+    """(the checkpoint, its step) when `resume_from_checkpoint` (True: the last complete checkpoint of `run_dir`,
+    after `prepare_run_dir`; a path: that folder) already reached `max_steps`: the run finished, and its final save
+    failed or was killed. None for any other resume: none asked, a run set by epochs (max_steps <= 0; Trainer trains
+    nothing past its last epoch), a checkpoint short of max_steps, or one Trainer's own resume refuses."""
+    if resume_from_checkpoint is None or resume_from_checkpoint is False or max_steps <= 0:
+        return None
+    if resume_from_checkpoint is True:
+        if should_save:
+            prepare_run_dir(run_dir, save_total_limit)
+        found = checkpoints_by_step(run_dir)
+        folder = found[-1] if found else None  # what Trainer resolves True to (get_last_checkpoint)
+    else:
+        folder = str(resume_from_checkpoint)
+    if folder is None or not os.path.isdir(folder) or not written_by_hf_ppo(folder) or problems(folder):
+        return None
+    step = (_read_json(folder, TRAINER_STATE_FILE, []) or {}).get("global_step")
+    return (folder, step) if isinstance(step, int) and step >= max_steps else None
 
 
 def check_rotation(run_dir: str, save_total_limit: int | None) -> None:

@@ -625,6 +625,8 @@ class PPOConfig(TrainingArguments):
                 self.fp16 or self.use_cpu)
         if self.exp_name is not None and self.run_name is None:
             self.run_name = self.exp_name
+        if self.hub_token == "<HUB_TOKEN>":  # TrainingArguments.to_dict()'s mask of any hub_token: never a token
+            self.hub_token = None  # (sent to the Hub, it fails the push after training; None: the saved login)
         if self.dataloader_pin_memory is None:
             self.dataloader_pin_memory = torch.accelerator.is_available() and not self.use_cpu
         sharded = sharding_problems(self.fsdp, self.fsdp_config, self.deepspeed)  # before TrainingArguments reads a DeepSpeed config (it imports deepspeed)

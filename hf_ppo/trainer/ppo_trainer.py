@@ -89,7 +89,8 @@ class PPOLMTrainer(StepAPI, SavingSeams, Trainer):
     ):
         args = args if args is not None else PPOConfig(output_dir="ppo_output")
         if not isinstance(args, PPOConfig):
-            raise TypeError(f"args must be a PPOConfig, got {type(args).__name__}: PPOConfig(**args.to_dict()) converts it.")
+            raise TypeError(f"args must be a PPOConfig, got {type(args).__name__}: "
+                            "PPOConfig(**{**args.to_dict(), 'hub_token': args.hub_token}) converts it.")
         if args.process_index == 0:  # a live run holds output_dir: refused now, before any model loads
             problem = run_lock.in_use_message(args.output_dir)
             if problem is not None:
@@ -354,10 +355,11 @@ class PPOLMTrainer(StepAPI, SavingSeams, Trainer):
         """Trainer's `train()`, holding `output_dir` for its whole length (`run_lock.holding`): a second run into the
         same folder is refused, naming the process that holds it; a lock left by a dead process is taken over with a
         note; the lock goes at the end, also on error. The main process takes it, the others learn its outcome. After
-        this trainer's own step() calls, the folder is already its own (`_step_lock`, held until the trainer goes)."""
-        held = self._steps_hold_output_dir and self._step_lock_refusal() is None
-        with run_lock.holding(self.args.output_dir, self.is_world_process_zero(), self._as_on_main_process, held=held):
-            return super().train(*args, **kwargs)
+        this trainer's own step() calls, the folder is already its own (`_step_lock`, held until the trainer goes).
+        A resume from a checkpoint that reached max_steps trains nothing (`_finished_run`)."""
+        with self._holding_output_dir():
+            finished = self._finished_run(kwargs.get("resume_from_checkpoint", args[0] if args else None))
+            return finished if finished is not None else super().train(*args, **kwargs)
 
     def _as_on_main_process(self, value):
         """`value` as the main process holds it, on every process (accelerate's `broadcast_object_list`)."""

@@ -11,7 +11,10 @@ process. Where `flock` is missing (Windows) or refused (some network filesystems
 that no longer runs on this host frees the folder; one on another host is named, with the file to delete if that run
 is over. Only the main process takes the lock; the other processes of a distributed run learn its outcome (the
 trainer's `broadcast`), so they all stop together. `in_use_message` is the same question asked without taking the
-lock, so the trainer and `hf-ppo train` can refuse before any model loads.
+lock, so the trainer and `hf-ppo train` can refuse before any model loads. The trainer holds the folder through its
+final save as well (`SavingSeams._holding_output_dir`: `hf-ppo train` across training and the save, `save_model()`
+while it writes). The recorded command has its secrets masked (`masked_command`); a lock path that is no plain file
+(a FIFO, whose read would wait for ever; a symbolic link, whose write would land in its target) is never opened.
 
 TRL 0.11's `step()` loop has no end that hf_ppo sees, so with save_strategy="steps" (checkpoints written into
 output_dir) its first call takes the folder for the trainer's life (`hold_for_steps`): released when the trainer is
@@ -26,7 +29,9 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import socket
+import stat
 import sys
 import weakref
 from collections.abc import Callable
@@ -80,16 +85,55 @@ def _running(pid: int, start: str | None) -> bool:
     return start is None or now is None or now == start
 
 
+# A command-line option whose value is a secret (--hub_token, --api_key, --db_password, ...), and a Hub token's shape
+# wherever it stands: masked in the recorded command, which anyone who can read the folder reads.
+_SECRET_OPTION = re.compile(r"^-{1,2}[\w.-]*(token|secret|password|passwd|key)[\w.-]*$", re.IGNORECASE)
+_HUB_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
+MASK = "***"
+
+
+def masked_command(argv: list[str]) -> str:
+    """`argv` as one line, each secret's value replaced by `MASK`: the value of an option named like a secret (in
+    both forms, `--hub_token VALUE` and `--hub_token=VALUE`) and anything shaped like a Hub token (hf_...)."""
+    words, secret_next = [], False
+    for word in argv:
+        name, eq, _ = word.partition("=")
+        if secret_next and not word.startswith("-"):
+            word = MASK
+        elif eq and _SECRET_OPTION.match(name):
+            word = f"{name}={MASK}"
+        secret_next = not eq and bool(_SECRET_OPTION.match(word))
+        words.append(_HUB_TOKEN.sub(MASK, word))
+    return " ".join(words)
+
+
 def _record(by: str) -> dict:
-    """What the lock file says about this process, holding the folder for `by` ("train()" or `STEP_LOOP`)."""
+    """What the lock file says about this process, holding the folder for `by` ("train()" or `STEP_LOOP`); its
+    command with the secrets masked (`masked_command`)."""
     since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     return {"writer": WRITER, "pid": os.getpid(), "host": socket.gethostname(), "start": _start_time(os.getpid()),
-            "since": since, "command": " ".join(sys.argv)[:300], "by": by}
+            "since": since, "command": masked_command(sys.argv)[:300], "by": by}
+
+
+def _kind(path: str) -> str | None:
+    """What `path` is when it is not a plain file (a FIFO, whose read would wait forever, a symbolic link, whose
+    write would land in its target, a folder, ...), None when it is one (or is gone)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISDIR, "a folder"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+    return next((what for test, what in kinds if test(mode)), "not a regular file")
 
 
 def _read(path: str) -> dict | None:
     """The lock file's record; {} when it is empty (a process killed between creating and writing it: the record is
-    written in one write), None when it is not a lock file hf_ppo wrote."""
+    written in one write), None when it is not a lock file hf_ppo wrote (or not a plain file: never opened)."""
+    if _kind(path) is not None:
+        return None
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -136,7 +180,9 @@ def _refusal(output_dir: str, record: dict, unknowable: bool = False) -> str:
 
 
 def _not_ours(path: str) -> str:
-    return (f"{path} exists and was not written by hf_ppo: it is left as it is, and hf_ppo cannot mark the folder as "
+    kind = _kind(path)
+    what = f"is {kind}, not a lock file hf_ppo wrote" if kind else "was not written by hf_ppo"
+    return (f"{path} exists and {what}: it is left as it is, and hf_ppo cannot mark the folder as "
             "in use by this run. Move that file away, or train into another output_dir.")
 
 
@@ -219,7 +265,11 @@ def acquire(output_dir: str, by: str = "train()") -> RunLock:
     while True:
         if os.path.lexists(path) and _read(path) is None:
             raise OutputDirInUseError(_not_ours(path))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # Never through a symbolic link, never waiting on a FIFO put there since the check above.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), 0o644)
+        if _kind(path) is not None:
+            os.close(fd)
+            raise OutputDirInUseError(_not_ours(path))
         try:
             locked = _try_flock(fd)
             previous = _read(path) or {}
@@ -236,7 +286,11 @@ def acquire(output_dir: str, by: str = "train()") -> RunLock:
             os.close(fd)
             raise
         break
-    if previous:
+    if previous and _alive(previous) is None:  # the OS lock was free: no process on any host that shares it holds it
+        warn_user(f"{path} was left by {_who(previous)}, another host: its lock on the file is gone (that run ended, "
+                  "or its host's filesystem does not share locks with this one: then two runs write into this "
+                  "folder). This run takes the output folder over; if that run still trains, stop one of the two.")
+    elif previous:
         warn_user(f"{path} was left by {_who(previous)}, which is no longer running (it stopped without releasing "
                   "it): this run takes the output folder over.")
     os.ftruncate(fd, 0)

@@ -14,9 +14,13 @@ import contextlib
 import functools
 import os
 
+from transformers import TrainerState
+from transformers.trainer_utils import TrainOutput
+
 from ..hub import cards, publish
 from ..runtime import sharding
-from . import checkpoint, watch
+from ..runtime.warn import warn_user
+from . import checkpoint, run_lock, watch
 from .guard import check_finite_weights
 
 
@@ -25,6 +29,53 @@ class SavingSeams:
     `init_hf_repo`, `_push_from_checkpoint`, `push_to_hub` and `create_model_card`, plus `push_critic_to_hub`."""
 
     _checkpoint_being_written: str | None = None  # the folder `_save_checkpoint` writes right now (`_save` reads it)
+    _output_dir_held = False  # inside `_holding_output_dir`
+
+    # ---- one run per output_dir, until its final save is complete (trainer/run_lock.py) ---------------------------
+    @contextlib.contextmanager
+    def _holding_output_dir(self, every_process: bool = True):
+        """Hold `output_dir` for the body (`run_lock.holding`): the whole of `train()`, and a final save into it, so
+        that no other run starts between a run's training and its final save (`hf-ppo train` holds it across both).
+        A hold inside a hold takes nothing again, nor does one while this trainer's own step() loop holds the folder.
+        `every_process`: every process enters it (the main one's refusal broadcast to all); False: this process alone
+        (a save, which the saving process alone runs)."""
+        if self._output_dir_held:
+            yield
+            return
+        if every_process:
+            held = self._steps_hold_output_dir and self._step_lock_refusal() is None
+            hold = run_lock.holding(self.args.output_dir, self.is_world_process_zero(), self._as_on_main_process,
+                                    held=held)
+        else:
+            held = self._steps_hold_output_dir and run_lock.still_held(self._step_lock, self.args.output_dir) is None
+            hold = run_lock.holding(self.args.output_dir, True, held=held)
+        with hold:
+            self._output_dir_held = True
+            try:
+                yield
+            finally:
+                self._output_dir_held = False
+
+    def _finished_run(self, resume_from_checkpoint) -> TrainOutput | None:
+        """A resume from a checkpoint that already reached max_steps (the run finished, then its final save failed or
+        was killed: the resume hf_ppo's messages advise): nothing is trained (Trainer would train a step past
+        max_steps), the checkpoint's policy, critic and state are loaded, and the final save writes them. Trainer's
+        `TrainOutput`; None for any other resume (`checkpoint.finished_run`)."""
+        found = None
+        if self.is_world_process_zero() and not self.is_fsdp_enabled:  # (FSDP: Trainer's own path, as before)
+            found = checkpoint.finished_run(self.args.output_dir, resume_from_checkpoint, self.args.max_steps,
+                                            self.args.save_total_limit, self.args.should_save)
+        found = self._as_on_main_process(found)
+        if found is None:
+            return None
+        folder, step = found
+        sharding.reinstate_accelerate_state(self._accelerate_state)
+        self._load_from_checkpoint(folder)
+        self.state = TrainerState.load_from_json(os.path.join(folder, checkpoint.TRAINER_STATE_FILE))
+        warn_user(f"{folder} finished this run already (step {step}, max_steps {self.args.max_steps}): nothing is "
+                  "trained; its policy and state are loaded, and the final save (save_model) writes them. To train "
+                  "further, raise max_steps.")
+        return TrainOutput(self.state.global_step, 0.0, {})
 
     # ---- saving: the policy alone; checkpoints add the value head and PPO state ------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
@@ -41,8 +92,17 @@ class SavingSeams:
         # (`checkpoint.staged_save`); a checkpoint's is complete or invisible already (`_save_checkpoint`).
         size = functools.partial(checkpoint.policy_bytes, wrapper.policy_model, self.trained_adapter, state_dict)
         in_checkpoint = os.path.abspath(output_dir) == os.path.abspath(self._checkpoint_being_written or "")
-        with (contextlib.nullcontext(output_dir) if in_checkpoint else
-              checkpoint.staged_save(output_dir, self.args.output_dir, size)) as folder:
+        # A final save into output_dir holds it (no other run starts before the save is whole: `_holding_output_dir`);
+        # the run record moves in last, after the weights it describes.
+        run_dir = os.path.abspath(self.args.output_dir)
+        into_run = os.path.commonpath([run_dir, os.path.abspath(output_dir)]) == run_dir
+        with contextlib.ExitStack() as stack:
+            if not in_checkpoint and into_run:
+                stack.enter_context(self._holding_output_dir(every_process=False))
+            superseded = () if in_checkpoint else publish.superseded_files(output_dir, self.trained_adapter is not None)
+            folder = output_dir if in_checkpoint else stack.enter_context(
+                checkpoint.staged_save(output_dir, self.args.output_dir, size, last=(publish.RUN_RECORD_FILE,),
+                                       superseded=superseded))
             publish.save_policy_folder(wrapper.policy_model, folder, self.trained_adapter, self.processing_class,
                                        state_dict, record)
 

@@ -721,3 +721,26 @@ def test_the_run_record_holds_the_stop_truncation_scoring_and_dataset(tmp_path):
     other.mkdir()
     record_dataset(other, "openai/gsm8k", None, "train", None)  # no record there: none is made
     assert not os.listdir(other)
+
+
+@pytest.mark.parametrize("text, said", [('{"global_step": 4, "sampl', "cannot be read (JSONDecodeError"),
+                                        ("[1, 2]", "holds a JSON list, not the object hf_ppo writes"),
+                                        ("\xff\xfe", "cannot be read")])
+def test_a_damaged_run_record_is_said_not_ignored_in_silence(tmp_path, text, said):
+    """Issue 60 item 10: a corrupt hf_ppo_run.json was ignored without a word (hf-ppo evaluate then used its own
+    defaults, not the run's), and one that was JSON but no object raised AttributeError. Both are said, and read
+    as no record; a folder without one stays quiet."""
+    import re
+    import warnings
+
+    from hf_ppo.hub.publish import RUN_RECORD_FILE, read_run_record, record_dataset
+
+    (tmp_path / RUN_RECORD_FILE).write_bytes(text.encode("latin-1"))
+    with pytest.warns(UserWarning, match=rf"{RUN_RECORD_FILE} {re.escape(said)}.*it is ignored"):
+        assert read_run_record(tmp_path) is None
+    with pytest.warns(UserWarning):
+        record_dataset(tmp_path, "data.jsonl", None, "train", None)  # left as it is
+    assert (tmp_path / RUN_RECORD_FILE).read_bytes() == text.encode("latin-1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_run_record(tmp_path / "none") is None

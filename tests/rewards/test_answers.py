@@ -245,6 +245,30 @@ def test_float_answers_compare_as_the_decimals_they_were_written_as():
     assert reference_answer(np.int64(7)) == 7 and reference_answer(Fraction(1, 3)) == Fraction(1, 3)
 
 
+def test_a_float32_answer_column_scores_the_right_answers_right(tmp_path):
+    """Issue 60 item 3: a float32 column (datasets' Value("float32"), parquet, pandas) hands its cells back as Python
+    floats (0.1 as 0.10000000149011612): they are read at float32's precision, so the answer written is the one
+    scored right; a float64 answer keeps its own precision."""
+    import numpy as np
+    import pandas as pd
+    from datasets import Dataset, Features, Value
+
+    written = ["0.1", "3.3", "2.5", "-0.7", "1234.56", "72"]
+    values = [0.1, 3.3, 2.5, -0.7, 1234.56, 72.0]
+    column = Dataset.from_dict({"answer": values}, features=Features({"answer": Value("float32")}))["answer"]
+    assert column[0] == 0.10000000149011612  # what a float32 cell is, read back
+    assert exact_answer([f"#### {w}" for w in written], column) == [1.0] * len(written)
+    pd.DataFrame({"answer": np.array(values, dtype=np.float32)}).to_parquet(tmp_path / "answers.parquet")
+    from_parquet = Dataset.from_parquet(str(tmp_path / "answers.parquet"))["answer"]
+    assert exact_answer([f"#### {w}" for w in written], from_parquet) == [1.0] * len(written)
+    assert exact_answer(["#### 0.10000000149011612", "#### 0.3"], [float(np.float32(0.1)), 0.3]) == [0.0, 1.0]
+    assert reference_answer(float(np.float32(3.3))) == Fraction(33, 10)
+    assert reference_answer(1 / 3) == Fraction("0.3333333333333333")  # float64: its own shortest text
+    assert reference_answer(16777217.0) == 16777217  # no float32 holds it: read at float64's precision
+    assert reference_answer(np.float16(0.1)) == Fraction(1, 10)  # numpy's own types: their own precision
+    assert reference_answer(np.float64(np.float32(0.1))) == Fraction(1, 10)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_a_non_finite_float_answer_is_an_error_naming_the_row(bad):
     with pytest.raises(ValueError, match="row 1.*not a finite number"):

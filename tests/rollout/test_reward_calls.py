@@ -335,6 +335,88 @@ def test_an_async_function_that_raises_names_itself_and_the_row(tokenizer):
         RewardSet.single(picky).score(**rows_of(tokenizer, ["x", "y"], ["u", "v"]), columns={"answer": ["1", "7"]})
 
 
+def _within(seconds: float, call):
+    """`call()`'s outcome (its result, or the exception it raised), run in a thread: a hang is a failure after
+    `seconds`, not a test that never ends."""
+    import threading
+
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except BaseException as err:  # noqa: BLE001 - handed to the test
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"hung for {seconds} s"
+    return outcome
+
+
+@pytest.mark.parametrize("kind", [SystemExit, KeyboardInterrupt])
+def test_an_async_function_raising_systemexit_or_keyboardinterrupt_stops_naming_itself(tokenizer, kind):
+    """Issue 60 item 5: raised inside the reward loop's thread, either one ended that thread and the call waited for
+    ever; it stops the run, as it asked, naming the function."""
+    async def quits(completions, **kwargs):
+        raise kind(3)
+
+    outcome = _within(30, lambda: RewardSet.single(quits).score(**rows_of(tokenizer, ["x"], ["u"])))
+    assert isinstance(outcome.get("error"), kind)
+    assert "The async reward function 'quits' raised" in str(outcome["error"])
+
+    async def fine(completions, **kwargs):  # the loop serves the next call
+        return [1.0] * len(completions)
+
+    outcome = _within(30, lambda: RewardSet.single(fine).score(**rows_of(tokenizer, ["x"], ["u"])))
+    assert outcome["value"][0].tolist() == [1.0]
+
+
+def test_a_blocking_call_inside_an_async_function_is_named_and_later_calls_get_a_fresh_loop(tokenizer, monkeypatch):
+    """Issue 60 item 5: a synchronous call that blocks inside an `async def` reward held the one loop every async
+    reward of the process runs on: that call hung, and every later one with it. It stops after
+    `LOOP_BLOCKED_AFTER` seconds naming the function, and the next call runs on a fresh loop."""
+    import threading
+    import time
+
+    from hf_ppo.rollout import reward_calls
+
+    monkeypatch.setattr(reward_calls, "LOOP_BLOCKED_AFTER", 0.5)
+    monkeypatch.setattr(reward_calls, "_LOOK_EVERY", 0.2)
+    release = threading.Event()
+
+    async def slow_but_awaiting(completions, **kwargs):  # awaits: the loop answers, nothing is cut short
+        import asyncio
+
+        await asyncio.sleep(1.5)
+        return [2.0] * len(completions)
+
+    outcome = _within(30, lambda: RewardSet.single(slow_but_awaiting).score(**rows_of(tokenizer, ["x"], ["u"])))
+    assert outcome["value"][0].tolist() == [2.0]
+
+    async def stuck(completions, **kwargs):
+        release.wait(60)  # a blocking call: the loop's thread waits here
+        return [0.0] * len(completions)
+
+    try:
+        outcome = _within(30, lambda: RewardSet.single(stuck).score(**rows_of(tokenizer, ["x"], ["u"])))
+        message = str(outcome.get("error"))
+        assert isinstance(outcome.get("error"), RewardFunctionError), outcome
+        assert "'stuck' has held hf_ppo's reward event loop for more than 0.5 s without awaiting" in message
+        assert "asyncio.to_thread" in message and "plain def" in message
+
+        async def fine(completions, **kwargs):
+            return [1.0] * len(completions)
+
+        started = time.monotonic()  # the old loop is held still: a fresh one serves this call at once
+        outcome = _within(30, lambda: RewardSet.single(fine).score(**rows_of(tokenizer, ["x"], ["u"])))
+        assert "value" in outcome, outcome
+        assert outcome["value"][0].tolist() == [1.0] and time.monotonic() - started < 5
+    finally:
+        release.set()
+
+
 def test_trls_keywords_reach_the_functions_that_accept_them(tiny_models, tokenizer, tmp_path, capsys):
     seen = {"steps": [], "kwargs": set()}
 
@@ -717,3 +799,25 @@ def test_a_messages_column_never_reaches_the_reward_functions_as_data(tiny_model
                               num_mini_batches=1)
         trainer.train()
         assert {"answer", "row_id"} <= seen and "messages" not in seen and "prompt" not in seen
+
+
+def test_log_metric_under_a_trainer_metrics_name_warns_once():
+    """Issue 60 item 10: a reward function's log_metric('reward', ...) was averaged into the trainer's own 'reward'
+    in silence (TRL does the same). A name the trainer logs under (or its namespace) warns, once per name; a name
+    of one's own is quiet."""
+    import warnings
+
+    from hf_ppo.rollout.reward_calls import RewardLogs
+
+    logs = RewardLogs()
+    with pytest.warns(UserWarning, match=r"log_metric\('reward', \.\.\.\): the trainer logs its own metric under that "
+                                         r"name .*e\.g\. 'custom/reward'") as said:
+        logs.log_metric("reward", 1.0)
+        logs.log_metric("reward", 3.0)
+        logs.log_metric("objective/kl", 0.5)
+    assert len(said) == 2 and "'objective/kl'" in str(said[1].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        logs.log_metric("accuracy", 1.0)
+        logs.log_metric("format/ok", 0.0)
+    assert logs.take_metrics() == {"reward": 2.0, "objective/kl": 0.5, "accuracy": 1.0, "format/ok": 0.0}

@@ -952,3 +952,187 @@ def test_the_saved_folder_holds_exactly_its_files_and_the_staged_save_equals_the
     assert sorted(os.listdir(tmp_path / "checkpoint-4")) == sorted([*saved, *CHECKPOINT_FILES])
     for name in saved:
         assert (tmp_path / name).read_bytes() == (tmp_path / "checkpoint-4" / name).read_bytes(), name
+
+
+# ---- issue 60: a finished run's resume, a half-made checkpoint, leftovers of a killed save ---------------------------
+class _Steps:
+    """A callback counting the optimizer steps a train() takes."""
+
+    def __new__(cls):
+        from transformers import TrainerCallback
+
+        class Count(TrainerCallback):
+            steps = 0
+
+            def on_step_end(self, args, state, control, **kwargs):
+                Count.steps += 1
+
+        return Count()
+
+
+@pytest.mark.parametrize("resume", ["true", "path"])
+def test_a_finished_runs_resume_trains_nothing_and_saves_the_last_checkpoint(tiny_models, tokenizer, tmp_path, resume):
+    """Issue 60 item 2: a run that finished max_steps, then was killed (or failed) in its final save, is resumed as
+    hf_ppo's messages advise; Trainer trained a step past max_steps (step 3 of 2) and saved that as the policy. Now
+    nothing is trained: the checkpoint's policy and state are loaded, and the final save writes them."""
+    out = tmp_path / "out"
+    first = make_trainer(tiny_models, tokenizer, out, num_ppo_epochs=1, max_steps=2, save_strategy="steps",
+                         save_steps=2)  # 2 of the epoch's 4 steps: Trainer's resume would go on inside the epoch
+    first.train()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-2"]
+    resumed = make_trainer(tiny_models, tokenizer, out, num_ppo_epochs=1, max_steps=2, save_strategy="steps",
+                           save_steps=2)
+    counter = _Steps()
+    resumed.add_callback(counter)
+    with pytest.warns(UserWarning, match=r"checkpoint-2 finished this run already \(step 2, max_steps 2\): nothing is "
+                                         r"trained; its policy and state are loaded"):
+        output = resumed.train(resume_from_checkpoint=True if resume == "true" else str(out / "checkpoint-2"))
+    assert counter.steps == 0 and output.global_step == 2 and resumed.state.global_step == 2
+    assert resumed.iteration == first.iteration
+    assert not (out / "checkpoint-3").exists()
+    assert_same_weights(first, resumed)
+    assert [e["loss"] for e in resumed.state.log_history if "loss" in e] == \
+        [e["loss"] for e in first.state.log_history if "loss" in e]  # the checkpoint's log, for the card and the plot
+    resumed.save_model()
+    from safetensors.torch import load_file
+
+    saved = load_file(str(out / "model.safetensors"))
+    policy = resumed.accelerator.unwrap_model(resumed.model).policy_model.state_dict()
+    assert all(torch.equal(saved[k], policy[k]) for k in saved)
+    # A longer run resumes from it and trains the steps that remain.
+    longer = make_trainer(tiny_models, tokenizer, out, num_ppo_epochs=1, max_steps=3, save_strategy="steps",
+                          save_steps=2)
+    longer.train(resume_from_checkpoint=True)
+    assert longer.state.global_step == 3
+
+
+class _Killed(BaseException):
+    """A kill -9 at that point: nothing of hf_ppo's own runs after it (only the OS releases the lock)."""
+
+
+def test_a_kill_between_creating_a_checkpoint_folder_and_its_marker_never_blocks_a_resume(tiny_models, tokenizer,
+                                                                                         tmp_path, monkeypatch):
+    """Issue 60 item 6: a kill between creating checkpoint-N/ and writing its marker left a folder hf_ppo could not
+    tell from another program's: every resume stopped with "hf_ppo did not write it". The folder is now made aside
+    with its marker, then renamed into place; an empty checkpoint-N (left so by an earlier hf_ppo) is moved aside."""
+    from hf_ppo.trainer import checkpoint as ckpt
+
+    out = tmp_path / "out"
+    real = ckpt._atomic_write
+
+    def killed_at_the_marker(path, data):
+        if "checkpoint-4" in path and path.endswith(ckpt.MARKER_FILE):
+            raise _Killed()
+        return real(path, data)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ckpt, "_atomic_write", killed_at_the_marker)
+        with pytest.raises(_Killed):
+            make_trainer(tiny_models, tokenizer, out, num_ppo_epochs=1, max_steps=4, save_strategy="steps",
+                         save_steps=2).train()
+    assert (out / "checkpoint-2").is_dir() and not (out / "checkpoint-4").exists()
+    resumed = make_trainer(tiny_models, tokenizer, out, num_ppo_epochs=1, max_steps=4, save_strategy="steps",
+                           save_steps=2)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 4 and problems(str(out / "checkpoint-4")) == []
+    assert not (out / "checkpoint-4.hf_ppo-new").exists()  # the leftover, replaced by the save of the same step
+
+    (out / "checkpoint-6").mkdir()  # what an earlier hf_ppo left at that kill: an empty folder
+    again = make_trainer(tiny_models, tokenizer, out, num_ppo_epochs=1, max_steps=6, save_strategy="steps",
+                         save_steps=2)
+    with pytest.warns(UserWarning, match=r"Skipping incomplete checkpoint .*checkpoint-6 .*Moved to "
+                                         r".*incomplete-checkpoint-6"):
+        again.train(resume_from_checkpoint=True)
+    assert again.state.global_step == 6 and problems(str(out / "checkpoint-6")) == []
+
+
+def test_a_leftover_under_the_name_a_checkpoint_is_made_under_is_never_deleted_unless_hf_ppos(tmp_path):
+    """Issue 63 kind 2: `checkpoint-N.hf_ppo-new` holding only hf_ppo's marker (a killed creation) is replaced; one
+    holding anything else is another program's: the save stops naming it, and it stays as it was."""
+    from hf_ppo.trainer import checkpoint as ckpt
+
+    folder = tmp_path / "checkpoint-2"
+    leftover = tmp_path / "checkpoint-2.hf_ppo-new"
+    leftover.mkdir()
+    (leftover / ckpt.MARKER_FILE).write_text("{}")
+    ckpt._created_with_marker(str(folder))
+    assert sorted(os.listdir(folder)) == [ckpt.MARKER_FILE] and not leftover.exists()
+
+    other = tmp_path / "checkpoint-3"
+    theirs = tmp_path / "checkpoint-3.hf_ppo-new"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match=r"checkpoint-3.hf_ppo-new exists and was not written by hf_ppo"):
+        ckpt._created_with_marker(str(other))
+    assert (theirs / "notes.txt").read_text() == "mine" and not other.exists()
+
+
+def test_leftovers_of_a_killed_final_save(tmp_path):
+    """Issue 63 kind 2: a killed save's staging folder (hf_ppo's marker inside) is cleared by the next save, which
+    completes; a `.hf_ppo-saving` folder hf_ppo did not write stops the save naming it, and nothing in it or beside
+    it is touched."""
+    from hf_ppo.trainer import checkpoint as ckpt
+
+    out = tmp_path / "out"
+    staging = out / ckpt.STAGING_DIR
+    staging.mkdir(parents=True)
+    (staging / ckpt._STAGING_MARKER).write_text("")
+    (staging / "model.safetensors").write_bytes(b"half")  # the killed save's partial write
+    (out / "model.safetensors").write_bytes(b"earlier")
+    (out / "notes.md").write_text("mine")
+    with ckpt.staged_save(str(out), str(tmp_path)) as folder:
+        with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+            f.write(b"new")
+    assert (out / "model.safetensors").read_bytes() == b"new" and not staging.exists()
+    assert (out / "notes.md").read_text() == "mine"
+
+    staging.mkdir()
+    (staging / "draft.txt").write_text("a user's")
+    with pytest.raises(FileExistsError, match=rf"{staging}, the folder hf_ppo writes a save into before moving it "
+                                              r"in, exists and hf_ppo did not write it"):
+        with ckpt.staged_save(str(out), str(tmp_path)):
+            pytest.fail("no save starts")
+    assert (staging / "draft.txt").read_text() == "a user's" and (out / "model.safetensors").read_bytes() == b"new"
+
+
+def test_the_final_save_moves_the_run_record_in_after_the_weights(tmp_path, monkeypatch):
+    """Issue 60 item 10: a kill between the final save's moves left this save's run record (step 4) over the earlier
+    save's weights (step 2). The record moves last."""
+    from hf_ppo.trainer import checkpoint as ckpt
+
+    out = tmp_path / "out"
+    out.mkdir()
+    real, order = os.replace, []
+
+    def recorded(source, target):
+        order.append(os.path.basename(target))
+        return real(source, target)
+
+    monkeypatch.setattr(ckpt.os, "replace", recorded)
+    names = ["hf_ppo_run.json", "adapter_model.safetensors", "adapter_config.json", "tokenizer.json"]
+    with ckpt.staged_save(str(out), str(tmp_path), last=("hf_ppo_run.json",)) as folder:
+        for name in names:
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(name)
+    assert sorted(order) == sorted(names) and order[-1] == "hf_ppo_run.json"
+
+
+def test_a_save_of_the_other_kind_leaves_no_stale_weights_of_an_earlier_hf_ppo_save(tiny_models, tokenizer, tmp_path):
+    """Issue 60 item 10: a LoRA run saved over a full-model run left the stale model.safetensors beside the adapter
+    (a push uploaded it, from_pretrained loaded it as the model); the other way round, a stale adapter beside full
+    weights. A save removes the earlier hf_ppo save's files of the other kind once it is in place; a folder hf_ppo
+    never saved into (no run record) keeps every file."""
+    out = tmp_path / "out"
+    make_trainer(tiny_models, tokenizer, out).save_model()
+    assert (out / "model.safetensors").is_file()
+    make_trainer(tiny_models, tokenizer, out, lora()).save_model()
+    assert (out / "adapter_model.safetensors").is_file() and not (out / "model.safetensors").exists()
+    make_trainer(tiny_models, tokenizer, out).save_model()
+    assert (out / "model.safetensors").is_file()
+    assert not (out / "adapter_model.safetensors").exists() and not (out / "adapter_config.json").exists()
+
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "model.safetensors").write_bytes(b"my own weights")
+    make_trainer(tiny_models, tokenizer, users, lora()).save_model()
+    assert (users / "model.safetensors").read_bytes() == b"my own weights"

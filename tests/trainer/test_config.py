@@ -109,3 +109,17 @@ def test_a_record_cannot_be_changed_on_its_way_down(tmp_path):
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.memory_bytes = 1
     assert settings.with_kl_coef(0.5).estimator.kl_coef == 0.5 and settings.estimator.kl_coef == 0.05
+
+
+def test_a_config_converted_from_training_arguments_has_no_placeholder_token(tmp_path):
+    """Issue 60 item 10: TrainingArguments.to_dict() writes hub_token as '<HUB_TOKEN>' (set or not), and
+    PPOConfig(**args.to_dict()), the conversion hf_ppo's own error advised, pushed with that as the token. It reads
+    as None (the saved login); the conversion the error now gives keeps a real token."""
+    from transformers import TrainingArguments
+
+    from hf_ppo import PPOConfig
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], hub_token="hf_real")
+    assert args.to_dict()["hub_token"] == "<HUB_TOKEN>"
+    assert PPOConfig(**args.to_dict()).hub_token is None
+    assert PPOConfig(**{**args.to_dict(), "hub_token": args.hub_token}).hub_token == "hf_real"

@@ -255,3 +255,262 @@ def test_in_one_process_a_later_trainer_takes_the_folder_over_and_the_earlier_st
     quiet = step_trainer(tiny_models, tokenizer, tmp_path / "quiet", save_strategy="no")
     one_step(quiet, tokenizer)
     assert not (tmp_path / "quiet").exists() or not any((tmp_path / "quiet").iterdir())
+
+
+# ---- issue 60: what the lock file holds and what it is ------------------------------------------------------------
+def test_the_recorded_command_masks_every_secret(tmp_path, monkeypatch):
+    """Issue 60 item 8: the command line recorded in the lock file (which stays after a kill -9) had --hub_token's
+    value in clear."""
+    from hf_ppo.trainer import run_lock
+
+    argv = ["hf-ppo", "train", "--hub_token", "hf_AbCdEfGhIjKlMnOpQrStUvWx", "--api_key=sk-123", "--db_password",
+            "pw1", "--output_dir", "out", "--client_secret=s3", "--HF_TOKEN", "t0k", "--note", "hf_ZyXwVuTsRqPoNm12",
+            "--learning_rate", "1e-5"]
+    monkeypatch.setattr(sys, "argv", argv)
+    lock = run_lock.acquire(str(tmp_path))
+    try:
+        command = json.loads((tmp_path / LOCK).read_text())["command"]
+    finally:
+        lock.release()
+    for secret in ("hf_AbCdEfGhIjKlMnOpQrStUvWx", "sk-123", "pw1", "s3", "t0k", "hf_ZyXwVuTsRqPoNm12"):
+        assert secret not in command
+    assert command == ("hf-ppo train --hub_token *** --api_key=*** --db_password *** --output_dir out "
+                       "--client_secret=*** --HF_TOKEN *** --note *** --learning_rate 1e-5")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_lock_path_that_is_a_fifo_or_a_symlink_is_refused_without_waiting_or_writing_through(tmp_path, kind):
+    """Issue 60 items 5 and 10: reading a FIFO waited for ever (hf-ppo train hung); a symbolic link had the record
+    written into its target. Both are named and left as they are."""
+    import threading
+
+    from hf_ppo.trainer import run_lock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    target = tmp_path / "notes.txt"
+    target.write_text("mine\n")
+    if kind == "fifo":
+        os.mkfifo(out / LOCK)
+    else:
+        os.symlink(target, out / LOCK)
+    outcome = {}
+
+    def attempt():
+        outcome["in_use"] = run_lock.in_use_message(str(out))
+        try:
+            run_lock.acquire(str(out)).release()
+        except run_lock.OutputDirInUseError as err:
+            outcome["error"] = str(err)
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "hung"
+    what = "a FIFO (named pipe)" if kind == "fifo" else "a symbolic link"
+    assert f"{out / LOCK} exists and is {what}, not a lock file hf_ppo wrote" in outcome["error"]
+    assert outcome["in_use"] == outcome["error"]
+    assert target.read_text() == "mine\n" and os.path.lexists(out / LOCK)
+
+
+# ---- issue 63 kind 1: the paths this machine never takes, simulated --------------------------------------------
+def _record(tmp_path, **fields) -> "os.PathLike":
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    record = {"writer": "hf_ppo", "pid": 1, "host": socket.gethostname(), "start": None, "since": "earlier",
+              "command": "hf-ppo train", "by": "train()", **fields}
+    (out / LOCK).write_text(json.dumps(record))
+    return out
+
+
+def _sleeper():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+
+
+def test_a_recorded_pid_now_owned_by_another_process_is_no_run(tmp_path, monkeypatch):
+    """Without flock the recorded process decides: a pid that lives, but started at another time than the record
+    says, is another process that reused the number: taken over. The same pid with its own start time holds it."""
+    from hf_ppo.trainer import run_lock
+
+    monkeypatch.setattr(run_lock, "fcntl", None)  # no flock (Windows)
+    monkeypatch.setattr(run_lock.os, "name", "posix")
+    other = _sleeper()
+    try:
+        out = _record(tmp_path, pid=other.pid, start="1")  # its real start time is not 1 tick after boot
+        with pytest.warns(UserWarning, match=rf"left by process {other.pid} on .*no longer running"):
+            run_lock.acquire(str(out)).release()
+        assert not (out / LOCK).exists()
+        out = _record(tmp_path, pid=other.pid, start=run_lock._start_time(other.pid))
+        with pytest.raises(run_lock.OutputDirInUseError, match=rf"in use by another hf_ppo run: process {other.pid}"):
+            run_lock.acquire(str(out))
+        assert json.loads((out / LOCK).read_text())["pid"] == other.pid  # left as it was
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_lock_recorded_on_another_host(tmp_path, monkeypatch):
+    """A record from another host: with flock free, taken over with a note that says what is known (its lock on the
+    file is gone) and what is not (issue 60 item 10: it claimed 'no longer running'); without flock, refused naming
+    the file to delete if that run is over."""
+    from hf_ppo.trainer import run_lock
+
+    out = _record(tmp_path, host="node-7", pid=4242)
+    with pytest.warns(UserWarning) as notes:
+        run_lock.acquire(str(out)).release()
+    (note,) = [str(w.message) for w in notes]
+    assert "left by process 4242 on node-7" in note and "another host: its lock on the file is gone" in note
+    assert "no longer running" not in note and "stop one of the two" in note
+
+    out = _record(tmp_path, host="node-7", pid=4242)
+    monkeypatch.setattr(run_lock, "fcntl", None)
+    with pytest.raises(run_lock.OutputDirInUseError, match=rf"process 4242 on node-7.*That host cannot be asked from "
+                                                           rf"here whether it still runs: if that run is over, delete "
+                                                           rf"{out / LOCK}"):
+        run_lock.acquire(str(out))
+    assert json.loads((out / LOCK).read_text())["host"] == "node-7"
+
+
+def test_a_filesystem_without_flock_lets_the_recorded_process_decide(tmp_path, monkeypatch):
+    """flock refused by the filesystem (ENOLCK on some network mounts): a live recorded process on this host holds
+    the folder; a dead one frees it; a fresh folder is taken."""
+    import errno
+
+    from hf_ppo.trainer import run_lock
+
+    class NoFlock:
+        LOCK_EX, LOCK_NB = 2, 4
+
+        @staticmethod
+        def flock(fd, op):
+            raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(run_lock, "fcntl", NoFlock)
+    fresh = tmp_path / "fresh"
+    lock = run_lock.acquire(str(fresh))
+    assert json.loads((fresh / LOCK).read_text())["pid"] == os.getpid()
+    lock.release()
+    other = _sleeper()
+    try:
+        out = _record(tmp_path, pid=other.pid, start=run_lock._start_time(other.pid))
+        with pytest.raises(run_lock.OutputDirInUseError, match=rf"process {other.pid} on {socket.gethostname()}"):
+            run_lock.acquire(str(out))
+    finally:
+        other.kill()
+        other.wait()
+    with pytest.warns(UserWarning, match=rf"left by process {other.pid} .*no longer running"):
+        run_lock.acquire(str(out)).release()  # it died meanwhile
+
+
+def test_a_refusal_broadcast_from_another_rank(tmp_path):
+    """In a distributed run only the main process takes the lock; every process raises the refusal it broadcasts.
+    A rank other than the main one raises rank 0's words and writes nothing; a main process whose lock the others'
+    outcome overrides releases it."""
+    from hf_ppo.trainer import run_lock
+
+    out = tmp_path / "out"
+    with pytest.raises(run_lock.OutputDirInUseError, match="^rank 0 says: in use$"):
+        with run_lock.holding(str(out), is_main=False, broadcast=lambda mine: "rank 0 says: in use"):
+            pass
+    assert not out.exists()
+    with pytest.raises(run_lock.OutputDirInUseError, match="^in use elsewhere$"):
+        with run_lock.holding(str(out), is_main=True, broadcast=lambda mine: mine or "in use elsewhere"):
+            pass
+    assert not (out / LOCK).exists()  # the main process's own lock, released
+    with run_lock.holding(str(out), is_main=False, broadcast=lambda mine: None) as lock:
+        assert lock is None and not (out / LOCK).exists()  # nothing taken on that rank
+
+
+# ---- issue 63 kind 2: leftovers on disk before the run ----------------------------------------------------------
+def test_an_empty_lock_file_is_taken_over_in_silence(tmp_path):
+    """A process killed between creating the file and writing its record (the record is one write)."""
+    from hf_ppo.trainer import run_lock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).write_text("")
+    assert run_lock.in_use_message(str(out)) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        lock = run_lock.acquire(str(out))
+    assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()
+    lock.release()
+    assert not (out / LOCK).exists()
+
+
+def test_a_lock_file_replaced_by_another_runs_is_left_at_release(tmp_path):
+    """A release removes the lock file only while it is still this lock's own (its inode): another run's file put in
+    its place stays."""
+    from hf_ppo.trainer import run_lock
+
+    out = tmp_path / "out"
+    lock = run_lock.acquire(str(out))
+    theirs = json.dumps({"writer": "hf_ppo", "pid": 99999, "host": "node-2", "by": "train()"})
+    (tmp_path / "theirs").write_text(theirs)
+    os.replace(tmp_path / "theirs", out / LOCK)
+    lock.release()
+    assert (out / LOCK).read_text() == theirs
+
+
+# ---- issue 60 item 7: the lock lasts until the final save is complete ---------------------------------------------
+def test_the_final_save_holds_the_folder_and_is_refused_while_another_run_holds_it(tiny_models, tokenizer, tmp_path,
+                                                                                   monkeypatch):
+    """The lock ended with train(): a second run started before the final save wrote its weights under the first
+    run's record, and the first printed "Saved". save_model() into output_dir now holds the folder while it writes
+    (and is refused, writing nothing, while another run holds it); train()'s own hold is not taken twice."""
+    from hf_ppo.hub import publish
+    from hf_ppo.trainer import run_lock
+
+    out = tmp_path / "out"
+    trainer = make_trainer(tiny_models, tokenizer, out, save_strategy="no")
+    trainer.train()
+    assert not (out / LOCK).exists()
+    seen = []
+    real = publish.save_policy_folder
+
+    def looking(*args, **kwargs):
+        seen.append(json.loads((out / LOCK).read_text()) if (out / LOCK).exists() else None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(publish, "save_policy_folder", looking)
+    trainer.save_model()
+    assert seen and seen[0]["pid"] == os.getpid() and not (out / LOCK).exists()
+
+    other = run_lock.acquire(str(out))  # another run (its own open file: flock refuses this trainer's)
+    (out / "model.safetensors").unlink()
+    try:
+        with pytest.raises(run_lock.OutputDirInUseError, match=rf"output_dir {out} is in use by another hf_ppo run"):
+            trainer.save_model()
+        assert not (out / "model.safetensors").exists()
+    finally:
+        other.release()
+    trainer.save_model(str(tmp_path / "elsewhere"))  # a save outside output_dir takes nothing
+    assert seen[-1] is None and (tmp_path / "elsewhere" / "model.safetensors").is_file()
+
+
+def test_hf_ppo_train_holds_the_folder_until_its_final_save_is_written(tiny_models, tmp_path, monkeypatch):
+    """hf-ppo train holds output_dir across train() and the final save (and the run record's dataset)."""
+    import yaml
+
+    from hf_ppo.cli import train as cli
+    from hf_ppo.hub import publish
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["the movie was", "the food was"]))
+    config = {"dataset_name": str(data), "model_name_or_path": tiny_models["policy"],
+              "reward_model_name_or_path": tiny_models["reward"], "output_dir": str(tmp_path / "out"),
+              "response_length": 4, "per_device_train_batch_size": 2, "num_mini_batches": 1, "num_ppo_epochs": 1,
+              "max_steps": 1, "report_to": "none", "save_strategy": "no", "use_cpu": True, "disable_tqdm": True,
+              "num_sample_generations": 0, "policy_quantization": "none", "reward_quantization": "none"}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    out, seen = tmp_path / "out", []
+    for owner, name in [(publish, "save_policy_folder"), (cli, "record_dataset")]:
+        real = getattr(owner, name)
+
+        def looking(*args, _real=real, **kwargs):
+            seen.append(json.loads((out / LOCK).read_text())["pid"])
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, looking)
+    cli.main(["--config", str(tmp_path / "run.yaml")], command="hf-ppo train")
+    assert seen == [os.getpid(), os.getpid()] and not (out / LOCK).exists()
