@@ -215,6 +215,10 @@ SUBSET = [
             "test_hf_ppo_evaluate_stops_truncates_scores_and_splits_as_the_run_trained",
             "test_hf_ppo_evaluate_warns_on_the_training_file_and_names_the_held_out_one"),
     "tests/hub/test_publish.py::test_the_run_record_holds_the_stop_truncation_scoring_and_dataset",
+    # subset:i59 (every forward counts: the passes no update reads are skipped)
+    *select("tests/trainer/test_ppo_trainer.py",
+            "test_grpo_with_one_step_per_rollout_and_no_kl_runs_no_old_logprob_or_reference_pass",
+            "test_the_skipped_passes_run_where_an_update_reads_them"),
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -337,9 +341,9 @@ MUTATIONS = [
                "gamma=self.lam,\n                                 lam=self.gamma,")]),
     # -- KL controller ------------------------------------------------------------------------------------------------
     Mutation("kl_ctl_fed_entropy", "the KL controller fed the wrong KL (the entropy)",
-             [(T, "self.kl_ctl.update(stats[0].item(),", "self.kl_ctl.update(stats[1].item(),")]),
+             [(T, "self.kl_ctl.update(stats[kl].item(),", "self.kl_ctl.update(stats[kl + 1].item(),")]),
     Mutation("kl_ctl_fed_per_token_kl", "the KL controller fed the wrong KL (per token, not per response)",
-             [(T, "self.kl_ctl.update(stats[0].item(),", "self.kl_ctl.update((stats[0] / stats[5]).item(),")]),
+             [(T, "self.kl_ctl.update(stats[kl].item(),", "self.kl_ctl.update((stats[kl] / stats[kl + 5]).item(),")]),
     Mutation("kl_coef_not_adapted", "rewards use the initial kl_coef, not the controller's",
              [(T, "settings = args.rollout_settings.with_kl_coef(self.kl_ctl.value)",
                "settings = args.rollout_settings")]),
@@ -1064,6 +1068,22 @@ MUTATIONS = [
              [("cli/train.py", "        if config is not None:  # nothing to choose in a file: said, since the user "
                                "meant something by it\n            warn_user(",
                "        if False:\n            warn_user(")]),
+    # -- i59: every forward counts (the passes no update reads are skipped) ------------------------------------------
+    Mutation("i59_skip_with_two_epochs", "the old-log-prob pass is skipped where a rollout feeds several optimizer "
+             "steps: every later step's ratio is 1 in silence",
+             [(C, "not estimator.needs_critic and self.optimizer_steps_per_iteration == 1",
+               "not estimator.needs_critic")]),
+    Mutation("i59_loss_reads_placeholder", "without the old-log-prob pass the loss reads the rollout's placeholder "
+             "log-probs as the old ones",
+             [(P, "    if s.old_logprobs_from_forward:  # the weights", "    if False:  # the weights")]),
+    Mutation("i59_stats_read_placeholders", "a rollout that skipped a pass logs objective/kl and the entropies from "
+             "its placeholders",
+             [(R, "    for name in skipped_stats(skip_old, settings.skip_reference):\n        del stats[name]\n", "")]),
+    Mutation("i59_reference_skipped_with_kl", "the reference pass is skipped at kl_coef > 0: the KL penalty reads 0",
+             [(C, "        return self.kl_coef == 0 and not self.adaptive_kl", "        return not self.adaptive_kl")]),
+    Mutation("i59_no_stats_pass", "stats_pass_every is never honoured: the skipped passes' metrics never logged",
+             [(T, "        if args.stats_pass_every and self.iteration % args.stats_pass_every == 0:",
+               "        if False:")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

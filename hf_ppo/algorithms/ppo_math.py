@@ -591,7 +591,9 @@ class LossSettings:
     entropy bonus (0: off); loss_aggregation and response_length: the reduction (`aggregate_loss`; the generation
     budget is Dr. GRPO's constant divisor); use_bias_correction_kl: the KL loss term times the importance ratio;
     memory_bytes: the budget of the vocabulary-wide fp32 work (`over_positions`); importance_sampling_cap: truncated
-    importance sampling's cap (`truncated_importance_weights`, against the engine's `sampling_logprobs`; None: off).
+    importance sampling's cap (`truncated_importance_weights`, against the engine's `sampling_logprobs`; None: off);
+    old_logprobs_from_forward: the rollout ran no old-log-prob pass (one optimizer step per rollout, no critic): the
+    old log-probs are this forward's own, detached, so the ratio is exactly 1 (TRL GRPO's single-step shortcut).
     """
 
     temperature: float
@@ -608,6 +610,7 @@ class LossSettings:
     use_bias_correction_kl: bool = False
     memory_bytes: int = LOGITS_MEMORY_BYTES
     importance_sampling_cap: float | None = None
+    old_logprobs_from_forward: bool = False
 
 
 def ppo_loss(logits: torch.Tensor, values: torch.Tensor | None, old: Experience, normalizer: torch.Tensor,
@@ -626,6 +629,8 @@ def ppo_loss(logits: torch.Tensor, values: torch.Tensor | None, old: Experience,
     temperature, memory_bytes, loss_aggregation = s.temperature, s.memory_bytes, s.loss_aggregation
     aggregation = {"loss_aggregation": loss_aggregation, "max_length": s.response_length}
     logprobs = logprobs_from_logits(logits, responses, temperature, memory_bytes)
+    if s.old_logprobs_from_forward:  # the weights are still the rollout's: pi_old = pi, detached
+        old_logprobs = logprobs.detach()
     weights = None
     if s.importance_sampling_cap is not None and old.sampling_logprobs is not None:
         weights = truncated_importance_weights(old_logprobs, old.sampling_logprobs, s.importance_sampling_cap)

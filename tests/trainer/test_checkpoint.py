@@ -586,7 +586,7 @@ BAD_VALUES = {
     "total_episodes": 0, "num_total_batches": 0, "local_batch_size": 8, "micro_batch_size": 8, "batch_size": 8,
     "local_mini_batch_size": 8, "mini_batch_size": 8, "allow_config_change_on_resume": "yes", "print_metrics": "1",
     "max_prompt_length": 0, "kl_coef": -0.1, "reward_clip": 0.0, "cliprange": 0.0, "cliprange_value": 0.0,
-    "gamma": 1.5, "lam": 1.01, "kl_target": 0.0, "kl_horizon": 0, "top_k": -1, "vf_coef": -1.0,
+    "gamma": 1.5, "lam": 1.01, "kl_target": 0.0, "kl_horizon": 0, "stats_pass_every": -1, "top_k": -1, "vf_coef": -1.0,
     "entropy_coef": float("inf"), "missing_eos_penalty": -1.0,
     "critic_learning_rate": -1.0, "critic_warmup_steps": -1, "num_generations": 0, "overlong_penalty_factor": -1.0,
     "local_rollout_forward_batch_size": 0, "num_ppo_epochs": 0, "num_mini_batches": 0, "response_length": 0,
