@@ -219,6 +219,9 @@ SUBSET = [
     *select("tests/trainer/test_ppo_trainer.py",
             "test_grpo_with_one_step_per_rollout_and_no_kl_runs_no_old_logprob_or_reference_pass",
             "test_the_skipped_passes_run_where_an_update_reads_them"),
+    *select("tests/rollout/test_engines.py",
+            "test_the_decode_loop_syncs_the_host_once_per_8_tokens_not_per_token",
+            "test_the_4d_decode_mask_samples_the_2d_masks_tokens"),
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -315,7 +318,8 @@ MUTATIONS = [
              [(W, "position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)", "position_ids = " + ARANGE.format("mask"))]),
     # -- temperature --------------------------------------------------------------------------------------------------
     Mutation("sampler_ignores_temperature", "the sampler ignoring temperature",
-             [(G, "logits = logits.float() / temperature\n    if top_k:", "logits = logits.float()\n    if top_k:")]),
+             [(G, "logits = logits.float() / temperature if temperature != 1.0 else logits.float()",
+               "logits = logits.float()")]),
     Mutation("rollout_samples_at_t1", "the sampler ignoring temperature (not passed by the trainer)",
              [(EC, "engine(response_length=s.response_length, temperature=s.temperature, top_k=s.top_k,",
                "engine(response_length=s.response_length, temperature=1.0, top_k=s.top_k,")]),
@@ -567,8 +571,8 @@ MUTATIONS = [
              [(G, "token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)",
                "token = sample_token(out.logits[:, -1], temperature, top_k, top_p)")]),
     Mutation("kv_done_forgotten", "the default engine forgets a row stopped (done reset every token)",
-             [(G, "done |= torch.isin(token, stops)\n            if t == response_length - 1",
-               "done = torch.isin(token, stops)\n            if t == response_length - 1")]),
+             [(G, "done |= torch.isin(token, stops)\n            # The host reads",
+               "done = torch.isin(token, stops)\n            # The host reads")]),
     Mutation("env_sample_right_pads", "an environment's sequences padded on the right before sampling",
              [(R, "ids[row, width - len(seq):], mask[row, width - len(seq):] =",
                "ids[row, :len(seq)], mask[row, :len(seq)] =")]),
@@ -1084,6 +1088,18 @@ MUTATIONS = [
     Mutation("i59_no_stats_pass", "stats_pass_every is never honoured: the skipped passes' metrics never logged",
              [(T, "        if args.stats_pass_every and self.iteration % args.stats_pass_every == 0:",
                "        if False:")]),
+    Mutation("i59_stop_check_every_token", "the kv_cache loop reads the stop flags on the host at every token",
+             [(G, "if t == response_length - 1 or ((t + 1) % STOP_CHECK_EVERY == 0 and bool(done.all())):",
+               "if t == response_length - 1 or bool(done.all()):")]),
+    Mutation("i59_decode_mask_2d", "the decode loops hand transformers a 2-D mask: a padding check on the host per "
+             "token", [(G, '    if kind not in ("sdpa", "eager") or _sliding_or_chunked(config):',
+                        "    if True:")]),
+    Mutation("i59_mask_drops_the_window", "a sliding-window model gets the full 4-D mask: its window ignored",
+             [(G, '    if kind not in ("sdpa", "eager") or _sliding_or_chunked(config):',
+               '    if kind not in ("sdpa", "eager"):')]),
+    Mutation("i59_static_sees_unwritten_slots", "the static engine's 4-D mask shows the cache slots not yet written",
+             [(G, "mask = decode_mask(model, attention.bool() & (slots <= length + t))",
+               "mask = decode_mask(model, attention.bool())")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""
