@@ -221,7 +221,8 @@ SUBSET = [
             "test_the_skipped_passes_run_where_an_update_reads_them"),
     *select("tests/rollout/test_engines.py",
             "test_the_decode_loop_syncs_the_host_once_per_8_tokens_not_per_token",
-            "test_the_4d_decode_mask_samples_the_2d_masks_tokens"),
+            "test_the_4d_decode_mask_samples_the_2d_masks_tokens",
+            "test_the_static_engine_compiles_once_per_bucket_and_never_again_across_iterations"),
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -1100,6 +1101,10 @@ MUTATIONS = [
     Mutation("i59_static_sees_unwritten_slots", "the static engine's 4-D mask shows the cache slots not yet written",
              [(G, "mask = decode_mask(model, attention.bool() & (slots <= length + t))",
                "mask = decode_mask(model, attention.bool())")]),
+    Mutation("i59_compile_time_kept", "time/compile never reset: every rollout logs the first compilation again",
+             [(G, "seconds, self._compile_seconds = self._compile_seconds, 0.0", "seconds = self._compile_seconds")]),
+    Mutation("i59_bucket_forgotten", "every rollout's first decode step counted as a compilation",
+             [(G, "            self._buckets.add((rows, length))\n", "")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

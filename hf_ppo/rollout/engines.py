@@ -11,6 +11,7 @@ builds the one a run names.
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -124,6 +125,15 @@ class StaticCacheSampler(KVCacheSampler):
         self.compile, self.check_every, self.prompt_bucket = compile, check_every, prompt_bucket
         self._compiled = None
         self._report, self._rows = None, (0, 0, 0)  # `sampling_progress`'s reporter, the rows of the current pass
+        # The (rows, prompt length) buckets compiled so far, and the seconds their first steps took (compilation
+        # included) since `metrics` was last read: `time/compile`.
+        self._buckets, self._compile_seconds = set(), 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """`time/compile`: the seconds the decode step's compilation took since the last call (the first step of each
+        new (rows, prompt length) bucket; 0 once every bucket is compiled), when it compiles."""
+        seconds, self._compile_seconds = self._compile_seconds, 0.0
+        return {"time/compile": seconds} if self.compile else {}
 
     def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
         pad = -queries.shape[1] % self.prompt_bucket  # left padding up to the bucket: masked, so nothing changes
@@ -181,7 +191,13 @@ class StaticCacheSampler(KVCacheSampler):
                 break
             position = position + 1
             mask = decode_mask(model, attention.bool() & (slots <= length + t))
+            if step is decode_step or (rows, length) in self._buckets:
+                logits = step(model, token[:, None], mask, position, cache)
+                continue
+            start = time.perf_counter()  # a new bucket: this call compiles
             logits = step(model, token[:, None], mask, position, cache)
+            self._compile_seconds += time.perf_counter() - start
+            self._buckets.add((rows, length))
         return response
 
 

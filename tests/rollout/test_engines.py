@@ -418,3 +418,37 @@ def test_the_4d_decode_mask_samples_the_2d_masks_tokens(name, monkeypatch):
             runs[label, type(engine).__name__] = engine.generate(model, ids, mask)
     for kind in ("KVCacheSampler", "StaticCacheSampler"):
         assert torch.equal(runs["4d", kind], runs["2d", kind]), kind
+
+
+def test_the_static_engine_compiles_once_per_bucket_and_never_again_across_iterations(monkeypatch):
+    """Dynamo's own counters: one graph for a (rows, prompt length) bucket, however many iterations sample with it
+    and however the weights change between them (an optimizer step changes them in place); a new bucket compiles once
+    more, and going back to the first compiles nothing. `time/compile` reports the seconds of each compilation once.
+    (Compiled with dynamo's eager backend: the counting is dynamo's, whatever the backend.)"""
+    import functools
+
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    model, tok = lora_model("llama3")
+    ids, mask = encode(tok, PROMPTS)
+    engine = static(tok, compile=True, prompt_bucket=16)
+    for _ in range(3):  # three iterations, the adapter's weights changed in place between them
+        engine.generate(model, ids, mask)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.add_(0.01)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["recompiles"]
+    first = engine.metrics()["time/compile"]
+    engine.generate(model, ids, mask)  # one more rollout in the compiled bucket: no compile time
+    assert first > 0 and engine.metrics() == {"time/compile": 0.0}  # reported once, not at every rollout
+    assert ids.shape[1] <= 16
+    engine.generate(model, torch.cat([ids, ids, ids], 1), torch.cat([mask, mask, mask], 1))  # the next bucket: 32
+    engine.generate(model, ids, mask)
+    assert counters["stats"]["unique_graphs"] == 2
+    assert engine.metrics()["time/compile"] > 0
+    torch._dynamo.reset()
