@@ -650,6 +650,7 @@ MAY_CHANGE_ON_RESUME = {
     "watch_collapse": "the collapse watch reads the logs; it computes nothing training uses",
     "stop_on_collapse": "when the watch stops the run, not what a step computes",
     "collapse_kl_threshold": "when the watch warns, not what a step computes",
+    "stats_pass_every": "which rollouts also run the passes no update reads, for the metrics; not what a step computes",
     "allow_config_change_on_resume": "the switch of this very comparison",
     "total_episodes": "TRL's run length (sets max_steps): a resume may run longer",
     "num_total_batches": "TRL's run length (sets max_steps): a resume may run longer",
