@@ -269,6 +269,14 @@ SUBSET = [
             "test_an_async_function_raising_systemexit_or_keyboardinterrupt_stops_naming_itself",
             "test_a_blocking_call_inside_an_async_function_is_named_and_later_calls_get_a_fresh_loop",
             "test_log_metric_under_a_trainer_metrics_name_warns_once"),
+    # subset:i59 (every forward counts: the passes no update reads are skipped)
+    *select("tests/trainer/test_ppo_trainer.py",
+            "test_grpo_with_one_step_per_rollout_and_no_kl_runs_no_old_logprob_or_reference_pass",
+            "test_the_skipped_passes_run_where_an_update_reads_them"),
+    *select("tests/rollout/test_engines.py",
+            "test_the_decode_loop_syncs_the_host_once_per_8_tokens_not_per_token",
+            "test_the_4d_decode_mask_samples_the_2d_masks_tokens",
+            "test_the_static_engine_compiles_once_per_bucket_and_never_again_across_iterations"),
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -379,7 +387,8 @@ MUTATIONS = [
              [(W, "position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)", "position_ids = " + ARANGE.format("mask"))]),
     # -- temperature --------------------------------------------------------------------------------------------------
     Mutation("sampler_ignores_temperature", "the sampler ignoring temperature",
-             [(G, "logits = logits.float() / temperature\n    if top_k:", "logits = logits.float()\n    if top_k:")]),
+             [(G, "logits = logits.float() / temperature if temperature != 1.0 else logits.float()",
+               "logits = logits.float()")]),
     Mutation("rollout_samples_at_t1", "the sampler ignoring temperature (not passed by the trainer)",
              [(EC, "engine(response_length=s.response_length, temperature=s.temperature, top_k=s.top_k,",
                "engine(response_length=s.response_length, temperature=1.0, top_k=s.top_k,")]),
@@ -405,9 +414,9 @@ MUTATIONS = [
                "gamma=self.lam,\n                                 lam=self.gamma,")]),
     # -- KL controller ------------------------------------------------------------------------------------------------
     Mutation("kl_ctl_fed_entropy", "the KL controller fed the wrong KL (the entropy)",
-             [(T, "self.kl_ctl.update(stats[0].item(),", "self.kl_ctl.update(stats[1].item(),")]),
+             [(T, "self.kl_ctl.update(stats[kl].item(),", "self.kl_ctl.update(stats[kl + 1].item(),")]),
     Mutation("kl_ctl_fed_per_token_kl", "the KL controller fed the wrong KL (per token, not per response)",
-             [(T, "self.kl_ctl.update(stats[0].item(),", "self.kl_ctl.update((stats[0] / stats[5]).item(),")]),
+             [(T, "self.kl_ctl.update(stats[kl].item(),", "self.kl_ctl.update((stats[kl] / stats[kl + 5]).item(),")]),
     Mutation("kl_coef_not_adapted", "rewards use the initial kl_coef, not the controller's",
              [(T, "settings = args.rollout_settings.with_kl_coef(self.kl_ctl.value)",
                "settings = args.rollout_settings")]),
@@ -631,8 +640,8 @@ MUTATIONS = [
              [(G, "token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)",
                "token = sample_token(out.logits[:, -1], temperature, top_k, top_p)")]),
     Mutation("kv_done_forgotten", "the default engine forgets a row stopped (done reset every token)",
-             [(G, "done |= torch.isin(token, stops)\n            if t == response_length - 1",
-               "done = torch.isin(token, stops)\n            if t == response_length - 1")]),
+             [(G, "done |= torch.isin(token, stops)\n            # The host reads",
+               "done = torch.isin(token, stops)\n            # The host reads")]),
     Mutation("env_sample_right_pads", "an environment's sequences padded on the right before sampling",
              [(R, "ids[row, width - len(seq):], mask[row, width - len(seq):] =",
                "ids[row, :len(seq)], mask[row, :len(seq)] =")]),
@@ -1145,8 +1154,8 @@ MUTATIONS = [
                "        with context, _naming(")]),
     Mutation("i63_is_against_the_policy", "the engine's log-probs never reach the batch: truncated importance "
              "sampling weighs the policy against itself (every weight 1) whatever vLLM sampled",
-             [(R, "sampling_logprobs=sampled if sampled is not None and sampled.shape == logprobs.shape else None)",
-               "sampling_logprobs=None)")]),
+             [(R, "contains_stop, **rewards, policy_mask=policy_mask, sampling_logprobs=sampled)",
+               "contains_stop, **rewards, policy_mask=policy_mask, sampling_logprobs=None)")]),
     Mutation("i63_staging_marker_kept", "the final save's staging marker is moved into the saved folder (and pushed)",
              [(CK, "            for name in sorted((n for n in written if n != _STAGING_MARKER), key=lambda n: n in last):",
                "            for name in sorted(written, key=lambda n: n in last):")]),
@@ -1350,6 +1359,38 @@ MUTATIONS = [
                "    if False:")]),
     Mutation("i63_foreign_new_folder_deleted", "a checkpoint-N.hf_ppo-new holding a user's files is deleted",
              [(CK, "set(os.listdir(new)) - {MARKER_FILE, MARKER_FILE + \".tmp\"}:", "False:")]),
+    # -- i59: every forward counts (the passes no update reads are skipped) ------------------------------------------
+    Mutation("i59_skip_with_two_epochs", "the old-log-prob pass is skipped where a rollout feeds several optimizer "
+             "steps: every later step's ratio is 1 in silence",
+             [(C, "not estimator.needs_critic and self.optimizer_steps_per_iteration == 1",
+               "not estimator.needs_critic")]),
+    Mutation("i59_loss_reads_placeholder", "without the old-log-prob pass the loss reads the rollout's placeholder "
+             "log-probs as the old ones",
+             [(P, "    if s.old_logprobs_from_forward:  # the weights", "    if False:  # the weights")]),
+    Mutation("i59_stats_read_placeholders", "a rollout that skipped a pass logs objective/kl and the entropies from "
+             "its placeholders",
+             [(R, "    for name in skipped_stats(skip_old, settings.skip_reference):\n        del stats[name]\n", "")]),
+    Mutation("i59_reference_skipped_with_kl", "the reference pass is skipped at kl_coef > 0: the KL penalty reads 0",
+             [(C, "        return self.kl_coef == 0 and not self.adaptive_kl", "        return not self.adaptive_kl")]),
+    Mutation("i59_no_stats_pass", "stats_pass_every is never honoured: the skipped passes' metrics never logged",
+             [(T, "        if args.stats_pass_every and self.iteration % args.stats_pass_every == 0:",
+               "        if False:")]),
+    Mutation("i59_stop_check_every_token", "the kv_cache loop reads the stop flags on the host at every token",
+             [(G, "if t == response_length - 1 or ((t + 1) % STOP_CHECK_EVERY == 0 and bool(done.all())):",
+               "if t == response_length - 1 or bool(done.all()):")]),
+    Mutation("i59_decode_mask_2d", "the decode loops hand transformers a 2-D mask: a padding check on the host per "
+             "token", [(G, '    if kind not in ("sdpa", "eager") or _sliding_or_chunked(config):',
+                        "    if True:")]),
+    Mutation("i59_mask_drops_the_window", "a sliding-window model gets the full 4-D mask: its window ignored",
+             [(G, '    if kind not in ("sdpa", "eager") or _sliding_or_chunked(config):',
+               '    if kind not in ("sdpa", "eager"):')]),
+    Mutation("i59_static_sees_unwritten_slots", "the static engine's 4-D mask shows the cache slots not yet written",
+             [(G, "mask = decode_mask(model, attention.bool() & (slots <= length + t))",
+               "mask = decode_mask(model, attention.bool())")]),
+    Mutation("i59_compile_time_kept", "time/compile never reset: every rollout logs the first compilation again",
+             [(G, "seconds, self._compile_seconds = self._compile_seconds, 0.0", "seconds = self._compile_seconds")]),
+    Mutation("i59_bucket_forgotten", "every rollout's first decode step counted as a compilation",
+             [(G, "            self._buckets.add((rows, length))\n", "")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

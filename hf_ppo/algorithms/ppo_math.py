@@ -879,6 +879,8 @@ class LossSettings:
     importance_sampling_mode / importance_sampling_min: the correction's level, truncation or rejection, and floor
     (`rollout_correction_weights`); kl_loss_estimator: the KL loss term's estimator (`kl_loss_per_token`);
     policy_loss: the policy loss (`POLICY_LOSSES`, `variant_policy_loss`) and the rest its variants' parameters.
+    old_logprobs_from_forward: the rollout ran no old-log-prob pass (one optimizer step per rollout, no critic): the
+    old log-probs are this forward's own, detached, so the ratio is exactly 1 (TRL GRPO's single-step shortcut).
     """
 
     temperature: float
@@ -908,6 +910,8 @@ class LossSettings:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 2e-3
     kl_cov_coef: float = 1.0
+
+    old_logprobs_from_forward: bool = False
 
 
 def variant_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
@@ -961,6 +965,8 @@ def ppo_loss(logits: torch.Tensor, values: torch.Tensor | None, old: Experience,
     temperature, memory_bytes, loss_aggregation = s.temperature, s.memory_bytes, s.loss_aggregation
     aggregation = {"loss_aggregation": loss_aggregation, "max_length": s.response_length}
     logprobs = logprobs_from_logits(logits, responses, temperature, memory_bytes)
+    if s.old_logprobs_from_forward:  # the weights are still the rollout's: pi_old = pi, detached
+        old_logprobs = logprobs.detach()
     weights = None
     if s.importance_sampling_cap is not None and old.sampling_logprobs is not None:
         weights = rollout_correction_weights(old_logprobs, old.sampling_logprobs, mask, s.importance_sampling_mode,

@@ -11,6 +11,7 @@ builds the one a run names.
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -149,6 +150,15 @@ class StaticCacheSampler(KVCacheSampler):
         self.compile, self.check_every, self.prompt_bucket = compile, check_every, prompt_bucket
         self._compiled = None
         self._report, self._rows = None, (0, 0, 0)  # `sampling_progress`'s reporter, the rows of the current pass
+        # The (rows, prompt length) buckets compiled so far, and the seconds their first steps took (compilation
+        # included) since `metrics` was last read: `time/compile`.
+        self._buckets, self._compile_seconds = set(), 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """`time/compile`: the seconds the decode step's compilation took since the last call (the first step of each
+        new (rows, prompt length) bucket; 0 once every bucket is compiled), when it compiles."""
+        seconds, self._compile_seconds = self._compile_seconds, 0.0
+        return {"time/compile": seconds} if self.compile else {}
 
     def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
         pad = -queries.shape[1] % self.prompt_bucket  # left padding up to the bucket: masked, so nothing changes
@@ -192,6 +202,9 @@ class StaticCacheSampler(KVCacheSampler):
         response = queries.new_full((rows, R), s["pad_token_id"])
         done = torch.zeros(rows, dtype=torch.bool, device=queries.device)
         position = positions[:, -1:]
+        # The keys each new token may see, as the 4-D mask the attention reads (`decode_mask`): the prompt's real
+        # tokens and the slots written so far (a slot not yet written holds zeros, not a masked key).
+        slots = torch.arange(length + R, device=queries.device)
         for t in range(R):
             token = sample_token(logits, s["temperature"], s["top_k"], s["top_p"]).masked_fill(done, s["pad_token_id"])
             response[:, t] = token
@@ -202,8 +215,50 @@ class StaticCacheSampler(KVCacheSampler):
             if t == R - 1 or ((t + 1) % self.check_every == 0 and bool(done.all())):
                 break
             position = position + 1
-            logits = step(model, token[:, None], attention, position, cache)
+            mask = decode_mask(model, attention.bool() & (slots <= length + t))
+            if step is decode_step or (rows, length) in self._buckets:
+                logits = step(model, token[:, None], mask, position, cache)
+                continue
+            start = time.perf_counter()  # a new bucket: this call compiles
+            logits = step(model, token[:, None], mask, position, cache)
+            self._compile_seconds += time.perf_counter() - start
+            self._buckets.add((rows, length))
         return response
+
+
+# Decoded tokens between two reads of the rows' stop flags by the host (the decode loops' only sync per token).
+STOP_CHECK_EVERY = 8
+
+
+def _sliding_or_chunked(config) -> bool:
+    """Whether some layer of `config` attends to a window or chunk of the keys (Mistral, Gemma 2/3, Llama 4...)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return any(kind != "full_attention" for kind in layer_types)
+    return bool(getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)) or bool(
+        getattr(config, "attention_chunk_size", None))
+
+
+def decode_mask(model: nn.Module, allowed: torch.Tensor) -> torch.Tensor:
+    """The attention mask of one decode step: `allowed` (rows, K) (the keys the new token may see: 1 / True) as the
+    4-D mask (rows, 1, 1, K) that transformers' SDPA and eager attention read as it is, where the model computes
+    with one of them and every layer sees all keys (no sliding window); else `allowed` itself, 2-D.
+
+    A 2-D mask makes transformers build the 4-D one at every step, and that checks whether any key is padding on the
+    host (`_ignore_causal_mask_sdpa`: a device sync per token); this one is built on the device without reading it.
+    K covers every key of the cache. SDPA takes a bool mask, eager an additive float one.
+    """
+    config = getattr(model, "config", None)
+    kind = getattr(config, "_attn_implementation", None)
+    if kind not in ("sdpa", "eager") or _sliding_or_chunked(config):
+        return allowed
+    allowed = allowed.bool()[:, None, None, :]
+    if kind == "sdpa":
+        return allowed
+    dtype = model.get_input_embeddings().weight.dtype
+    dtype = dtype if dtype.is_floating_point else torch.float32
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def decode_step(model: nn.Module, token: torch.Tensor, attention: torch.Tensor, position: torch.Tensor, cache):
@@ -281,7 +336,7 @@ def sample_token(logits: torch.Tensor, temperature: float, top_k: int | None, to
     logits: (B, vocab) -> (B,) long. The nucleus keeps the smallest set of tokens whose probability reaches top_p
     (the most likely token is always kept).
     """
-    logits = logits.float() / temperature
+    logits = logits.float() / temperature if temperature != 1.0 else logits.float()  # x / 1 is x: no kernel for it
     if top_k:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -317,6 +372,8 @@ def generate(
         response = queries.new_full((attention.shape[0], response_length), pad_token_id)
         done = torch.zeros(attention.shape[0], dtype=torch.bool, device=queries.device)
         next_position = positions[:, -1:]
+        attention = decode_mask(model, attention)
+        keep = True if attention.dtype == torch.bool else 0 if attention.dim() == 4 else 1  # a key seen, per dtype
         for t in range(response_length):
             token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)
             response[:, t] = token
@@ -324,9 +381,12 @@ def generate(
                 report(rows.start, rows.stop, queries.shape[0], t + 1, response_length)
             if stops.numel():
                 done |= torch.isin(token, stops)
-            if t == response_length - 1 or bool(done.all()):
+            # The host reads `done` every STOP_CHECK_EVERY tokens, not at each one (a sync is a stall on a GPU); a
+            # row that stopped samples on as padding until then, so the tokens are the same.
+            if t == response_length - 1 or ((t + 1) % STOP_CHECK_EVERY == 0 and bool(done.all())):
                 break
-            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
+            # The mask grows by one key: kept as the 4-D mask the attention reads where it can (`decode_mask`).
+            attention = torch.cat([attention, attention.new_full((*attention.shape[:-1], 1), keep)], dim=-1)
             next_position = next_position + 1
             out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
                         use_cache=True, logits_to_keep=1, **{CACHE: getattr(out, CACHE)})

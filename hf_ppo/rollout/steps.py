@@ -146,6 +146,20 @@ ROLLOUT_STATS = ["objective/kl", "objective/entropy", "objective/non_score_rewar
 CRITIC_STATS = {"val/explained_variance"}  # absent from the logs of a run without a critic
 
 
+# What each skipped pass leaves unmeasured: the KL needs both, the entropies the policy's pass.
+NEEDS_REFERENCE = ("objective/kl",)
+NEEDS_OLD_LOGPROBS = ("objective/kl", "objective/entropy", "policy/entropy_avg")
+
+
+def skipped_stats(skip_old_logprobs: bool, skip_reference: bool) -> set[str]:
+    """The `ROLLOUT_STATS` a rollout without the old-log-prob pass (step 5) or the reference pass (step 6) leaves
+    out of its statistics: they would read placeholders. `objective/non_score_reward` and `objective/rlhf_reward`
+    stay: the old-log-prob pass is skipped only at kl_coef=0 (`PPOConfig.old_logprobs_from_update`), and with the
+    reference skipped kl_coef is 0 too, so the non-score reward is exactly 0."""
+    return (set(NEEDS_OLD_LOGPROBS) if skip_old_logprobs else set()) | (set(NEEDS_REFERENCE) if skip_reference
+                                                                         else set())
+
+
 def _rows_mean(values: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
     """The mean of `values` (B,) over `rows` (B,) bool (None: all of them)."""
     return values.mean() if rows is None else values[rows].mean()
@@ -255,7 +269,11 @@ class RolloutSettings:
     the temperature and the rows per pass of every no-grad forward), step 4's penalties (`missing_eos_penalty`, the
     overlong penalty), step 8's estimator (`estimator`, with the KL controller's current `kl_coef`), DAPO's dynamic
     sampling (`drop_uniform_groups`, `max_refill_rounds`) and the fp32 budget of the work on the logits
-    (`memory_bytes`)."""
+    (`memory_bytes`). The passes no update reads (`PPOConfig.skips_reference`, `old_logprobs_from_update`):
+    `skip_reference` (step 6 off: kl_coef=0 with a fixed controller), `skip_old_logprobs` (step 5 off: a critic-free
+    estimator whose rollout feeds one optimizer step, which takes its own forward's log-probs as the old ones);
+    `importance_sampling`: truncated importance sampling is on, so without the engine's own log-probs (vLLM's) step 5
+    still runs (its log-probs are then the sampling ones)."""
 
     sampling: SamplingSettings
     estimator: EstimatorSettings
@@ -265,6 +283,13 @@ class RolloutSettings:
     drop_uniform_groups: bool = False
     max_refill_rounds: int = 0
     memory_bytes: int = LOGITS_MEMORY_BYTES
+    skip_reference: bool = False
+    skip_old_logprobs: bool = False
+    importance_sampling: bool = False
+
+    def with_all_passes(self) -> RolloutSettings:
+        """These settings with every pass on: the `stats_pass_every`-th rollout, whose metrics read them all."""
+        return replace(self, skip_reference=False, skip_old_logprobs=False)
 
     def with_kl_coef(self, kl_coef: float) -> RolloutSettings:
         """These settings with the KL controller's current coefficient."""
@@ -474,16 +499,29 @@ def rollout(policy: nn.Module, queries, query_mask, prompts: list, parts: Rollou
                           overlong_buffer_length=settings.overlong_buffer_length,
                           overlong_penalty_factor=settings.overlong_penalty_factor)
         scored = _clock(queries.device)
-        # 5. Old log-probs and values, in one pass.
+        # 5. Old log-probs and values, in one pass (the value head's values come from the policy's own forward).
+        # Skipped where the update reads its own forward's log-probs (`skip_old_logprobs`), unless truncated
+        # importance sampling has no engine log-probs to weigh against (then these are the sampling ones).
         has_critic = policy.has_critic
-        logprobs, values, entropy = policy_forward(policy, queries, query_mask, responses, response_mask,
-                                                   temperature=temperature, batch_size=batch_size, with_entropy=True,
-                                                   with_values=has_critic, memory_bytes=settings.memory_bytes)
+        sampled = parts.engine.last_logprobs() if parts.environment is None else None  # vLLM's, for its correction
+        sampled = sampled if sampled is not None and sampled.shape == response_mask.shape else None
+        skip_old = settings.skip_old_logprobs and not has_critic and (sampled is not None
+                                                                       or not settings.importance_sampling)
+        if skip_old:  # placeholders no update reads: its loss takes the log-probs of its own forward
+            logprobs, values, entropy = torch.zeros(response_mask.shape, device=queries.device), None, None
+        else:
+            logprobs, values, entropy = policy_forward(policy, queries, query_mask, responses, response_mask,
+                                                       temperature=temperature, batch_size=batch_size,
+                                                       with_entropy=True, with_values=has_critic,
+                                                       memory_bytes=settings.memory_bytes)
         forwarded = _clock(queries.device)
-        # 6. Reference log-probs.
-        ref_logprobs = reference_logprobs(policy, parts.ref_model, queries, query_mask, responses, response_mask,
-                                          temperature=temperature, batch_size=batch_size,
-                                          ref_adapter=parts.ref_adapter, memory_bytes=settings.memory_bytes)
+        # 6. Reference log-probs; skipped (`skip_reference`) where no reward and no loss term reads the KL.
+        if settings.skip_reference:  # the policy's own: a KL of exactly 0 for every estimator, read by no update
+            ref_logprobs = logprobs.clone()
+        else:
+            ref_logprobs = reference_logprobs(policy, parts.ref_model, queries, query_mask, responses, response_mask,
+                                              temperature=temperature, batch_size=batch_size,
+                                              ref_adapter=parts.ref_adapter, memory_bytes=settings.memory_bytes)
         referenced = _clock(queries.device)
     # 7-8. Shaped scores -> rewards and advantages (the advantage estimator). A row a reward scored NaN/inf (with a
     # group estimator, its whole group) leaves the update: its masks are cleared and its NaN/inf a placeholder 0
@@ -502,12 +540,14 @@ def rollout(policy: nn.Module, queries, query_mask, prompts: list, parts: Rollou
                                      step_rewards=samples.step_rewards)
     estimator_stats = rewards.pop("stats", {})  # an estimator's own metrics (auto: which advantages it used)
     values = values if has_critic else torch.zeros_like(logprobs)
-    sampled = parts.engine.last_logprobs() if parts.environment is None else None  # vLLM's, for its correction
     batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
-                         contains_stop, **rewards, policy_mask=policy_mask,
-                         sampling_logprobs=sampled if sampled is not None and sampled.shape == logprobs.shape else None)
-    # 9. Statistics (of everything sampled; the score means over the finite scores).
-    stats = rollout_stats(batch, kl, entropy, parts.stop_token_ids, has_critic, finite if left_out else None)
+                         contains_stop, **rewards, policy_mask=policy_mask, sampling_logprobs=sampled)
+    # 9. Statistics (of everything sampled; the score means over the finite scores). None that reads a skipped pass:
+    # absent, never a placeholder's 0 (`skipped_stats`).
+    stats = rollout_stats(batch, kl, entropy if entropy is not None else torch.zeros_like(logprobs),
+                          parts.stop_token_ids, has_critic, finite if left_out else None)
+    for name in skipped_stats(skip_old, settings.skip_reference):
+        del stats[name]
     stats.update(combined_reward_stats(samples.scores, parts.gather))
     stats.update(estimator_stats)
     if left_out:
@@ -519,7 +559,8 @@ def rollout(policy: nn.Module, queries, query_mask, prompts: list, parts: Rollou
     stats.update({f"objective/scores/{name}": per_reward.get(f"rewards/{name}/mean", raw.mean())
                   for name, raw in each.items()})
     stats.update(per_reward)
-    stats.update(engine_stats(parts.engine, logprobs if parts.environment is None else None, policy_mask))
+    stats.update(engine_stats(parts.engine, logprobs if parts.environment is None and not skip_old else None,
+                              policy_mask))
     stats["frac_reward_zero_std"] = frac_reward_zero_std(samples.scores, k, parts.gather)
     uniform = uniform_rewards(samples.scores, samples.each_reward or {}, parts.gather)
     dropped = None

@@ -60,6 +60,8 @@ _NOT_COMPARED = {"model_init_kwargs", "ref_model_init_kwargs", "reward_model_ini
                  "prompt_column", "system_prompt", "max_completion_length",
                  # The collapse watch reads the logs: when it warns or stops, never what a step computes.
                  "watch_collapse", "stop_on_collapse", "collapse_kl_threshold",
+                 # Which rollouts run the skipped passes for the metrics: no update reads them (issue 59).
+                 "stats_pass_every",
                  # How vLLM holds its copy of the policy: it samples the policy either way, and the old log-probs
                  # stay the policy's own (rollout_engine itself is compared).
                  "vllm_gpu_memory_utilization", "vllm_max_model_len", "vllm_dtype", "vllm_enable_sleep_mode"}

@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 from transformers import TrainingArguments
 
-from ..algorithms.estimators import EstimatorSettings
+from ..algorithms.estimators import ESTIMATORS, EstimatorSettings
 from ..algorithms.ppo_math import (
     KL_ALIASES,
     KL_ESTIMATORS,
@@ -354,6 +354,15 @@ class PPOConfig(TrainingArguments):
     )
     kl_target: float = field(default=6.0, metadata={"help": "Target KL of the adaptive controller."})
     kl_horizon: int = field(default=10000, metadata={"help": "Horizon (in episodes) of the adaptive controller."})
+    stats_pass_every: int = field(
+        default=4,
+        metadata={"help": "Where a rollout skips a forward pass it does not need (the reference at kl_coef=0 with a "
+                  "fixed controller; the old-log-prob pass of a critic-free estimator with one optimizer step per "
+                  "rollout), every N-th rollout (the first included) runs it all the same, for the metrics that "
+                  "read it (objective/kl, objective/entropy, policy/entropy_avg) and the collapse watch; the other "
+                  "rollouts log none of them. 1: every rollout (the cost of no skip); 0: never (those metrics are "
+                  "absent and the watch's KL and entropy signatures off)."},
+    )
 
     # ---- Step 11, the update: epochs, minibatches, the clipped losses ----------------------------------------------
     num_ppo_epochs: int = field(default=4, metadata={"help": "Passes over each rollout batch."})
@@ -803,7 +812,9 @@ class PPOConfig(TrainingArguments):
                                overlong_buffer_length=self.overlong_buffer_length,
                                overlong_penalty_factor=self.overlong_penalty_factor,
                                drop_uniform_groups=self.drop_uniform_groups, max_refill_rounds=self.max_refill_rounds,
-                               memory_bytes=self.logits_memory_bytes)
+                               memory_bytes=self.logits_memory_bytes, skip_reference=self.skips_reference,
+                               skip_old_logprobs=self.old_logprobs_from_update,
+                               importance_sampling=self.vllm_importance_sampling_cap is not None)
 
     @property
     def loss_settings(self) -> LossSettings:
@@ -821,7 +832,23 @@ class PPOConfig(TrainingArguments):
                             cispo_clip_max=self.cispo_clip_max, sapo_temperature_pos=self.sapo_temperature_pos,
                             sapo_temperature_neg=self.sapo_temperature_neg, gmpo_cliprange=self.gmpo_cliprange,
                             clip_cov_ratio=self.clip_cov_ratio, clip_cov_lb=self.clip_cov_lb,
-                            clip_cov_ub=self.clip_cov_ub, kl_cov_ratio=self.kl_cov_ratio, kl_cov_coef=self.kl_cov_coef)
+                            clip_cov_ub=self.clip_cov_ub, kl_cov_ratio=self.kl_cov_ratio, kl_cov_coef=self.kl_cov_coef,
+                            old_logprobs_from_forward=self.old_logprobs_from_update)
+
+    @property
+    def skips_reference(self) -> bool:
+        """No reference pass at a rollout (but every `stats_pass_every`-th): `kl_coef=0` with a fixed controller
+        puts the KL in no reward and no loss term, so the reference's log-probs would be read by no update."""
+        return self.kl_coef == 0 and not self.adaptive_kl
+
+    @property
+    def old_logprobs_from_update(self) -> bool:
+        """No old-log-prob pass at a rollout (but every `stats_pass_every`-th): a critic-free estimator whose
+        rollout feeds exactly one optimizer step, with no KL in the reward. The update's own forward is then at the
+        rollout's weights, so its detached log-probs are the old ones (the first ratio exactly 1, as TRL's GRPO)."""
+        estimator = ESTIMATORS.get(self.advantage_estimator)
+        return (estimator is not None and not estimator.needs_critic and self.optimizer_steps_per_iteration == 1
+                and self.skips_reference)
 
     @property
     def eval_settings(self) -> EvalSettings:

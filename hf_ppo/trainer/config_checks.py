@@ -53,6 +53,8 @@ _RANGES = [
     ("kl_coef", False, lambda v: 0 <= v < math.inf, ">= 0 (a negative beta rewards drifting from the reference)"),
     ("kl_target", False, lambda v: 0 < v < math.inf, "> 0"),
     ("kl_horizon", False, lambda v: v >= 1, "an integer >= 1 (episodes)"),
+    ("stats_pass_every", False, lambda v: isinstance(v, int) and v >= 0,
+     "an integer >= 0 (rollouts between the passes a skip leaves out; 1: every rollout, 0: never)"),
     ("reward_clip", True, lambda v: 0 < v < math.inf, "None (off) or > 0 (scores are clipped to [-clip, clip])"),
     ("overlong_penalty_factor", False, lambda v: 0 <= v < math.inf, ">= 0 (the penalty at full response_length)"),
     ("num_sample_generations", False, lambda v: v >= 0, "an integer >= 0 (0: never)"),

@@ -223,6 +223,8 @@ class PPOLMTrainer(StepAPI, SavingSeams, Trainer):
         each_moments = self.rewards.state_dict()
         self._reward_logs.take_extra()  # a dropped rollout's or an evaluation's log_extra columns are not this one's
         settings = args.rollout_settings.with_kl_coef(self.kl_ctl.value)
+        if args.stats_pass_every and self.iteration % args.stats_pass_every == 0:  # the skipped passes, for the metrics
+            settings = settings.with_all_passes()
         if "response_length" in inputs:  # step(): its longest response
             settings = settings.with_response_length(inputs["response_length"])
         parts = self.rollout_parts(inputs.get("environment", self.environment))
@@ -262,8 +264,11 @@ class PPOLMTrainer(StepAPI, SavingSeams, Trainer):
                       "time/score": result.score_seconds, "time/policy_forward": result.policy_forward_seconds,
                       "time/reference": result.reference_seconds,
                       "rollout/tokens_per_second": generated_tokens / max(result.generate_seconds, 1e-9)})
-        # 10. The KL controller moves after each rollout, by the number of episodes it saw.
-        self.kl_ctl.update(stats[0].item(), len(batch) * args.world_size)
+        # 10. The KL controller moves after each rollout, by the number of episodes it saw (an adaptive one always
+        # has the KL: the reference pass is skipped only with a fixed controller).
+        if "objective/kl" in result.stats:
+            kl = list(result.stats).index("objective/kl")
+            self.kl_ctl.update(stats[kl].item(), len(batch) * args.world_size)
         self.iteration += 1
         if self.is_world_process_zero():
             self._no_signal.check(result.uniform, self.iteration, len(batch) * args.world_size, reduced)

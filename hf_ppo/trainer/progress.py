@@ -176,7 +176,8 @@ class PPOProgressCallback(StageProgressCallback):
             if first:  # the first reward's own mean (over the rows it applies to), beside the combined score
                 name = first[len("rewards/"):-len("/mean")]
                 postfix[f"{name}_mean" if name in ("reward", self.kl_label) else name] = f"{logs[first]:.3f}"
-            postfix[self.kl_label] = f"{logs['objective/kl']:.3f}"
+            if "objective/kl" in logs:  # absent from a log of rollouts that skipped the reference (stats_pass_every)
+                postfix[self.kl_label] = f"{logs['objective/kl']:.3f}"
             self.training_bar.set_postfix(postfix, refresh=False)
 
 

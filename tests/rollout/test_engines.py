@@ -354,3 +354,101 @@ def test_sampling_reports_rows_and_tokens_per_decode_step(engine, policy, tokeni
     seen.clear()
     sampler.generate(policy, queries, mask)  # nobody listens: nothing reported
     assert seen == []
+
+
+# ---- issue 59: no host sync per decoded token ---------------------------------------------------------------------
+class _Syncs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the host syncs (`_local_scalar_dense`: `.item()`, `bool(tensor)`; `nonzero`: boolean indexing) the
+    operations make, but `torch.multinomial`'s argument check (`_assert_async`: a device-side assert on a GPU, a
+    scalar read only on the CPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count, self.asserting = 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name == "_assert_async":
+            self.asserting += 1
+        try:
+            if name in ("_local_scalar_dense", "nonzero") and not self.asserting:
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+        finally:
+            if name == "_assert_async":
+                self.asserting -= 1
+
+
+def _syncs(engine, model, ids, mask) -> int:
+    with _Syncs() as spy:
+        engine.generate(model, ids, mask)
+    return spy.count
+
+
+@pytest.mark.parametrize("engine", ["kv_cache", "static"])
+def test_the_decode_loop_syncs_the_host_once_per_8_tokens_not_per_token(engine, policy, tokenizer):
+    """Left-padded prompts, no stop token: 8 more decoded tokens cost at most one more host sync (the stop check
+    every STOP_CHECK_EVERY tokens), whatever the model's mask code would read at each step. Before issue 59 the
+    kv_cache loop synced twice per token (its `done.all()` and transformers' padding check of the 2-D mask)."""
+    ids, mask = encode(tokenizer, PROMPTS)
+    assert not mask.all()
+    make = {"kv_cache": lambda n: sampler(tokenizer, response_length=n),
+            "static": lambda n: static(tokenizer, response_length=n, prompt_bucket=16)}[engine]
+    assert _syncs(make(24), policy, ids, mask) - _syncs(make(8), policy, ids, mask) <= 2
+
+
+@pytest.mark.parametrize("name", ["llama3", "gemma2"])
+def test_the_4d_decode_mask_samples_the_2d_masks_tokens(name, monkeypatch):
+    """The 4-D mask the loops hand the attention (`decode_mask`) changes no token: the same seed samples the same
+    responses as with transformers' own 2-D mask, left-padded, for both engines; a model with a sliding window
+    (gemma2) keeps the 2-D mask."""
+    from hf_ppo.rollout import engines
+
+    model, tok = lora_model(name)
+    ids, mask = encode(tok, PROMPTS)
+    assert not mask.all()
+    four_d = engines.decode_mask(model, mask[:, :3]).dim() == 4
+    assert four_d == (name == "llama3")
+    runs = {}
+    for label in ("4d", "2d"):
+        if label == "2d":
+            monkeypatch.setattr(engines, "decode_mask", lambda model, allowed: allowed)
+        for engine in (sampler(tok, response_length=12, temperature=0.9), static(tok, temperature=0.9)):
+            torch.manual_seed(5)
+            runs[label, type(engine).__name__] = engine.generate(model, ids, mask)
+    for kind in ("KVCacheSampler", "StaticCacheSampler"):
+        assert torch.equal(runs["4d", kind], runs["2d", kind]), kind
+
+
+def test_the_static_engine_compiles_once_per_bucket_and_never_again_across_iterations(monkeypatch):
+    """Dynamo's own counters: one graph for a (rows, prompt length) bucket, however many iterations sample with it
+    and however the weights change between them (an optimizer step changes them in place); a new bucket compiles once
+    more, and going back to the first compiles nothing. `time/compile` reports the seconds of each compilation once.
+    (Compiled with dynamo's eager backend: the counting is dynamo's, whatever the backend.)"""
+    import functools
+
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    model, tok = lora_model("llama3")
+    ids, mask = encode(tok, PROMPTS)
+    engine = static(tok, compile=True, prompt_bucket=16)
+    for _ in range(3):  # three iterations, the adapter's weights changed in place between them
+        engine.generate(model, ids, mask)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.add_(0.01)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["recompiles"]
+    first = engine.metrics()["time/compile"]
+    engine.generate(model, ids, mask)  # one more rollout in the compiled bucket: no compile time
+    assert first > 0 and engine.metrics() == {"time/compile": 0.0}  # reported once, not at every rollout
+    assert ids.shape[1] <= 16
+    engine.generate(model, torch.cat([ids, ids, ids], 1), torch.cat([mask, mask, mask], 1))  # the next bucket: 32
+    engine.generate(model, ids, mask)
+    assert counters["stats"]["unique_graphs"] == 2
+    assert engine.metrics()["time/compile"] > 0
+    torch._dynamo.reset()

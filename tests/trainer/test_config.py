@@ -40,7 +40,9 @@ GAE = dict(response_length=17, temperature=0.9, local_rollout_forward_batch_size
            apply_chat_template_to_text=True, max_prompt_length=64, stop_token=None, stop_token_ids=[2, 3])
 GRPO = dict(advantage_estimator="grpo", num_generations=4, scale_rewards=False, lam_critic=None, whiten_rewards=False,
             gamma=1.0,
-            critic="shared", critic_model_init_kwargs=None, critic_quantization="none")
+            critic="shared", critic_model_init_kwargs=None, critic_quantization="none",
+            # no KL and one optimizer step per rollout: the reference and old-log-prob passes are skipped
+            kl_coef=0.0, use_kl_loss=False, use_bias_correction_kl=False, num_ppo_epochs=1)
 # bf16's default follows the machine (None: on where a CUDA GPU supports it), so GAE sets it on and this one sets it
 # off: the precision and the models' dtype move away from the default on a machine with a GPU as on one without.
 VAPO = dict(lam_length_alpha=0.5, bf16=False)

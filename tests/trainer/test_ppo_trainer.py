@@ -746,3 +746,82 @@ def test_truncated_importance_sampling_changes_the_loss_when_the_engines_log_pro
             assert logged == [] or logged == [pytest.approx(1.0)]  # off: no correction
         else:
             assert logged == [pytest.approx(weight)]  # every weight the cap, not 1
+
+
+# ---- issue 59: the passes no update reads are skipped ---------------------------------------------------------------
+def _counting_passes(monkeypatch) -> list[bool]:
+    """Each no-grad forward pass of a rollout (steps 5 and 6: `policy_forward`), as whether it asked for values."""
+    from hf_ppo.rollout import steps
+
+    passes, forward = [], steps.policy_forward
+
+    def counted(*args, **kwargs):
+        passes.append(kwargs.get("with_values", True))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(steps, "policy_forward", counted)
+    return passes
+
+
+def test_grpo_with_one_step_per_rollout_and_no_kl_runs_no_old_logprob_or_reference_pass(
+        tiny_models, tokenizer, tmp_path, monkeypatch):
+    """kl_coef=0, one optimizer step per rollout (gradient accumulation is still one step), critic-free: neither pass
+    runs but on every `stats_pass_every`-th rollout; the loss's ratio is exactly 1 (its own forward's log-probs are the
+    old ones); the metrics those passes measure are absent from the other rollouts' logs, never a placeholder's 0."""
+    passes = _counting_passes(monkeypatch)
+    trainer = build(tiny_models, tokenizer, tmp_path, max_steps=4, num_ppo_epochs=1, gradient_accumulation_steps=2,
+                    advantage_estimator="grpo", num_generations=2, kl_coef=0.0, stats_pass_every=2, bf16=False)
+    trainer.train()
+    assert len(passes) == 4, passes  # rollouts 1 and 3: the policy's pass and the reference's; 2 and 4: none
+    history = [e for e in trainer.state.log_history if "val/ratio" in e]
+    assert len(history) == 4
+    assert all(e["val/ratio"] == 1.0 and e["val/ratio_var"] == 0.0 for e in history), history
+    measured = ["objective/kl", "objective/entropy", "policy/entropy_avg"]
+    assert [all(k in e for k in measured) for e in history] == [True, False, True, False]
+    assert all("objective/scores" in e and "time/reference" in e for e in history)
+
+
+def test_the_skipped_passes_run_where_an_update_reads_them(tiny_models, tokenizer, tmp_path, monkeypatch):
+    """Two PPO epochs (the second update's ratio reads the rollout's log-probs), and kl_coef > 0 (the reward reads the
+    KL): every rollout runs both passes, and logs every metric."""
+    passes = _counting_passes(monkeypatch)
+    build(tiny_models, tokenizer, tmp_path, max_steps=4, num_ppo_epochs=2, gradient_accumulation_steps=1,
+          advantage_estimator="grpo", num_generations=2, kl_coef=0.0, stats_pass_every=0, bf16=False).train()
+    assert len(passes) == 2  # two rollouts of two optimizer steps each: the old log-probs, no reference (kl_coef=0)
+    passes.clear()
+    trainer = build(tiny_models, tokenizer, tmp_path / "kl", max_steps=2, num_ppo_epochs=1,
+                    gradient_accumulation_steps=1, advantage_estimator="rloo", num_generations=2, kl_coef=0.1,
+                    stats_pass_every=0, bf16=False)
+    trainer.train()
+    assert len(passes) == 4  # both passes at each of the two rollouts
+    assert all("objective/kl" in e for e in trainer.state.log_history if "val/ratio" in e)
+
+
+def test_with_the_value_head_a_rollout_takes_log_probs_and_values_from_one_pass_of_the_body(
+        tiny_models, tokenizer, tmp_path):
+    """gae with the shared value head at kl_coef=0: one no-cache forward of the policy's body per rollout (the old
+    log-probs and the values together; no reference pass), beside the sampling's cached ones."""
+    trainer = build(tiny_models, tokenizer, tmp_path, max_steps=2, num_ppo_epochs=1, gradient_accumulation_steps=1,
+                    kl_coef=0.0, stats_pass_every=0, bf16=False)
+    body, rollout, calls = trainer.model.pretrained_model, trainer._rollout, []
+    in_rollout = [False]
+
+    def count(module, args, kwargs, output):
+        if in_rollout[0] and not kwargs.get("use_cache", True):
+            calls[-1] += 1
+
+    def counted(inputs):
+        calls.append(0)
+        in_rollout[0] = True
+        try:
+            return rollout(inputs)
+        finally:
+            in_rollout[0] = False
+
+    handle = body.register_forward_hook(count, with_kwargs=True)
+    trainer._rollout = counted
+    try:
+        trainer.train()
+    finally:
+        handle.remove()
+    assert calls == [1, 1], calls

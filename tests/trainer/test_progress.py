@@ -457,3 +457,18 @@ def test_disable_tqdm_shows_no_sampling_status(tiny_models, tmp_path):
                            train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
     trainer.train()
     assert reporters and all(r is None for r in reporters)
+
+
+def test_the_bar_takes_a_log_without_kl(tmp_path):
+    """A log of rollouts that skipped the reference pass (kl_coef=0, `stats_pass_every`) holds no objective/kl: the
+    bar shows the reward without it, and does not fail."""
+    from transformers import TrainerControl, TrainerState
+
+    args = make_args(tmp_path, num_ppo_epochs=1)
+    callback = progress.PPOProgressCallback(args)
+    state = TrainerState(max_steps=8, is_world_process_zero=True, is_local_process_zero=True)
+    callback.on_train_begin(args, state, TrainerControl())
+    callback.training_bar.fp = io.StringIO()
+    callback.caption(state, {"objective/scores": 0.5, "iteration": 2})
+    assert "reward=0.500" in str(callback.training_bar) and "kl" not in str(callback.training_bar).split("reward")[1]
+    callback.training_bar.close()

@@ -807,13 +807,18 @@ def words(completions, **kwargs):
     return [float(len(c.split())) for c in completions]
 
 
-def test_a_short_wildly_tuned_run_is_called_out_within_the_run(tiny_models, tokenizer, tmp_path):
+@pytest.mark.parametrize("stats_pass_every, step, measured", [(1, 3, 8), (4, 5, 2)])
+def test_a_short_wildly_tuned_run_is_called_out_within_the_run(tiny_models, tokenizer, tmp_path, stats_pass_every,
+                                                               step, measured):
     """8 iterations of one update each, kl_coef=0, learning_rate=5e-2, a reward of one point per word, the defaults
     otherwise (logging_steps=10: this run logs once, at its end). It degenerates: KL to the reference grows from 0 to
     about 195 nats per response (32 at the 3rd iteration), entropy falls from 6.0 to 2.5, every response runs to
-    response_length. The watch reads every rollout, so it says so at the 3rd iteration, not never."""
+    response_length. The watch reads every rollout that measured the KL, so it says so at the 3rd iteration, not
+    never; with kl_coef=0 the reference pass runs on every `stats_pass_every`-th rollout only (the default 4:
+    iterations 1 and 5), so there it speaks at the 5th, the cost of the skipped passes."""
     args = default_config(tmp_path, per_device_train_batch_size=8, num_ppo_epochs=1, max_steps=8, kl_coef=0.0,
-                          learning_rate=5e-2, response_length=53, apply_chat_template_to_text=False, **ON_THE_CPU)
+                          learning_rate=5e-2, response_length=53, apply_chat_template_to_text=False,
+                          stats_pass_every=stats_pass_every, **ON_THE_CPU)
     trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer, reward_model=words,
                            train_dataset=Dataset.from_dict({"prompt": list(PROMPTS["prompt"]) * 2}))
     seen = []
@@ -830,9 +835,10 @@ def test_a_short_wildly_tuned_run_is_called_out_within_the_run(tiny_models, toke
     messages = [str(w.message) for w in record if issubclass(w.category, CollapseWarning)]
     assert len([h for h in trainer.state.log_history if "objective/kl" in h]) == 1  # one log, at the end
     kl = [m for m in messages if "KL to the reference" in m]
-    assert kl and kl[0].startswith("Collapse watch, step 3: KL to the reference"), messages
+    assert kl and kl[0].startswith(f"Collapse watch, step {step}: KL to the reference"), messages
     assert "beyond 30 (the default with a fixed kl_coef" in kl[0]
-    assert len(seen) == 8 and seen[0] == 0.0 and seen[-1] > 100, seen  # it degenerates
+    assert len(seen) == 8 and seen[0] == 0.0 and seen[-1] > 30, seen  # it degenerates
+    assert len(watcher.history["objective/kl"]) == measured
 
 
 # ---- issue 63 kind 4: a NaN row beside a uniform reward ------------------------------------------------------------
