@@ -283,8 +283,8 @@ MUTATIONS = [
              [(R, "stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()",
                "stops_before = torch.cumsum(is_stop.long(), dim=1)")]),
     Mutation("tokens_after_stop_kept", "tokens after the stop token not replaced by padding (sampler and truncation)",
-             [(G, "token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)",
-               "token = sample_token(out.logits[:, -1], temperature, top_k, top_p)"),
+             [(G, "token = sample_token(out.logits[:, -1], s).masked_fill(done, pad_token_id)",
+               "token = sample_token(out.logits[:, -1], s)"),
               (R, "return responses.masked_fill(~mask, pad_token_id), mask, is_stop.any(dim=1)",
                "return responses, mask, is_stop.any(dim=1)")]),
     # -- positions and shifts -----------------------------------------------------------------------------------------
@@ -311,10 +311,10 @@ MUTATIONS = [
              [(W, "position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)", "position_ids = " + ARANGE.format("mask"))]),
     # -- temperature --------------------------------------------------------------------------------------------------
     Mutation("sampler_ignores_temperature", "the sampler ignoring temperature",
-             [(G, "logits = logits.float() / temperature\n    if top_k:", "logits = logits.float()\n    if top_k:")]),
+             [(G, "logits = logits.float() / s.temperature\n    if s.top_k:", "logits = logits.float()\n    if s.top_k:")]),
     Mutation("rollout_samples_at_t1", "the sampler ignoring temperature (not passed by the trainer)",
-             [(EC, "engine(response_length=s.response_length, temperature=s.temperature, top_k=s.top_k,",
-               "engine(response_length=s.response_length, temperature=1.0, top_k=s.top_k,")]),
+             [(EC, "return engine(s, pad_token_id=pad_token_id,",
+               "return engine(__import__('dataclasses').replace(s, temperature=1.0), pad_token_id=pad_token_id,")]),
     Mutation("old_logprobs_untempered", "rollout log-probs without the sampling temperature",
              [(R, "logprobs.append(logprobs_from_logits(logits, responses[rows], temperature, memory_bytes))",
                "logprobs.append(logprobs_from_logits(logits, responses[rows], 1.0, memory_bytes))")]),
@@ -552,7 +552,7 @@ MUTATIONS = [
     # -- environments and the static engine (issue 41) ----------------------------------------------------------------
     # mutations:env-engine
     Mutation("static_row_restarts_after_stop", "the static engine samples on in a row after its stop token",
-             [(G, 's["top_p"]).masked_fill(done, s["pad_token_id"])', 's["top_p"])')]),
+             [(G, "token = sample_token(logits, s).masked_fill(done, pad_token_id)", "token = sample_token(logits, s)")]),
     Mutation("static_done_forgotten", "the static engine forgets a row stopped (done reset every token)",
              [(G, "done |= torch.isin(token, stops)\n            if t == R - 1",
                "done = torch.isin(token, stops)\n            if t == R - 1")]),
@@ -560,8 +560,8 @@ MUTATIONS = [
              [(G, "(t + 1) % self.check_every == 0 and bool(done.all())",
                "(t + 1) % self.check_every == 0 and bool(done.any())")]),
     Mutation("kv_row_restarts_after_stop", "the default engine samples on in a row after its stop token",
-             [(G, "token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)",
-               "token = sample_token(out.logits[:, -1], temperature, top_k, top_p)")]),
+             [(G, "token = sample_token(out.logits[:, -1], s).masked_fill(done, pad_token_id)",
+               "token = sample_token(out.logits[:, -1], s)")]),
     Mutation("kv_done_forgotten", "the default engine forgets a row stopped (done reset every token)",
              [(G, "done |= torch.isin(token, stops)\n            if t == response_length - 1",
                "done = torch.isin(token, stops)\n            if t == response_length - 1")]),
@@ -1043,10 +1043,10 @@ MUTATIONS = [
              [("hub/publish.py", '                    "format": None if chat_prompts is None else "chat" if '
                'chat_prompts else "text",\n                    "max_prompt_length": settings.max_prompt_length},',
                '                    "format": None if chat_prompts is None else "chat" if chat_prompts else "text"},'),
-              ("hub/publish.py", '"top_p": settings.top_p, "stop_token": settings.stop_token,\n'
+              ("hub/publish.py", '"sampling": {**asdict(settings.sampling), "stop_token": settings.stop_token,\n'
                '                     "stop_token_ids": None if settings.stop_token_ids is None else '
                'list(settings.stop_token_ids)},\n        "scoring": {"reward_input_format": '
-               'settings.reward_input_format},', '"top_p": settings.top_p},')]),
+               'settings.reward_input_format},', '"sampling": {**asdict(settings.sampling)},')]),
     Mutation("i53e_recorded_settings_ignored", "hf-ppo evaluate reads only the four sampling settings of the record: "
              "the run's stop tokens, max_prompt_length and reward_input_format are not its defaults",
              [("cli/command.py", "    for name, section in RECORD_SECTIONS.items():",

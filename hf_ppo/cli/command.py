@@ -13,6 +13,9 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import fields
+
+from ..rollout.engines import SAMPLING_FIELDS, SamplingSettings
 
 EVALUATE_HELP = """The policy against its reference on a prompt dataset (hf_ppo/evaluation/): one sampled response each,
 scored by every reward model and judge; prints the win rates (ties half, 95% bootstrap interval), KL, lengths and stop
@@ -81,13 +84,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
              "has a chat template.")
     add("--num_prompts", type=int, default=None, help="Evaluate on the first N prompts (default: all).")
     add("--output_dir", default="hf_ppo_eval", help="Where eval_report.md and metrics.json go.")
-    add("--response_length", type=int, default=None,
-        help=f"Tokens sampled per response. Default: the run's (its hf_ppo_run.json), else "
-             f"{SAMPLING_DEFAULTS['response_length']}.")
-    add("--temperature", type=float, default=None,
-        help=f"Sampling temperature. Default: the run's, else {SAMPLING_DEFAULTS['temperature']}.")
-    add("--top_k", type=int, default=None, help="Top-k sampling (0: off). Default: the run's, else off.")
-    add("--top_p", type=float, default=None, help="Nucleus sampling. Default: the run's, else 1.0 (off).")
+    _add_sampling_options(add)
     add("--stop_token", choices=("eos", "none"), default=None, type=str.lower,
         help="What ends a response, as PPOConfig's stop_token: 'eos' (the tokenizer's and the policy's end tokens) or "
              "'none' (never stop, unless --stop_token_ids). Default: the run's stop tokens, else 'eos'.")
@@ -119,6 +116,19 @@ def evaluate_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_sampling_options(add) -> None:
+    """One option per setting of `SAMPLING_FIELDS`, named, typed and explained as PPOConfig's field of that name, so
+    a sampling setting added there is an option here too."""
+    from ..trainer.config import PPOConfig
+
+    declared = {f.name: f for f in fields(PPOConfig)}
+    for name in SAMPLING_FIELDS:
+        field = declared[name]
+        add(f"--{name}", type=int if str(field.type).startswith("int") else float, default=None,
+            help=f"{field.metadata.get('help', '')} Default: the run's (its hf_ppo_run.json), else "
+                 f"{SAMPLING_DEFAULTS[name]}.")
+
+
 def _int_or_none(value: str) -> int | str:
     """An option's integer, or 'none' (kept as the word: None is "not given")."""
     if value.strip().lower() == "none":
@@ -133,7 +143,7 @@ QUANTIZATIONS = ("4bit", "8bit", "none")
 PRECISIONS = ("bf16", "fp16", "fp32")
 # What `hf-ppo evaluate` samples with when neither an option nor the run record says (PPOConfig's defaults): the
 # `sampling` of the run record.
-SAMPLING_DEFAULTS = {"response_length": 53, "temperature": 0.7, "top_k": None, "top_p": 1.0, "stop_token": "eos",
+SAMPLING_DEFAULTS = {**{name: getattr(SamplingSettings(), name) for name in SAMPLING_FIELDS}, "stop_token": "eos",
                      "stop_token_ids": None}
 # Every setting `recorded_prompting` resolves (each has the option of its name), its default (PPOConfig's), and the
 # section of the run record it is read from.

@@ -177,9 +177,7 @@ class VLLMEngine(RolloutEngine):
         self.pad_token_id = pad_token_id
         self.stop_token_ids = [] if stop_token_ids is None else (
             [stop_token_ids] if isinstance(stop_token_ids, int) else list(stop_token_ids))
-        self.fallback = KVCacheSampler(response_length=s.response_length, temperature=s.temperature, top_k=s.top_k,
-                                       top_p=s.top_p, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids,
-                                       batch_size=s.forward_batch_size)
+        self.fallback = KVCacheSampler(s, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids)
         source = policy_source(policy)
         if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
             raise ValueError("rollout_engine='vllm' runs vLLM inside the training process, so that it can take the "

@@ -34,7 +34,7 @@ from ..hub.cards import CARD_HYPERPARAMETERS, PublishSettings
 from ..models.critics import CriticLoading
 from ..models.pretrained import compute_dtype
 from ..models.reward_model import RewardLoading
-from ..rollout.engines import SamplingSettings
+from ..rollout.engines import SAMPLING_FIELDS, SamplingSettings
 from ..rollout.scoring import RewardSettings
 from ..rollout.steps import RolloutSettings
 from ..rollout.vllm_engine import VLLMSettings
@@ -665,9 +665,10 @@ class PPOConfig(TrainingArguments):
     # The records lower floors read: each setting named where it is declared and where it is used.
     @property
     def sampling_settings(self) -> SamplingSettings:
-        """Step 1's settings (`rollout.SamplingSettings`): the engine and how it draws tokens."""
-        return SamplingSettings(response_length=self.response_length, temperature=self.temperature,
-                                forward_batch_size=self.local_rollout_forward_batch_size, top_k=self.top_k, top_p=self.top_p,
+        """Step 1's settings (`rollout.SamplingSettings`): the engine and how it draws tokens, each from the field of
+        its name (`forward_batch_size`: `local_rollout_forward_batch_size`)."""
+        return SamplingSettings(**{name: getattr(self, name) for name in SAMPLING_FIELDS},
+                                forward_batch_size=self.local_rollout_forward_batch_size,
                                 rollout_engine=self.rollout_engine)
 
     @property
@@ -726,8 +727,8 @@ class PPOConfig(TrainingArguments):
                                else None, hub_base_model_id=self.hub_base_model_id, precision=self.precision,
                                system_prompt=self.system_prompt, prompt_column=self.prompt_column,
                                apply_chat_template_to_text=self.apply_chat_template_to_text,
-                               response_length=self.response_length, temperature=self.temperature, top_k=self.top_k,
-                               top_p=self.top_p, max_prompt_length=self.max_prompt_length, stop_token=self.stop_token,
+                               sampling=self.sampling_settings, max_prompt_length=self.max_prompt_length,
+                               stop_token=self.stop_token,
                                stop_token_ids=stop_ids if stop_ids is None else tuple(stop_ids),
                                reward_input_format=self.reward_input_format)
 
