@@ -260,23 +260,26 @@ def input_device(model: nn.Module) -> torch.device:
 
 
 def sample_token(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
-    """One token per row from softmax(logits / s.temperature), restricted to the top-k / top-p (nucleus) set.
+    """One token per row from the distribution `s` says (`sampling_logits`): logits (B, vocab) -> (B,) long."""
+    return torch.multinomial(torch.softmax(sampling_logits(logits, s), dim=-1), 1).squeeze(-1)
 
-    logits: (B, vocab) -> (B,) long. The nucleus keeps the smallest set of tokens whose probability reaches top_p
-    (the most likely token is always kept).
-    """
+
+def sampling_logits(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
+    """The logits (B, vocab) fp32 that `sample_token` draws from: logits / s.temperature, with the tokens outside the
+    top-k / top-p (nucleus) set at -inf, in vLLM's order (temperature, then top-k and top-p), so every engine draws
+    from the same distribution. The nucleus keeps the smallest set of tokens whose probability reaches top_p (the most
+    likely token is always kept)."""
     logits = logits.float() / s.temperature
     if s.top_k:
         kth = torch.topk(logits, min(s.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    top_p = s.top_p
-    if top_p < 1.0:
+    if s.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         probs = torch.softmax(sorted_logits, dim=-1)
-        outside = (probs.cumsum(-1) - probs) >= top_p  # the mass before this token already reached top_p
+        outside = (probs.cumsum(-1) - probs) >= s.top_p  # the mass before this token already reached top_p
         sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
+    return logits
 
 
 @torch.no_grad()
