@@ -215,6 +215,9 @@ SUBSET = [
             "test_hf_ppo_evaluate_stops_truncates_scores_and_splits_as_the_run_trained",
             "test_hf_ppo_evaluate_warns_on_the_training_file_and_names_the_held_out_one"),
     "tests/hub/test_publish.py::test_the_run_record_holds_the_stop_truncation_scoring_and_dataset",
+    # subset:i58 (min_p against transformers' warper, its check)
+    *select("tests/rollout/test_steps.py", "test_min_p_keeps_the_tokens_transformers_min_p_warper_keeps"),
+    "tests/trainer/test_checkpoint.py::test_each_bad_config_value_is_refused[min_p-1.5]",
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -1064,6 +1067,15 @@ MUTATIONS = [
              [("cli/train.py", "        if config is not None:  # nothing to choose in a file: said, since the user "
                                "meant something by it\n            warn_user(",
                "        if False:\n            warn_user(")]),
+    # -- issue 58: records reach the last rooms (SamplingSettings whole, min_p) ----------------------------------------
+    Mutation("i58_min_p_ignored", "min_p declared, checked and recorded, but the sampler draws from every token",
+             [(G, "    if s.min_p > 0.0:\n", "    if False:\n")]),
+    Mutation("i58_min_p_unchecked", "a min_p outside [0, 1] is accepted (1.5 keeps no token but the top one)",
+             [("trainer/config_checks.py", '("min_p", False, lambda v: 0 <= v <= 1,',
+               '("min_p", False, lambda v: True,')]),
+    Mutation("i58_sampling_field_dropped", "a sampling setting left out of the fields the record, the card, hf-ppo "
+             "evaluate and PPOConfig.sampling_settings carry: the engine samples at its default",
+             [(G, 'f.name not in ("forward_batch_size",', 'f.name not in ("min_p", "forward_batch_size",')]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

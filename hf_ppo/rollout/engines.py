@@ -83,7 +83,7 @@ class RolloutEngine:
 class SamplingSettings:
     """Step 1's settings (`PPOConfig.sampling_settings` builds it from the PPOConfig fields of the same names): which
     engine samples (`rollout_engine`), how many tokens per response (`response_length`), how each token is drawn
-    (`temperature`, `top_k`, `top_p`), and how many rows one pass holds (`forward_batch_size`: PPOConfig's
+    (`temperature`, `top_k`, `top_p`, `min_p`), and how many rows one pass holds (`forward_batch_size`: PPOConfig's
     `local_rollout_forward_batch_size`, which every no-grad pass of the rollout uses too). The defaults are
     PPOConfig's. Engines, the run record, the model card and `hf-ppo evaluate` take it whole: a setting added here
     (and to PPOConfig) reaches them all."""
@@ -94,6 +94,7 @@ class SamplingSettings:
     top_k: int | None = None
     top_p: float = 1.0
     rollout_engine: str = "kv_cache"
+    min_p: float = 0.0
 
 
 # The settings that decide which responses are drawn (not how fast, nor by which engine): what the run record's
@@ -266,10 +267,14 @@ def sample_token(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
 
 def sampling_logits(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
     """The logits (B, vocab) fp32 that `sample_token` draws from: logits / s.temperature, with the tokens outside the
-    top-k / top-p (nucleus) set at -inf, in vLLM's order (temperature, then top-k and top-p), so every engine draws
-    from the same distribution. The nucleus keeps the smallest set of tokens whose probability reaches top_p (the most
-    likely token is always kept)."""
+    min-p, top-k and top-p (nucleus) sets at -inf, in vLLM's order (temperature, min-p, then top-k and top-p), so every
+    engine draws from the same distribution. Min-p keeps the tokens whose probability is at least min_p times the
+    largest (transformers' `MinPLogitsWarper`); the nucleus keeps the smallest set of tokens whose probability reaches
+    top_p. The most likely token is always kept."""
     logits = logits.float() / s.temperature
+    if s.min_p > 0.0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < s.min_p * probs.amax(-1, keepdim=True), float("-inf"))
     if s.top_k:
         kth = torch.topk(logits, min(s.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -16,11 +16,11 @@ checkpoint) only marks vLLM's copy stale; the next `generate` syncs it, once, so
 optimizer step. Its seconds are reported as `time/weight_sync` (`metrics`).
 
 Sampling matches the other engines: the prompts' token ids in their order (each prompt's `num_generations` copies
-side by side), `temperature`, `top_k`, `top_p`, `response_length` new tokens (`max_tokens`), a stop at any of the stop
-ids and never without any (vLLM's own EOS handling is off), padding after the stop. vLLM's generator is seeded with
-the run's `seed` + the process index. vLLM's log-probs of the tokens it drew (after temperature, top-k and top-p:
-`logprobs_mode="processed_logprobs"`) come back from `last_logprobs`: step 5 still computes the old log-probs with
-the training model, so the first PPO ratio is exactly 1, and step 9 logs the gap between the two.
+side by side), `temperature`, `top_k`, `top_p`, `min_p`, `response_length` new tokens (`max_tokens`), a stop at any of
+the stop ids and never without any (vLLM's own EOS handling is off), padding after the stop. vLLM's generator is seeded
+with the run's `seed` + the process index. vLLM's log-probs of the tokens it drew (after temperature, min-p, top-k and
+top-p: `logprobs_mode="processed_logprobs"`) come back from `last_logprobs`: step 5 still computes the old log-probs
+with the training model, so the first PPO ratio is exactly 1, and step 9 logs the gap between the two.
 
 What the engine is handed decides where it samples: the policy with its trained adapter active (or the fully
 fine-tuned policy) samples on vLLM; the policy with its adapter disabled (the reference of a LoRA run) samples vLLM's
@@ -320,8 +320,8 @@ class VLLMEngine(RolloutEngine):
                              f"vLLM's max_model_len={self.max_model_len}: raise vllm_max_model_len (at most the "
                              "policy's context), or lower max_prompt_length / response_length.")
         params = self._sampling_params(
-            n=1, temperature=s.temperature, top_k=s.top_k or -1, top_p=s.top_p, max_tokens=s.response_length,
-            stop_token_ids=self.stop_token_ids, ignore_eos=True, logprobs=0, detokenize=False)
+            n=1, temperature=s.temperature, top_k=s.top_k or -1, top_p=s.top_p, min_p=s.min_p,
+            max_tokens=s.response_length, stop_token_ids=self.stop_token_ids, ignore_eos=True, logprobs=0, detokenize=False)
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=lora,
                                     use_tqdm=False)
         responses = torch.full((len(prompts), s.response_length), self.pad_token_id, dtype=torch.long)

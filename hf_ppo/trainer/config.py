@@ -135,6 +135,11 @@ class PPOConfig(TrainingArguments):
     )
     top_k: int | None = field(default=None, metadata={"help": "Top-k sampling (None: off)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0: off)."})
+    min_p: float = field(
+        default=0.0,
+        metadata={"help": "Min-p sampling (TRL's GRPOConfig.min_p, vLLM's SamplingParams.min_p): keep the tokens whose "
+                  "probability is at least min_p times the most likely token's, after temperature (0.0: off)."},
+    )
     rollout_engine: Literal["kv_cache", "static", "vllm"] = field(
         default="kv_cache",
         metadata={"help": "How responses are sampled. 'kv_cache': hf_ppo's eager decode loop with a growing KV cache "

@@ -562,7 +562,7 @@ def test_the_run_record_carries_how_the_run_prompted_and_sampled(tiny_models, tm
     record = json.loads((folder / "hf_ppo_run.json").read_text())
     assert record["prompts"] == {"column": "question", "system_prompt": SYSTEM, "apply_chat_template_to_text": None,
                                  "format": "chat", "max_prompt_length": 512}
-    assert record["sampling"] == {"response_length": 3, "temperature": 0.9, "top_k": 7, "top_p": 1.0,
+    assert record["sampling"] == {"response_length": 3, "temperature": 0.9, "top_k": 7, "top_p": 1.0, "min_p": 0.0,
                                   "forward_batch_size": 64, "rollout_engine": "kv_cache", "stop_token": "eos",
                                   "stop_token_ids": None}
     assert record["global_step"] == 1

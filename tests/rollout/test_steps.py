@@ -7,7 +7,7 @@ from dataclasses import fields
 import pytest
 import torch
 
-from hf_ppo.rollout.engines import generate, sample_token
+from hf_ppo.rollout.engines import generate, sample_token, sampling_logits
 from hf_ppo.algorithms.ppo_math import LOSS_AGGREGATIONS
 from hf_ppo.algorithms.estimators import EstimatorSettings
 from hf_ppo.rollout.engines import SamplingSettings
@@ -47,6 +47,25 @@ def test_rows_stop_at_the_stop_token_and_pad_after(policy, tokenizer):
     first = (greedy[0] == stop).nonzero()[0].item()
     assert torch.equal(out[0, :first + 1], greedy[0, :first + 1])
     assert (out[0, first + 1:] == tokenizer.pad_token_id).all()
+
+
+@pytest.mark.parametrize("min_p", [0.05, 0.3, 0.9, 1.0])
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_min_p_keeps_the_tokens_transformers_min_p_warper_keeps(min_p, temperature):
+    """min_p as transformers samples it: temperature first, then MinPLogitsWarper on the same logits; the kept logits
+    (and so the distribution drawn from) are the same, and the off value 0.0 changes nothing."""
+    from transformers import MinPLogitsWarper, TemperatureLogitsWarper
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50) * 3
+    theirs = MinPLogitsWarper(min_p)(None, TemperatureLogitsWarper(temperature)(None, logits.clone()))
+    ours = sampling_logits(logits, SamplingSettings(temperature=temperature, min_p=min_p))
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs)) and (~torch.isinf(ours)).sum() < logits.numel()
+    torch.testing.assert_close(ours[~torch.isinf(ours)], theirs[~torch.isinf(theirs)])
+    off = sampling_logits(logits, SamplingSettings(temperature=temperature, min_p=0.0))
+    torch.testing.assert_close(off, logits / temperature)
+    draws = sample_token(logits.repeat(200, 1), SamplingSettings(temperature=temperature, min_p=min_p))
+    assert not torch.isinf(ours.repeat(200, 1).gather(1, draws[:, None])).any()  # never a token min_p dropped
 
 
 def test_sample_token_top_k_and_top_p():

@@ -23,7 +23,7 @@ FIXED_HERE = {"device": "the run's device (TrainingArguments.device): the CPU on
               "world_size": "the number of processes: 1 in a test",
               "enable_sleep_mode": "vllm_enable_sleep_mode needs a GPU (refused on a CPU)"}
 
-GAE = dict(response_length=17, temperature=0.9, local_rollout_forward_batch_size=3, top_k=5, top_p=0.9,
+GAE = dict(response_length=17, temperature=0.9, local_rollout_forward_batch_size=3, top_k=5, top_p=0.9, min_p=0.05,
            rollout_engine="vllm", vllm_gpu_memory_utilization=0.5, vllm_max_model_len=300, vllm_dtype="float32",
            vllm_importance_sampling_cap=2.0,
            kl_coef=0.3, num_generations=2, gamma=0.99, lam=0.9, lam_critic=0.5,
