@@ -1076,6 +1076,18 @@ MUTATIONS = [
     Mutation("i58_sampling_field_dropped", "a sampling setting left out of the fields the record, the card, hf-ppo "
              "evaluate and PPOConfig.sampling_settings carry: the engine samples at its default",
              [(G, 'f.name not in ("forward_batch_size",', 'f.name not in ("min_p", "forward_batch_size",')]),
+    Mutation("i60_late_setting_taken", "trainer.args.temperature = 0.3 on a built trainer is taken: the engine samples "
+             "at the old value while the loss and the record use the new one",
+             [("trainer/config.py", "            if name in settled_fields() and not _same(old, value):",
+               "            if False:")]),
+    Mutation("i60_replaced_args_taken", "trainer.args = dataclasses.replace(trainer.args, temperature=0.3) is taken",
+             [("trainer/config.py", "            if changed:\n                first = changed[0]",
+               "            if False:\n                first = changed[0]")]),
+    Mutation("i60_never_held", "the trainer never holds its config: every late assignment is taken",
+             [("trainer/ppo_trainer.py", "        args.hold()  # built", "        pass  # built")]),
+    Mutation("i60_live_unchecked", "a live setting assigned out of its range is taken",
+             [("trainer/config.py", "                if errors:\n                    super().__setattr__(name, old)",
+               "                if False:\n                    super().__setattr__(name, old)")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import torch
@@ -51,6 +52,20 @@ from .config_checks import (
 
 Quantization = Literal["4bit", "8bit", "none"]
 _HUB_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'namespace/name' or 'name'
+
+
+# Whether a setting may change on a built trainer's args: only the ones `PPOConfig._LIVE` names beside their
+# declarations (read afresh by every step). Any other PPOConfig field (one added later included) was taken by the
+# trainer when it was built (the rollout engine, the KL controller, the data, the models, the derived batch sizes):
+# assigning it then is refused (`PPOConfig.hold`).
+# TrainingArguments fields hf_ppo copies when a trainer is built (the derived batch sizes, the models' dtype): refused
+# after that too. Trainer's other fields stay Trainer's (it and its callbacks set some during a run).
+_COPIED_TRAINER_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16")
+# The configs a built trainer holds, by id: a copy (`dataclasses.replace`, `copy.deepcopy`) is free to change.
+_HELD: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# The call that changes a refused setting of a running trainer, where there is one.
+_AFTER_BUILD_FIX = {"kl_coef": "set the KL controller's coefficient, `trainer.kl_ctl.value = {new!r}`, which every "
+                               "step reads (or build a new PPOLMTrainer with it)"}
 
 
 @dataclass
@@ -318,6 +333,10 @@ class PPOConfig(TrainingArguments):
     # ---- Step 11, the update: epochs, minibatches, the clipped losses ----------------------------------------------
     num_ppo_epochs: int = field(default=4, metadata={"help": "Passes over each rollout batch."})
     num_mini_batches: int = field(default=1, metadata={"help": "Minibatches (optimizer steps) per PPO epoch."})
+    # Read afresh by every step (`loss_settings` is built per micro-batch), so these may be assigned on a built
+    # trainer's args (`hold`); no other field may. (Not in the fields' metadata: HfArgumentParser hands that to
+    # argparse.)
+    _LIVE = ("cliprange", "cliprange_value", "vf_coef", "entropy_coef", "use_bias_correction_kl")
     cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio (epsilon)."})
     cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value update around V_old."})
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss."})
@@ -523,6 +542,26 @@ class PPOConfig(TrainingArguments):
     # '{"num_labels": 1}'`): transformers' convention for TrainingArguments' own dict fields.
     _VALID_DICT_FIELDS = [*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs", "ref_model_init_kwargs",
                           "reward_model_init_kwargs", "critic_model_init_kwargs"]
+
+    def hold(self) -> None:
+        """Called by `PPOLMTrainer` once built with this config: from then on a setting the trainer took at
+        construction (`settled_fields`) is refused on assignment, with the way to change it; a live one (`_LIVE`) is
+        checked and taken by the next step."""
+        _HELD[id(self)] = self
+
+    def __setattr__(self, name, value):
+        if _HELD.get(id(self)) is self and name in self.__dict__:
+            old = self.__dict__[name]
+            if name in settled_fields() and not _same(old, value):
+                raise AttributeError(changed_after_build(name, old, value))
+            if name in live_fields():
+                super().__setattr__(name, value)
+                errors = [line for line in _range_errors(self) if line.startswith(f"{name}=")]
+                if errors:
+                    super().__setattr__(name, old)
+                    raise ValueError(f"trainer.args.{name}: {errors[0]}")
+                return
+        super().__setattr__(name, value)
 
     # A refused config leaves the process as it found it (TrainingArguments sets FSDP_* variables first).
     @environment_restored_on_error
@@ -798,3 +837,58 @@ class PPOConfig(TrainingArguments):
         weights = None if self.reward_weights is None else tuple(self.reward_weights)
         return RewardSettings(reward_input_format=self.reward_input_format, reward_weights=weights,
                               normalize_each_reward=self.normalize_each_reward)
+
+
+def live_fields() -> frozenset[str]:
+    """The PPOConfig fields every step reads afresh (`PPOConfig._LIVE`): assignable on a built trainer."""
+    return frozenset(PPOConfig._LIVE)
+
+
+def settled_fields() -> frozenset[str]:
+    """The fields a trainer takes when it is built: every PPOConfig field not live (`PPOConfig._LIVE`; one added later
+    included) and the TrainingArguments fields hf_ppo copies (`_COPIED_TRAINER_FIELDS`)."""
+    own = {f.name for f in fields(PPOConfig)} - {f.name for f in fields(TrainingArguments)}
+    return frozenset(own - live_fields()) | frozenset(_COPIED_TRAINER_FIELDS)
+
+
+def changed_after_build(name: str, old, new) -> str:
+    """The error for a settled field assigned on a built trainer's config: what it was, why it is refused, the fix."""
+    fix = _AFTER_BUILD_FIX.get(name, "build a new PPOLMTrainer with it (`args=dataclasses.replace(trainer.args, "
+                                     "{name}={new!r})`; to go on with this run, resume its checkpoint there)")
+    return (f"trainer.args.{name} = {new!r} is refused: this trainer was built with {name}={old!r} and set up with it "
+            "(the rollout engine, the KL controller, the data, the models or the batch sizes took it then), so the new "
+            f"value would be half applied. To change it, {fix.format(name=name, new=new)}.")
+
+
+def _same(old, new) -> bool:
+    try:
+        return bool(old == new) and type(old) is type(new)
+    except Exception:  # noqa: BLE001 - a value that cannot compare is another value
+        return False
+
+
+class HeldArgs:
+    """`PPOLMTrainer.args`: Trainer's `args` attribute, except that replacing a built trainer's config with one that
+    changes a settled field (`trainer.args = dataclasses.replace(trainer.args, temperature=0.3)`) is refused as an
+    assignment of that field is."""
+
+    def __get__(self, trainer, owner=None):
+        if trainer is None:
+            return self
+        try:
+            return trainer.__dict__["_held_args"]
+        except KeyError:
+            raise AttributeError("args") from None
+
+    def __set__(self, trainer, args) -> None:
+        old = trainer.__dict__.get("_held_args")
+        if old is not None and _HELD.get(id(old)) is old and args is not old:
+            changed = sorted(name for name in settled_fields()
+                             if not _same(getattr(old, name, None), getattr(args, name, None)))
+            if changed:
+                first = changed[0]
+                raise AttributeError(changed_after_build(first, getattr(old, first, None), getattr(args, first, None))
+                                     + (f" (It also changes {', '.join(changed[1:])}.)" if changed[1:] else ""))
+            if isinstance(args, PPOConfig):
+                args.hold()
+        trainer.__dict__["_held_args"] = args
