@@ -314,7 +314,7 @@ MUTATIONS = [
              [(W, "position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)", "position_ids = " + ARANGE.format("mask"))]),
     # -- temperature --------------------------------------------------------------------------------------------------
     Mutation("sampler_ignores_temperature", "the sampler ignoring temperature",
-             [(G, "logits = logits.float() / s.temperature\n    if s.top_k:", "logits = logits.float()\n    if s.top_k:")]),
+             [(G, "logits = logits.float() / s.temperature\n    if s.min_p", "logits = logits.float()\n    if s.min_p")]),
     Mutation("rollout_samples_at_t1", "the sampler ignoring temperature (not passed by the trainer)",
              [(EC, "return engine(s, pad_token_id=pad_token_id,",
                "return engine(__import__('dataclasses').replace(s, temperature=1.0), pad_token_id=pad_token_id,")]),
@@ -1078,16 +1078,16 @@ MUTATIONS = [
              [(G, 'f.name not in ("forward_batch_size",', 'f.name not in ("min_p", "forward_batch_size",')]),
     Mutation("i60_late_setting_taken", "trainer.args.temperature = 0.3 on a built trainer is taken: the engine samples "
              "at the old value while the loss and the record use the new one",
-             [("trainer/config.py", "            if name in settled_fields() and not _same(old, value):",
-               "            if False:")]),
+             [("trainer/after_build.py", "    if name in settled_fields(type(config)) and not same_value(old, value):",
+               "    if False:")]),
     Mutation("i60_replaced_args_taken", "trainer.args = dataclasses.replace(trainer.args, temperature=0.3) is taken",
-             [("trainer/config.py", "            if changed:\n                first = changed[0]",
+             [("trainer/after_build.py", "            if changed:\n                first = changed[0]",
                "            if False:\n                first = changed[0]")]),
     Mutation("i60_never_held", "the trainer never holds its config: every late assignment is taken",
-             [("trainer/ppo_trainer.py", "        args.hold()  # built", "        pass  # built")]),
+             [("trainer/ppo_trainer.py", "        after_build.hold(args)  # built", "        pass  # built")]),
     Mutation("i60_live_unchecked", "a live setting assigned out of its range is taken",
-             [("trainer/config.py", "                if errors:\n                    super().__setattr__(name, old)",
-               "                if False:\n                    super().__setattr__(name, old)")]),
+             [("trainer/after_build.py", "        if errors:\n            object.__setattr__(config, name, old)",
+               "        if False:\n            object.__setattr__(config, name, old)")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

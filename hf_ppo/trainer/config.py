@@ -21,8 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
-import weakref
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -41,6 +40,7 @@ from ..rollout.steps import RolloutSettings
 from ..rollout.vllm_engine import VLLMSettings
 from ..runtime.sharding import environment_restored_on_error, fsdp_version, sharding_problems
 from ..runtime.warn import warn_user
+from . import after_build
 from .config_checks import (
     _TRL_ONLY_NAMES,
     _range_errors,
@@ -52,20 +52,6 @@ from .config_checks import (
 
 Quantization = Literal["4bit", "8bit", "none"]
 _HUB_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'namespace/name' or 'name'
-
-
-# Whether a setting may change on a built trainer's args: only the ones `PPOConfig._LIVE` names beside their
-# declarations (read afresh by every step). Any other PPOConfig field (one added later included) was taken by the
-# trainer when it was built (the rollout engine, the KL controller, the data, the models, the derived batch sizes):
-# assigning it then is refused (`PPOConfig.hold`).
-# TrainingArguments fields hf_ppo copies when a trainer is built (the derived batch sizes, the models' dtype): refused
-# after that too. Trainer's other fields stay Trainer's (it and its callbacks set some during a run).
-_COPIED_TRAINER_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16")
-# The configs a built trainer holds, by id: a copy (`dataclasses.replace`, `copy.deepcopy`) is free to change.
-_HELD: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-# The call that changes a refused setting of a running trainer, where there is one.
-_AFTER_BUILD_FIX = {"kl_coef": "set the KL controller's coefficient, `trainer.kl_ctl.value = {new!r}`, which every "
-                               "step reads (or build a new PPOLMTrainer with it)"}
 
 
 @dataclass
@@ -150,11 +136,8 @@ class PPOConfig(TrainingArguments):
     )
     top_k: int | None = field(default=None, metadata={"help": "Top-k sampling (None: off)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0: off)."})
-    min_p: float = field(
-        default=0.0,
-        metadata={"help": "Min-p sampling (TRL's GRPOConfig.min_p, vLLM's SamplingParams.min_p): keep the tokens whose "
-                  "probability is at least min_p times the most likely token's, after temperature (0.0: off)."},
-    )
+    min_p: float = field(default=0.0, metadata={"help": "Min-p sampling (TRL's GRPOConfig.min_p): keep the tokens "
+                         "whose probability is >= min_p x the top token's, after temperature (0.0: off)."})
     rollout_engine: Literal["kv_cache", "static", "vllm"] = field(
         default="kv_cache",
         metadata={"help": "How responses are sampled. 'kv_cache': hf_ppo's eager decode loop with a growing KV cache "
@@ -333,9 +316,7 @@ class PPOConfig(TrainingArguments):
     # ---- Step 11, the update: epochs, minibatches, the clipped losses ----------------------------------------------
     num_ppo_epochs: int = field(default=4, metadata={"help": "Passes over each rollout batch."})
     num_mini_batches: int = field(default=1, metadata={"help": "Minibatches (optimizer steps) per PPO epoch."})
-    # Read afresh by every step (`loss_settings` is built per micro-batch), so these may be assigned on a built
-    # trainer's args (`hold`); no other field may. (Not in the fields' metadata: HfArgumentParser hands that to
-    # argparse.)
+    # Read afresh by every step (`loss_settings`): the only fields a built trainer's args may change (after_build.py).
     _LIVE = ("cliprange", "cliprange_value", "vf_coef", "entropy_coef", "use_bias_correction_kl")
     cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio (epsilon)."})
     cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value update around V_old."})
@@ -543,25 +524,7 @@ class PPOConfig(TrainingArguments):
     _VALID_DICT_FIELDS = [*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs", "ref_model_init_kwargs",
                           "reward_model_init_kwargs", "critic_model_init_kwargs"]
 
-    def hold(self) -> None:
-        """Called by `PPOLMTrainer` once built with this config: from then on a setting the trainer took at
-        construction (`settled_fields`) is refused on assignment, with the way to change it; a live one (`_LIVE`) is
-        checked and taken by the next step."""
-        _HELD[id(self)] = self
-
-    def __setattr__(self, name, value):
-        if _HELD.get(id(self)) is self and name in self.__dict__:
-            old = self.__dict__[name]
-            if name in settled_fields() and not _same(old, value):
-                raise AttributeError(changed_after_build(name, old, value))
-            if name in live_fields():
-                super().__setattr__(name, value)
-                errors = [line for line in _range_errors(self) if line.startswith(f"{name}=")]
-                if errors:
-                    super().__setattr__(name, old)
-                    raise ValueError(f"trainer.args.{name}: {errors[0]}")
-                return
-        super().__setattr__(name, value)
+    __setattr__ = after_build.assign  # once a trainer holds it: each field live or refused (trainer/after_build.py)
 
     # A refused config leaves the process as it found it (TrainingArguments sets FSDP_* variables first).
     @environment_restored_on_error
@@ -709,8 +672,7 @@ class PPOConfig(TrainingArguments):
     # The records lower floors read: each setting named where it is declared and where it is used.
     @property
     def sampling_settings(self) -> SamplingSettings:
-        """Step 1's settings (`rollout.SamplingSettings`): the engine and how it draws tokens, each from the field of
-        its name (`forward_batch_size`: `local_rollout_forward_batch_size`)."""
+        """Step 1's settings (`rollout.SamplingSettings`), each from the field of its name (and the rows per pass)."""
         return SamplingSettings(**{name: getattr(self, name) for name in SAMPLING_FIELDS},
                                 forward_batch_size=self.local_rollout_forward_batch_size,
                                 rollout_engine=self.rollout_engine)
@@ -770,9 +732,8 @@ class PPOConfig(TrainingArguments):
                                model_init_kwargs=self.model_init_kwargs if isinstance(self.model_init_kwargs, dict)
                                else None, hub_base_model_id=self.hub_base_model_id, precision=self.precision,
                                system_prompt=self.system_prompt, prompt_column=self.prompt_column,
-                               apply_chat_template_to_text=self.apply_chat_template_to_text,
+                               apply_chat_template_to_text=self.apply_chat_template_to_text, stop_token=self.stop_token,
                                sampling=self.sampling_settings, max_prompt_length=self.max_prompt_length,
-                               stop_token=self.stop_token,
                                stop_token_ids=stop_ids if stop_ids is None else tuple(stop_ids),
                                reward_input_format=self.reward_input_format)
 
@@ -837,58 +798,3 @@ class PPOConfig(TrainingArguments):
         weights = None if self.reward_weights is None else tuple(self.reward_weights)
         return RewardSettings(reward_input_format=self.reward_input_format, reward_weights=weights,
                               normalize_each_reward=self.normalize_each_reward)
-
-
-def live_fields() -> frozenset[str]:
-    """The PPOConfig fields every step reads afresh (`PPOConfig._LIVE`): assignable on a built trainer."""
-    return frozenset(PPOConfig._LIVE)
-
-
-def settled_fields() -> frozenset[str]:
-    """The fields a trainer takes when it is built: every PPOConfig field not live (`PPOConfig._LIVE`; one added later
-    included) and the TrainingArguments fields hf_ppo copies (`_COPIED_TRAINER_FIELDS`)."""
-    own = {f.name for f in fields(PPOConfig)} - {f.name for f in fields(TrainingArguments)}
-    return frozenset(own - live_fields()) | frozenset(_COPIED_TRAINER_FIELDS)
-
-
-def changed_after_build(name: str, old, new) -> str:
-    """The error for a settled field assigned on a built trainer's config: what it was, why it is refused, the fix."""
-    fix = _AFTER_BUILD_FIX.get(name, "build a new PPOLMTrainer with it (`args=dataclasses.replace(trainer.args, "
-                                     "{name}={new!r})`; to go on with this run, resume its checkpoint there)")
-    return (f"trainer.args.{name} = {new!r} is refused: this trainer was built with {name}={old!r} and set up with it "
-            "(the rollout engine, the KL controller, the data, the models or the batch sizes took it then), so the new "
-            f"value would be half applied. To change it, {fix.format(name=name, new=new)}.")
-
-
-def _same(old, new) -> bool:
-    try:
-        return bool(old == new) and type(old) is type(new)
-    except Exception:  # noqa: BLE001 - a value that cannot compare is another value
-        return False
-
-
-class HeldArgs:
-    """`PPOLMTrainer.args`: Trainer's `args` attribute, except that replacing a built trainer's config with one that
-    changes a settled field (`trainer.args = dataclasses.replace(trainer.args, temperature=0.3)`) is refused as an
-    assignment of that field is."""
-
-    def __get__(self, trainer, owner=None):
-        if trainer is None:
-            return self
-        try:
-            return trainer.__dict__["_held_args"]
-        except KeyError:
-            raise AttributeError("args") from None
-
-    def __set__(self, trainer, args) -> None:
-        old = trainer.__dict__.get("_held_args")
-        if old is not None and _HELD.get(id(old)) is old and args is not old:
-            changed = sorted(name for name in settled_fields()
-                             if not _same(getattr(old, name, None), getattr(args, name, None)))
-            if changed:
-                first = changed[0]
-                raise AttributeError(changed_after_build(first, getattr(old, first, None), getattr(args, first, None))
-                                     + (f" (It also changes {', '.join(changed[1:])}.)" if changed[1:] else ""))
-            if isinstance(args, PPOConfig):
-                args.hold()
-        trainer.__dict__["_held_args"] = args

@@ -35,8 +35,9 @@ from ..rollout.refill import rollout_with_refill
 from ..rollout.reward_calls import RewardLogs
 from ..rollout.steps import RolloutParts
 from ..runtime import sharding
-from . import assembly, checkpoint, run_lock, watch
-from .config import HeldArgs, PPOConfig
+from . import after_build, assembly, checkpoint, run_lock, watch
+from .after_build import HeldArgs
+from .config import PPOConfig
 from .data import (PromptCollator, RefillPrompts, RolloutPrompts, RolloutRepeatSampler, check_prompt_columns,
                    prepare_datasets)
 from .guard import NonFiniteGuard, nonfinite_problem, score_hint
@@ -154,7 +155,7 @@ class PPOLMTrainer(StepAPI, SavingSeams, Trainer):
         self._metrics: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._reward_logs = RewardLogs()  # what reward functions log (TRL's log_metric / log_extra)
         self._train_phase_start = None
-        args.hold()  # built: a setting taken above is refused on assignment from here on
+        after_build.hold(args)  # built: a setting taken above is refused on assignment from here on
 
     # ---- data: one rollout batch per iteration, repeated for every micro-batch ---------------------------------------
     def _get_train_sampler(self, train_dataset=None):

@@ -119,7 +119,7 @@ def test_every_setting_changed_after_construction_is_used_by_the_next_step_or_re
 
     from hf_ppo import PPOLMTrainer
     from hf_ppo.trainer import ppo_trainer as ppo_trainer_module
-    from hf_ppo.trainer.config import live_fields, settled_fields
+    from hf_ppo.trainer.after_build import live_fields, settled_fields
 
     args = PPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_mini_batches=1, num_ppo_epochs=1,
                      max_steps=1, response_length=3, report_to=[], save_strategy="no", num_sample_generations=0,
@@ -128,9 +128,9 @@ def test_every_setting_changed_after_construction_is_used_by_the_next_step_or_re
                            reward_model=lambda prompts, completions, **kw: [float(len(c)) for c in completions],
                            train_dataset=Dataset.from_dict({"prompt": ["the movie was", "the food was"]}))
     own = {f.name for f in dataclasses.fields(PPOConfig)} - {f.name for f in dataclasses.fields(TrainingArguments)}
-    assert set(LIVE_VALUES) == live_fields(), "each live field needs a new value here"
-    assert own <= live_fields() | settled_fields()
-    for name in sorted(settled_fields()):
+    assert set(LIVE_VALUES) == live_fields(PPOConfig), "each live field needs a new value here"
+    assert own <= live_fields(PPOConfig) | settled_fields(PPOConfig)
+    for name in sorted(settled_fields(PPOConfig)):
         before = getattr(trainer.args, name)
         with pytest.raises(AttributeError, match=rf"trainer\.args\.{name} = .* is refused: .*To change it, "):
             setattr(trainer.args, name, _other_value(before))
