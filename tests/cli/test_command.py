@@ -858,3 +858,19 @@ def test_hf_ppo_evaluate_warns_on_the_training_file_and_names_the_held_out_one(t
     dataset, _, warning = resolved("--dataset", "org/prompts", "--dataset_config", "other", "--dataset_split",
                                    "validation")
     assert dataset["config"] == "other" and dataset["split"] == "validation" and warning is None
+
+
+def test_every_sampling_setting_of_the_record_is_an_evaluate_option_and_its_default(tmp_path):
+    """A sampling setting (`SamplingSettings`, min_p included) reaches `hf-ppo evaluate` without being named there:
+    an option of its name, the run record's value as its default, PPOConfig's default without a record."""
+    from hf_ppo.cli.command import PROMPTING_DEFAULTS, evaluate_parser, recorded_prompting
+    from hf_ppo.rollout.engines import SAMPLING_FIELDS
+
+    assert "min_p" in SAMPLING_FIELDS
+    (tmp_path / "hf_ppo_run.json").write_text(json.dumps({"sampling": {"min_p": 0.1, "top_p": 0.9}}))
+    base = ["--policy", str(tmp_path), "--dataset", "p.jsonl"]
+    settings, recorded = recorded_prompting(str(tmp_path), evaluate_parser().parse_args(base))
+    assert (settings["min_p"], settings["top_p"]) == (0.1, 0.9) and {"min_p", "top_p"} <= set(recorded)
+    settings, _ = recorded_prompting(str(tmp_path), evaluate_parser().parse_args([*base, "--min_p", "0.2"]))
+    assert settings["min_p"] == 0.2
+    assert all(PROMPTING_DEFAULTS[name] == getattr(PPOConfig, name) for name in SAMPLING_FIELDS)
