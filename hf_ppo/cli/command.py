@@ -117,14 +117,15 @@ def evaluate_parser() -> argparse.ArgumentParser:
 
 
 def _add_sampling_options(add) -> None:
-    """One option per setting of `SAMPLING_FIELDS`, named, typed and explained as PPOConfig's field of that name, so
-    a sampling setting added there is an option here too."""
+    """One option per setting of `SAMPLING_FIELDS`, named and explained as PPOConfig's field of that name and typed
+    as its default (None: an integer, top_k), so a sampling setting added there is an option here too."""
     from ..trainer.config import PPOConfig
 
     declared = {f.name: f for f in fields(PPOConfig)}
     for name in SAMPLING_FIELDS:
         field = declared[name]
-        add(f"--{name}", type=int if str(field.type).startswith("int") else float, default=None,
+        kind = float if isinstance(SAMPLING_DEFAULTS[name], float) else int  # (field.type may be a string or not)
+        add(f"--{name}", type=kind, default=None,
             help=f"{field.metadata.get('help', '')} Default: the run's (its hf_ppo_run.json), else "
                  f"{SAMPLING_DEFAULTS[name]}.")
 

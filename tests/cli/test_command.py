@@ -874,3 +874,17 @@ def test_every_sampling_setting_of_the_record_is_an_evaluate_option_and_its_defa
     settings, _ = recorded_prompting(str(tmp_path), evaluate_parser().parse_args([*base, "--min_p", "0.2"]))
     assert settings["min_p"] == 0.2
     assert all(PROMPTING_DEFAULTS[name] == getattr(PPOConfig, name) for name in SAMPLING_FIELDS)
+
+
+def test_the_sampling_options_parse_as_their_fields_types_whatever_parsed_ppoconfig_before():
+    """HfArgumentParser resolves PPOConfig's field types in place: the options' types must not depend on it."""
+    from transformers import HfArgumentParser
+
+    from hf_ppo.cli.command import evaluate_parser
+
+    for _ in range(2):
+        args = evaluate_parser().parse_args(["--policy", "p", "--dataset", "d", "--response_length", "4",
+                                             "--top_k", "3", "--temperature", "1", "--top_p", "1", "--min_p", "0"])
+        assert [type(getattr(args, n)) for n in ("response_length", "top_k", "temperature", "top_p", "min_p")] == \
+            [int, int, float, float, float]
+        HfArgumentParser(PPOConfig)
