@@ -15,8 +15,6 @@ import os
 import sys
 from dataclasses import fields
 
-from ..rollout.engines import SAMPLING_FIELDS, SamplingSettings
-
 EVALUATE_HELP = """The policy against its reference on a prompt dataset (hf_ppo/evaluation/): one sampled response each,
 scored by every reward model and judge; prints the win rates (ties half, 95% bootstrap interval), KL, lengths and stop
 rates, and writes the side-by-side report to OUTPUT_DIR/eval_report.md.
@@ -119,6 +117,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
 def _add_sampling_options(add) -> None:
     """One option per setting of `SAMPLING_FIELDS`, named and explained as PPOConfig's field of that name and typed
     as its default (None: an integer, top_k), so a sampling setting added there is an option here too."""
+    from ..rollout.engines import SAMPLING_FIELDS
     from ..trainer.config import PPOConfig
 
     declared = {f.name: f for f in fields(PPOConfig)}
@@ -144,8 +143,10 @@ QUANTIZATIONS = ("4bit", "8bit", "none")
 PRECISIONS = ("bf16", "fp16", "fp32")
 # What `hf-ppo evaluate` samples with when neither an option nor the run record says (PPOConfig's defaults): the
 # `sampling` of the run record.
-SAMPLING_DEFAULTS = {**{name: getattr(SamplingSettings(), name) for name in SAMPLING_FIELDS}, "stop_token": "eos",
-                     "stop_token_ids": None}
+# Written out, not read from `rollout.SamplingSettings`, so that `hf-ppo --help` loads no torch: a sampling setting
+# added there fails tests/cli/test_command.py until it is added here (its options are made from SAMPLING_FIELDS).
+SAMPLING_DEFAULTS = {"response_length": 53, "temperature": 0.7, "top_k": None, "top_p": 1.0, "min_p": 0.0,
+                     "stop_token": "eos", "stop_token_ids": None}
 # Every setting `recorded_prompting` resolves (each has the option of its name), its default (PPOConfig's), and the
 # section of the run record it is read from.
 PROMPTING_DEFAULTS = {"prompt_column": None, "system_prompt": None, "apply_chat_template_to_text": None,

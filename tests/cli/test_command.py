@@ -873,6 +873,7 @@ def test_every_sampling_setting_of_the_record_is_an_evaluate_option_and_its_defa
     assert (settings["min_p"], settings["top_p"]) == (0.1, 0.9) and {"min_p", "top_p"} <= set(recorded)
     settings, _ = recorded_prompting(str(tmp_path), evaluate_parser().parse_args([*base, "--min_p", "0.2"]))
     assert settings["min_p"] == 0.2
+    assert set(SAMPLING_FIELDS) <= set(PROMPTING_DEFAULTS)  # a new sampling setting is added to SAMPLING_DEFAULTS
     assert all(PROMPTING_DEFAULTS[name] == getattr(PPOConfig, name) for name in SAMPLING_FIELDS)
 
 
