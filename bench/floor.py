@@ -73,11 +73,11 @@ def measure_floor(*, policy, ref_model, reward, tokenizer, optimizer, prompts: l
             return base.generate(input_ids=queries, attention_mask=query_mask, generation_config=gen_config)
 
     def lean_gen():  # hf_ppo's own KV-cached sampling loop: the floor takes the faster of the two generators
-        from hf_ppo.rollout.engines import generate
+        from hf_ppo.rollout.engines import SamplingSettings, generate
 
-        return generate(base, queries, query_mask.bool(), response_length=R, temperature=temperature, top_k=None,
-                        top_p=1.0, pad_token_id=tokenizer.pad_token_id, stop_token_ids=stop_token_id,
-                        batch_size=queries.shape[0])
+        s = SamplingSettings(response_length=R, temperature=temperature, forward_batch_size=queries.shape[0])
+        return generate(base, queries, query_mask.bool(), s, pad_token_id=tokenizer.pad_token_id,
+                        stop_token_ids=stop_token_id)
 
     out["hf_generate_s"] = _timed(gen, repeats, sync, "hf_generate_s")
     out["lean_generate_s"] = _timed(lean_gen, repeats, sync, "lean_generate_s")

@@ -277,6 +277,9 @@ SUBSET = [
             "test_the_decode_loop_syncs_the_host_once_per_8_tokens_not_per_token",
             "test_the_4d_decode_mask_samples_the_2d_masks_tokens",
             "test_the_static_engine_compiles_once_per_bucket_and_never_again_across_iterations"),
+    # subset:i58 (min_p against transformers' warper, its check)
+    *select("tests/rollout/test_steps.py", "test_min_p_keeps_the_tokens_transformers_min_p_warper_keeps"),
+    "tests/trainer/test_checkpoint.py::test_each_bad_config_value_is_refused[min_p-1.5]",
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -359,8 +362,8 @@ MUTATIONS = [
              [(R, "stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()",
                "stops_before = torch.cumsum(is_stop.long(), dim=1)")]),
     Mutation("tokens_after_stop_kept", "tokens after the stop token not replaced by padding (sampler and truncation)",
-             [(G, "token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)",
-               "token = sample_token(out.logits[:, -1], temperature, top_k, top_p)"),
+             [(G, "token = sample_token(out.logits[:, -1], s).masked_fill(done, pad_token_id)",
+               "token = sample_token(out.logits[:, -1], s)"),
               (R, "return responses.masked_fill(~mask, pad_token_id), mask, is_stop.any(dim=1)",
                "return responses, mask, is_stop.any(dim=1)")]),
     # -- positions and shifts -----------------------------------------------------------------------------------------
@@ -387,11 +390,11 @@ MUTATIONS = [
              [(W, "position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)", "position_ids = " + ARANGE.format("mask"))]),
     # -- temperature --------------------------------------------------------------------------------------------------
     Mutation("sampler_ignores_temperature", "the sampler ignoring temperature",
-             [(G, "logits = logits.float() / temperature if temperature != 1.0 else logits.float()",
+             [(G, "logits = logits.float() / s.temperature if s.temperature != 1.0 else logits.float()",
                "logits = logits.float()")]),
     Mutation("rollout_samples_at_t1", "the sampler ignoring temperature (not passed by the trainer)",
-             [(EC, "engine(response_length=s.response_length, temperature=s.temperature, top_k=s.top_k,",
-               "engine(response_length=s.response_length, temperature=1.0, top_k=s.top_k,")]),
+             [(EC, "return engine(s, pad_token_id=pad_token_id,",
+               "return engine(__import__('dataclasses').replace(s, temperature=1.0), pad_token_id=pad_token_id,")]),
     Mutation("old_logprobs_untempered", "rollout log-probs without the sampling temperature",
              [(R, "logprobs.append(logprobs_from_logits(logits, responses[rows], temperature, memory_bytes))",
                "logprobs.append(logprobs_from_logits(logits, responses[rows], 1.0, memory_bytes))")]),
@@ -629,7 +632,7 @@ MUTATIONS = [
     # -- environments and the static engine (issue 41) ----------------------------------------------------------------
     # mutations:env-engine
     Mutation("static_row_restarts_after_stop", "the static engine samples on in a row after its stop token",
-             [(G, 's["top_p"]).masked_fill(done, s["pad_token_id"])', 's["top_p"])')]),
+             [(G, "token = sample_token(logits, s).masked_fill(done, pad_token_id)", "token = sample_token(logits, s)")]),
     Mutation("static_done_forgotten", "the static engine forgets a row stopped (done reset every token)",
              [(G, "done |= torch.isin(token, stops)\n            if t == R - 1",
                "done = torch.isin(token, stops)\n            if t == R - 1")]),
@@ -637,8 +640,8 @@ MUTATIONS = [
              [(G, "(t + 1) % self.check_every == 0 and bool(done.all())",
                "(t + 1) % self.check_every == 0 and bool(done.any())")]),
     Mutation("kv_row_restarts_after_stop", "the default engine samples on in a row after its stop token",
-             [(G, "token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)",
-               "token = sample_token(out.logits[:, -1], temperature, top_k, top_p)")]),
+             [(G, "token = sample_token(out.logits[:, -1], s).masked_fill(done, pad_token_id)",
+               "token = sample_token(out.logits[:, -1], s)")]),
     Mutation("kv_done_forgotten", "the default engine forgets a row stopped (done reset every token)",
              [(G, "done |= torch.isin(token, stops)\n            # The host reads",
                "done = torch.isin(token, stops)\n            # The host reads")]),
@@ -1121,10 +1124,10 @@ MUTATIONS = [
              [("hub/publish.py", '                    "format": None if chat_prompts is None else "chat" if '
                'chat_prompts else "text",\n                    "max_prompt_length": settings.max_prompt_length},',
                '                    "format": None if chat_prompts is None else "chat" if chat_prompts else "text"},'),
-              ("hub/publish.py", '"top_p": settings.top_p, "stop_token": settings.stop_token,\n'
+              ("hub/publish.py", '"sampling": {**asdict(settings.sampling), "stop_token": settings.stop_token,\n'
                '                     "stop_token_ids": None if settings.stop_token_ids is None else '
                'list(settings.stop_token_ids)},\n        "scoring": {"reward_input_format": '
-               'settings.reward_input_format},', '"top_p": settings.top_p},')]),
+               'settings.reward_input_format},', '"sampling": {**asdict(settings.sampling)},')]),
     Mutation("i53e_recorded_settings_ignored", "hf-ppo evaluate reads only the four sampling settings of the record: "
              "the run's stop tokens, max_prompt_length and reward_input_format are not its defaults",
              [("cli/command.py", "    for name, section in RECORD_SECTIONS.items():",
@@ -1391,6 +1394,27 @@ MUTATIONS = [
              [(G, "seconds, self._compile_seconds = self._compile_seconds, 0.0", "seconds = self._compile_seconds")]),
     Mutation("i59_bucket_forgotten", "every rollout's first decode step counted as a compilation",
              [(G, "            self._buckets.add((rows, length))\n", "")]),
+    # -- issue 58: records reach the last rooms (SamplingSettings whole, min_p) ----------------------------------------
+    Mutation("i58_min_p_ignored", "min_p declared, checked and recorded, but the sampler draws from every token",
+             [(G, "    if s.min_p > 0.0:\n", "    if False:\n")]),
+    Mutation("i58_min_p_unchecked", "a min_p outside [0, 1] is accepted (1.5 keeps no token but the top one)",
+             [("trainer/config_checks.py", '("min_p", False, lambda v: 0 <= v <= 1,',
+               '("min_p", False, lambda v: True,')]),
+    Mutation("i58_sampling_field_dropped", "a sampling setting left out of the fields the record, the card, hf-ppo "
+             "evaluate and PPOConfig.sampling_settings carry: the engine samples at its default",
+             [(G, 'f.name not in ("forward_batch_size",', 'f.name not in ("min_p", "forward_batch_size",')]),
+    Mutation("i60_late_setting_taken", "trainer.args.temperature = 0.3 on a built trainer is taken: the engine samples "
+             "at the old value while the loss and the record use the new one",
+             [("trainer/after_build.py", "    if name in settled_fields(type(config)) and not same_value(old, value):",
+               "    if False:")]),
+    Mutation("i60_replaced_args_taken", "trainer.args = dataclasses.replace(trainer.args, temperature=0.3) is taken",
+             [("trainer/after_build.py", "            if changed:\n                first = changed[0]",
+               "            if False:\n                first = changed[0]")]),
+    Mutation("i60_never_held", "the trainer never holds its config: every late assignment is taken",
+             [("trainer/ppo_trainer.py", "        after_build.hold(args)  # built", "        pass  # built")]),
+    Mutation("i60_live_unchecked", "a live setting assigned out of its range is taken",
+             [("trainer/after_build.py", "        if errors:\n            object.__setattr__(config, name, old)",
+               "        if False:\n            object.__setattr__(config, name, old)")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

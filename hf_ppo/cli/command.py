@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import fields
 
 EVALUATE_HELP = """The policy against its reference on a prompt dataset (hf_ppo/evaluation/): one sampled response each,
 scored by every reward model and judge; prints the win rates (ties half, 95% bootstrap interval), KL, lengths and stop
@@ -81,13 +82,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
              "has a chat template.")
     add("--num_prompts", type=int, default=None, help="Evaluate on the first N prompts (default: all).")
     add("--output_dir", default="hf_ppo_eval", help="Where eval_report.md and metrics.json go.")
-    add("--response_length", type=int, default=None,
-        help=f"Tokens sampled per response. Default: the run's (its hf_ppo_run.json), else "
-             f"{SAMPLING_DEFAULTS['response_length']}.")
-    add("--temperature", type=float, default=None,
-        help=f"Sampling temperature. Default: the run's, else {SAMPLING_DEFAULTS['temperature']}.")
-    add("--top_k", type=int, default=None, help="Top-k sampling (0: off). Default: the run's, else off.")
-    add("--top_p", type=float, default=None, help="Nucleus sampling. Default: the run's, else 1.0 (off).")
+    _add_sampling_options(add)
     add("--stop_token", choices=("eos", "none"), default=None, type=str.lower,
         help="What ends a response, as PPOConfig's stop_token: 'eos' (the tokenizer's and the policy's end tokens) or "
              "'none' (never stop, unless --stop_token_ids). Default: the run's stop tokens, else 'eos'.")
@@ -119,6 +114,21 @@ def evaluate_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_sampling_options(add) -> None:
+    """One option per setting of `SAMPLING_FIELDS`, named and explained as PPOConfig's field of that name and typed
+    as its default (None: an integer, top_k), so a sampling setting added there is an option here too."""
+    from ..rollout.engines import SAMPLING_FIELDS
+    from ..trainer.config import PPOConfig
+
+    declared = {f.name: f for f in fields(PPOConfig)}
+    for name in SAMPLING_FIELDS:
+        field = declared[name]
+        kind = float if isinstance(SAMPLING_DEFAULTS[name], float) else int  # (field.type may be a string or not)
+        add(f"--{name}", type=kind, default=None,
+            help=f"{field.metadata.get('help', '')} Default: the run's (its hf_ppo_run.json), else "
+                 f"{SAMPLING_DEFAULTS[name]}.")
+
+
 def _int_or_none(value: str) -> int | str:
     """An option's integer, or 'none' (kept as the word: None is "not given")."""
     if value.strip().lower() == "none":
@@ -133,8 +143,10 @@ QUANTIZATIONS = ("4bit", "8bit", "none")
 PRECISIONS = ("bf16", "fp16", "fp32")
 # What `hf-ppo evaluate` samples with when neither an option nor the run record says (PPOConfig's defaults): the
 # `sampling` of the run record.
-SAMPLING_DEFAULTS = {"response_length": 53, "temperature": 0.7, "top_k": None, "top_p": 1.0, "stop_token": "eos",
-                     "stop_token_ids": None}
+# Written out, not read from `rollout.SamplingSettings`, so that `hf-ppo --help` loads no torch: a sampling setting
+# added there fails tests/cli/test_command.py until it is added here (its options are made from SAMPLING_FIELDS).
+SAMPLING_DEFAULTS = {"response_length": 53, "temperature": 0.7, "top_k": None, "top_p": 1.0, "min_p": 0.0,
+                     "stop_token": "eos", "stop_token_ids": None}
 # Every setting `recorded_prompting` resolves (each has the option of its name), its default (PPOConfig's), and the
 # section of the run record it is read from.
 PROMPTING_DEFAULTS = {"prompt_column": None, "system_prompt": None, "apply_chat_template_to_text": None,

@@ -8,13 +8,14 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata, resources
 from pathlib import Path
 
 from ..evaluation.report import final_evaluation
 from ..models import gguf
 from ..models.critics import CRITIC_INFO_FILE, CRITIC_STATE_FILE
+from ..rollout.engines import SAMPLING_FIELDS, SamplingSettings
 from ..runtime.warn import warn_user
 from .plots import DEFAULT_PANELS, PLOT_STAMP, metric_series, plot_training_curves, x_axis
 
@@ -43,7 +44,7 @@ _SECRET_KEY = re.compile(r"token|secret|password|api_key|credential", re.IGNOREC
 # ---- What the trainer publishes --------------------------------------------------------------------------------------
 CARD_HYPERPARAMETERS = [
     "learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "num_mini_batches", "num_ppo_epochs", "response_length", "temperature", "top_k", "top_p", "kl_coef",
+    "num_mini_batches", "num_ppo_epochs", *SAMPLING_FIELDS, "kl_coef",
     "kl_estimator", "adaptive_kl", "gamma", "lam", "cliprange", "cliprange_value", "vf_coef", "entropy_coef",
     "whiten_rewards", "missing_eos_penalty", "normalize_rewards", "policy_quantization", "ref_quantization",
     "reward_quantization", "seed", "loss_aggregation", "cliprange_low", "cliprange_high", "dual_clip",
@@ -95,7 +96,7 @@ class PublishSettings:
     policy's `model_init_kwargs` (a GGUF file among them), `hub_base_model_id` (the base a pushed adapter names), the
     compute `precision` ('bf16', 'fp16' or 'fp32'), and how the prompts were made and answered, so that an evaluation
     can prompt, sample and score as training did: `system_prompt`, `prompt_column`, `apply_chat_template_to_text`,
-    `max_prompt_length`, the sampling settings `response_length`, `temperature`, `top_k`, `top_p`, the stop tokens
+    `max_prompt_length`, the sampling settings (`sampling`, the run's `SamplingSettings` whole), the stop tokens
     (`stop_token`, and `stop_token_ids` with PPOConfig's `stop_token_id` folded in) and `reward_input_format`."""
 
     hyperparameters: dict
@@ -105,10 +106,7 @@ class PublishSettings:
     system_prompt: str | None = None
     prompt_column: str | None = None
     apply_chat_template_to_text: bool | None = None
-    response_length: int = 53
-    temperature: float = 0.7
-    top_k: int | None = None
-    top_p: float = 1.0
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
     max_prompt_length: int | None = 512
     stop_token: str | None = "eos"
     stop_token_ids: tuple[int, ...] | None = None

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 from ..models import gguf
@@ -381,8 +382,9 @@ def run_record(settings: PublishSettings, sources: dict, policy_model, ref_model
       'messages' or 'input_ids'), `system_prompt`, `apply_chat_template_to_text`, and `format`, 'chat' when they went
       through the chat template (`chat_prompts`), else 'text' (None: not known), and `max_prompt_length` (the
       left-truncation of long prompts; None: none);
-    - `sampling`: `response_length`, `temperature`, `top_k`, `top_p`, and what ended a response: `stop_token` ('eos'
-      or None) and `stop_token_ids` (None: `stop_token` decides);
+    - `sampling`: the run's `SamplingSettings` as it is (`response_length`, `temperature`, `top_k`, `top_p`, ...,
+      `forward_batch_size`, `rollout_engine`), and what ended a response: `stop_token` ('eos' or None) and
+      `stop_token_ids` (None: `stop_token` decides);
     - `scoring`: `reward_input_format`, how the reward models read (prompt, response);
     - `global_step`: the optimizer steps the saved policy was trained for (None: not known);
     - `dataset` (added by `hf-ppo train` after the save, `record_dataset`: the trainer does not know the names):
@@ -406,8 +408,7 @@ def run_record(settings: PublishSettings, sources: dict, policy_model, ref_model
                     "apply_chat_template_to_text": settings.apply_chat_template_to_text,
                     "format": None if chat_prompts is None else "chat" if chat_prompts else "text",
                     "max_prompt_length": settings.max_prompt_length},
-        "sampling": {"response_length": settings.response_length, "temperature": settings.temperature,
-                     "top_k": settings.top_k, "top_p": settings.top_p, "stop_token": settings.stop_token,
+        "sampling": {**asdict(settings.sampling), "stop_token": settings.stop_token,
                      "stop_token_ids": None if settings.stop_token_ids is None else list(settings.stop_token_ids)},
         "scoring": {"reward_input_format": settings.reward_input_format},
         "global_step": global_step,

@@ -20,5 +20,4 @@ def make_rollout_engine(s: SamplingSettings, pad_token_id: int, stop_token_ids, 
         return VLLMEngine(s, vllm if vllm is not None else VLLMSettings(), pad_token_id=pad_token_id,
                           stop_token_ids=stop_token_ids, policy=policy, trained_adapter=trained_adapter)
     engine = StaticCacheSampler if s.rollout_engine == "static" else KVCacheSampler
-    return engine(response_length=s.response_length, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                  pad_token_id=pad_token_id, stop_token_ids=stop_token_ids, batch_size=s.forward_batch_size)
+    return engine(s, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids)

@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -105,31 +105,40 @@ class RolloutEngine:
         the end of a run, before the process group is torn down (`hf-ppo train` calls it). Nothing by default."""
 
 
-class KVCacheSampler(RolloutEngine):
-    """The default engine: `generate` below, with the sampling settings fixed at construction."""
-
-    def __init__(self, *, response_length: int, temperature: float, top_k: int | None, top_p: float,
-                 pad_token_id: int, stop_token_ids, batch_size: int):
-        self.settings = dict(response_length=response_length, temperature=temperature, top_k=top_k, top_p=top_p,
-                             pad_token_id=pad_token_id, stop_token_ids=stop_token_ids, batch_size=batch_size)
-
-    def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
-        return generate(model, queries, query_mask, **self.settings)
-
-
 @dataclass(frozen=True)
 class SamplingSettings:
-    """Step 1's settings (`PPOConfig.sampling_settings` builds it): which engine samples (`rollout_engine`), how many
-    tokens per response (`response_length`), how each token is drawn (`temperature`, `top_k`, `top_p`), and how many
-    rows one pass holds (`forward_batch_size`: PPOConfig's `local_rollout_forward_batch_size`, which every no-grad
-    pass of the rollout uses too)."""
+    """Step 1's settings (`PPOConfig.sampling_settings` builds it from the PPOConfig fields of the same names): which
+    engine samples (`rollout_engine`), how many tokens per response (`response_length`), how each token is drawn
+    (`temperature`, `top_k`, `top_p`, `min_p`), and how many rows one pass holds (`forward_batch_size`: PPOConfig's
+    `local_rollout_forward_batch_size`, which every no-grad pass of the rollout uses too). The defaults are
+    PPOConfig's. Engines, the run record, the model card and `hf-ppo evaluate` take it whole: a setting added here
+    (and to PPOConfig) reaches them all."""
 
-    response_length: int
-    temperature: float
-    forward_batch_size: int
+    response_length: int = 53
+    temperature: float = 0.7
+    forward_batch_size: int = 64
     top_k: int | None = None
     top_p: float = 1.0
     rollout_engine: str = "kv_cache"
+    min_p: float = 0.0
+
+
+# The settings that decide which responses are drawn (not how fast, nor by which engine): what the run record's
+# `sampling`, the model card and `hf-ppo evaluate` carry, by the PPOConfig field names they share.
+SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingSettings) if f.name not in ("forward_batch_size",
+                                                                                  "rollout_engine"))
+
+
+class KVCacheSampler(RolloutEngine):
+    """The default engine: `generate` below, sampling as the `SamplingSettings` record `s` says (kept whole, as
+    `self.sampling`), responses padded with `pad_token_id` after a row's first stop token (`stop_token_ids`)."""
+
+    def __init__(self, s: SamplingSettings, *, pad_token_id: int, stop_token_ids):
+        self.sampling, self.pad_token_id, self.stop_token_ids = s, pad_token_id, stop_token_ids
+
+    def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+        return generate(model, queries, query_mask, self.sampling, pad_token_id=self.pad_token_id,
+                        stop_token_ids=self.stop_token_ids)
 
 
 class StaticCacheSampler(KVCacheSampler):
@@ -145,8 +154,9 @@ class StaticCacheSampler(KVCacheSampler):
     runs eagerly, after one warning.
     """
 
-    def __init__(self, *, compile: bool = True, check_every: int = 8, prompt_bucket: int = 64, **settings):
-        super().__init__(**settings)
+    def __init__(self, s: SamplingSettings, *, pad_token_id: int, stop_token_ids, compile: bool = True,
+                 check_every: int = 8, prompt_bucket: int = 64):
+        super().__init__(s, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids)
         self.compile, self.check_every, self.prompt_bucket = compile, check_every, prompt_bucket
         self._compiled = None
         self._report, self._rows = None, (0, 0, 0)  # `sampling_progress`'s reporter, the rows of the current pass
@@ -163,10 +173,10 @@ class StaticCacheSampler(KVCacheSampler):
     def generate(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
         pad = -queries.shape[1] % self.prompt_bucket  # left padding up to the bucket: masked, so nothing changes
         if pad:
-            queries = torch.cat([queries.new_full((queries.shape[0], pad), self.settings["pad_token_id"]), queries], 1)
+            queries = torch.cat([queries.new_full((queries.shape[0], pad), self.pad_token_id), queries], 1)
             query_mask = torch.cat([query_mask.new_zeros((query_mask.shape[0], pad)), query_mask], 1)
         outputs, self._report = [], progress_reporter()
-        for rows in chunks(queries.shape[0], self.settings["batch_size"]):
+        for rows in chunks(queries.shape[0], self.sampling.forward_batch_size):
             self._rows = (rows.start, rows.stop, queries.shape[0])
             if self.compile:
                 try:
@@ -191,22 +201,22 @@ class StaticCacheSampler(KVCacheSampler):
     def _sample(self, model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor, step) -> torch.Tensor:
         from transformers import StaticCache
 
-        s = self.settings
-        rows, length, R = queries.shape[0], queries.shape[1], s["response_length"]
-        stops = stop_tensor(s["stop_token_ids"], queries.device)
+        s, pad_token_id = self.sampling, self.pad_token_id
+        rows, length, R = queries.shape[0], queries.shape[1], s.response_length
+        stops = stop_tensor(self.stop_token_ids, queries.device)
         cache = StaticCache(config=model.config, max_cache_len=length + R)
         attention = torch.cat([query_mask.long(), query_mask.new_ones((rows, R), dtype=torch.long)], dim=1)
         positions = (query_mask.long().cumsum(1) - 1).clamp(min=0)
         logits = model(input_ids=queries, attention_mask=attention, position_ids=positions, use_cache=True,
                        logits_to_keep=1, **{CACHE: cache}).logits[:, -1]
-        response = queries.new_full((rows, R), s["pad_token_id"])
+        response = queries.new_full((rows, R), pad_token_id)
         done = torch.zeros(rows, dtype=torch.bool, device=queries.device)
         position = positions[:, -1:]
         # The keys each new token may see, as the 4-D mask the attention reads (`decode_mask`): the prompt's real
         # tokens and the slots written so far (a slot not yet written holds zeros, not a masked key).
         slots = torch.arange(length + R, device=queries.device)
         for t in range(R):
-            token = sample_token(logits, s["temperature"], s["top_k"], s["top_p"]).masked_fill(done, s["pad_token_id"])
+            token = sample_token(logits, s).masked_fill(done, pad_token_id)
             response[:, t] = token
             if self._report is not None:
                 self._report(*self._rows, t + 1, R)
@@ -330,31 +340,40 @@ def input_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def sample_token(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float) -> torch.Tensor:
-    """One token per row from softmax(logits / temperature), restricted to the top-k / top-p (nucleus) set.
+def sample_token(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
+    """One token per row from the distribution `s` says (`sampling_logits`): logits (B, vocab) -> (B,) long."""
+    return torch.multinomial(torch.softmax(sampling_logits(logits, s), dim=-1), 1).squeeze(-1)
 
-    logits: (B, vocab) -> (B,) long. The nucleus keeps the smallest set of tokens whose probability reaches top_p
-    (the most likely token is always kept).
-    """
-    logits = logits.float() / temperature if temperature != 1.0 else logits.float()  # x / 1 is x: no kernel for it
-    if top_k:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+
+def sampling_logits(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
+    """The logits (B, vocab) fp32 that `sample_token` draws from: logits / s.temperature, with the tokens outside the
+    min-p, top-k and top-p (nucleus) sets at -inf, in vLLM's order (temperature, min-p, then top-k and top-p), so every
+    engine draws from the same distribution. Min-p keeps the tokens whose probability is at least min_p times the
+    largest (transformers' `MinPLogitsWarper`); the nucleus keeps the smallest set of tokens whose probability reaches
+    top_p. The most likely token is always kept."""
+    logits = logits.float() / s.temperature if s.temperature != 1.0 else logits.float()  # x / 1 is x: no kernel
+    if s.min_p > 0.0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < s.min_p * probs.amax(-1, keepdim=True), float("-inf"))
+    if s.top_k:
+        kth = torch.topk(logits, min(s.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
+    if s.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         probs = torch.softmax(sorted_logits, dim=-1)
-        outside = (probs.cumsum(-1) - probs) >= top_p  # the mass before this token already reached top_p
+        outside = (probs.cumsum(-1) - probs) >= s.top_p  # the mass before this token already reached top_p
         sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
+    return logits
 
 
 @torch.no_grad()
 def generate(
-    model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor, *, response_length: int, temperature: float,
-    top_k: int | None, top_p: float, pad_token_id: int, stop_token_ids, batch_size: int,
+    model: nn.Module, queries: torch.Tensor, query_mask: torch.Tensor, s: SamplingSettings, *, pad_token_id: int,
+    stop_token_ids,
 ) -> torch.Tensor:
-    """Sample `response_length` tokens per prompt with the model's KV cache: (B, Q) -> responses (B, R).
+    """Sample `s.response_length` tokens per prompt with the model's KV cache, drawn as `s` says (`sample_token`),
+    `s.forward_batch_size` rows at a time: (B, Q) -> responses (B, R).
 
     A lean decode loop: one prefill of the left-padded prompts, then one cached forward per token, with position
     ids that count real tokens only. Rows stop after their first stop token (any of `stop_token_ids`: an id, a list,
@@ -363,8 +382,9 @@ def generate(
     """
     stops = stop_tensor(stop_token_ids, queries.device)
     report = progress_reporter()
+    response_length = s.response_length
     outputs = []
-    for rows in chunks(queries.shape[0], batch_size):
+    for rows in chunks(queries.shape[0], s.forward_batch_size):
         attention = query_mask[rows].long()
         positions = (attention.cumsum(1) - 1).clamp(min=0)
         out = model(input_ids=queries[rows], attention_mask=attention, position_ids=positions, use_cache=True,
@@ -375,7 +395,7 @@ def generate(
         attention = decode_mask(model, attention)
         keep = True if attention.dtype == torch.bool else 0 if attention.dim() == 4 else 1  # a key seen, per dtype
         for t in range(response_length):
-            token = sample_token(out.logits[:, -1], temperature, top_k, top_p).masked_fill(done, pad_token_id)
+            token = sample_token(out.logits[:, -1], s).masked_fill(done, pad_token_id)
             response[:, t] = token
             if report is not None:
                 report(rows.start, rows.stop, queries.shape[0], t + 1, response_length)

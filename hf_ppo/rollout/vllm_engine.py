@@ -16,11 +16,11 @@ checkpoint) only marks vLLM's copy stale; the next `generate` syncs it, once, so
 optimizer step. Its seconds are reported as `time/weight_sync` (`metrics`).
 
 Sampling matches the other engines: the prompts' token ids in their order (each prompt's `num_generations` copies
-side by side), `temperature`, `top_k`, `top_p`, `response_length` new tokens (`max_tokens`), a stop at any of the stop
-ids and never without any (vLLM's own EOS handling is off), padding after the stop. vLLM's generator is seeded with
-the run's `seed` + the process index. vLLM's log-probs of the tokens it drew (after temperature, top-k and top-p:
-`logprobs_mode="processed_logprobs"`) come back from `last_logprobs`: step 5 still computes the old log-probs with
-the training model, so the first PPO ratio is exactly 1, and step 9 logs the gap between the two.
+side by side), `temperature`, `top_k`, `top_p`, `min_p`, `response_length` new tokens (`max_tokens`), a stop at any of
+the stop ids and never without any (vLLM's own EOS handling is off), padding after the stop. vLLM's generator is seeded
+with the run's `seed` + the process index. vLLM's log-probs of the tokens it drew (after temperature, min-p, top-k and
+top-p: `logprobs_mode="processed_logprobs"`) come back from `last_logprobs`: step 5 still computes the old log-probs
+with the training model, so the first PPO ratio is exactly 1, and step 9 logs the gap between the two.
 
 The engine is told which weights to sample (`engines.sampling_weights`), never guessing from the model object it is
 handed: 'policy' (the default, what training samples) samples vLLM's copy of the policy; 'base' (evaluation's
@@ -205,9 +205,7 @@ class VLLMEngine(RolloutEngine):
         self.pad_token_id = pad_token_id
         self.stop_token_ids = [] if stop_token_ids is None else (
             [stop_token_ids] if isinstance(stop_token_ids, int) else list(stop_token_ids))
-        self.fallback = KVCacheSampler(response_length=s.response_length, temperature=s.temperature, top_k=s.top_k,
-                                       top_p=s.top_p, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids,
-                                       batch_size=s.forward_batch_size)
+        self.fallback = KVCacheSampler(s, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids)
         source = policy_source(policy)
         if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
             raise ValueError("rollout_engine='vllm' runs vLLM inside the training process, so that it can take the "
@@ -370,8 +368,8 @@ class VLLMEngine(RolloutEngine):
                              f"vLLM's max_model_len={self.max_model_len}: raise vllm_max_model_len (at most the "
                              "policy's context), or lower max_prompt_length / response_length.")
         params = self._sampling_params(
-            n=1, temperature=s.temperature, top_k=s.top_k or -1, top_p=s.top_p, max_tokens=s.response_length,
-            stop_token_ids=self.stop_token_ids, ignore_eos=True, logprobs=0, detokenize=False)
+            n=1, temperature=s.temperature, top_k=s.top_k or -1, top_p=s.top_p, min_p=s.min_p,
+            max_tokens=s.response_length, stop_token_ids=self.stop_token_ids, ignore_eos=True, logprobs=0, detokenize=False)
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=lora,
                                     use_tqdm=False)
         responses = torch.full((len(prompts), s.response_length), self.pad_token_id, dtype=torch.long)

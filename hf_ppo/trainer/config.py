@@ -43,12 +43,13 @@ from ..hub.cards import CARD_HYPERPARAMETERS, PublishSettings
 from ..models.critics import CriticLoading
 from ..models.pretrained import compute_dtype
 from ..models.reward_model import RewardLoading
-from ..rollout.engines import SamplingSettings
+from ..rollout.engines import SAMPLING_FIELDS, SamplingSettings
 from ..rollout.scoring import RewardSettings
 from ..rollout.steps import RolloutSettings
 from ..rollout.vllm_engine import VLLMSettings
 from ..runtime.sharding import environment_restored_on_error, fsdp_version, sharding_problems
 from ..runtime.warn import warn_user
+from . import after_build
 from .config_checks import (
     _TRL_ONLY_NAMES,
     _range_errors,
@@ -145,6 +146,8 @@ class PPOConfig(TrainingArguments):
     )
     top_k: int | None = field(default=None, metadata={"help": "Top-k sampling (None: off)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0: off)."})
+    min_p: float = field(default=0.0, metadata={"help": "Min-p sampling (TRL's GRPOConfig.min_p): keep the tokens "
+                         "whose probability is >= min_p x the top token's, after temperature (0.0: off)."})
     rollout_engine: Literal["kv_cache", "static", "vllm"] = field(
         default="kv_cache",
         metadata={"help": "How responses are sampled. 'kv_cache': hf_ppo's eager decode loop with a growing KV cache "
@@ -367,6 +370,8 @@ class PPOConfig(TrainingArguments):
     # ---- Step 11, the update: epochs, minibatches, the clipped losses ----------------------------------------------
     num_ppo_epochs: int = field(default=4, metadata={"help": "Passes over each rollout batch."})
     num_mini_batches: int = field(default=1, metadata={"help": "Minibatches (optimizer steps) per PPO epoch."})
+    # Read afresh by every step (`loss_settings`): the only fields a built trainer's args may change (after_build.py).
+    _LIVE = ("cliprange", "cliprange_value", "vf_coef", "entropy_coef", "use_bias_correction_kl")
     cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio (epsilon)."})
     cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value update around V_old."})
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss."})
@@ -614,6 +619,8 @@ class PPOConfig(TrainingArguments):
     _VALID_DICT_FIELDS = [*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs", "ref_model_init_kwargs",
                           "reward_model_init_kwargs", "critic_model_init_kwargs"]
 
+    __setattr__ = after_build.assign  # once a trainer holds it: each field live or refused (trainer/after_build.py)
+
     # A refused config leaves the process as it found it (TrainingArguments sets FSDP_* variables first).
     @environment_restored_on_error
     def __post_init__(self):
@@ -781,9 +788,9 @@ class PPOConfig(TrainingArguments):
     # The records lower floors read: each setting named where it is declared and where it is used.
     @property
     def sampling_settings(self) -> SamplingSettings:
-        """Step 1's settings (`rollout.SamplingSettings`): the engine and how it draws tokens."""
-        return SamplingSettings(response_length=self.response_length, temperature=self.temperature,
-                                forward_batch_size=self.local_rollout_forward_batch_size, top_k=self.top_k, top_p=self.top_p,
+        """Step 1's settings (`rollout.SamplingSettings`), each from the field of its name (and the rows per pass)."""
+        return SamplingSettings(**{name: getattr(self, name) for name in SAMPLING_FIELDS},
+                                forward_batch_size=self.local_rollout_forward_batch_size,
                                 rollout_engine=self.rollout_engine)
 
     @property
@@ -866,9 +873,8 @@ class PPOConfig(TrainingArguments):
                                model_init_kwargs=self.model_init_kwargs if isinstance(self.model_init_kwargs, dict)
                                else None, hub_base_model_id=self.hub_base_model_id, precision=self.precision,
                                system_prompt=self.system_prompt, prompt_column=self.prompt_column,
-                               apply_chat_template_to_text=self.apply_chat_template_to_text,
-                               response_length=self.response_length, temperature=self.temperature, top_k=self.top_k,
-                               top_p=self.top_p, max_prompt_length=self.max_prompt_length, stop_token=self.stop_token,
+                               apply_chat_template_to_text=self.apply_chat_template_to_text, stop_token=self.stop_token,
+                               sampling=self.sampling_settings, max_prompt_length=self.max_prompt_length,
                                stop_token_ids=stop_ids if stop_ids is None else tuple(stop_ids),
                                reward_input_format=self.reward_input_format)
 

@@ -27,6 +27,7 @@ _RANGES = [
     ("temperature", False, lambda v: 0 < v < math.inf, "> 0 (log-probs divide the logits by it)"),
     ("top_k", True, lambda v: v >= 0, "None or 0 (off), or an integer >= 1"),
     ("top_p", False, lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("min_p", False, lambda v: 0 <= v <= 1, "in [0, 1] (0.0: off)"),
     ("stop_token_id", True, lambda v: v >= 0, "None or a token id >= 0"),
     ("missing_eos_penalty", True, lambda v: 0 <= v < math.inf,
      "None or >= 0 (it is subtracted from the score of a response that never stops: a negative one pays the "

@@ -35,7 +35,8 @@ from ..rollout.refill import rollout_with_refill
 from ..rollout.reward_calls import RewardLogs
 from ..rollout.steps import RolloutParts
 from ..runtime import sharding
-from . import assembly, checkpoint, run_lock, watch
+from . import after_build, assembly, checkpoint, run_lock, watch
+from .after_build import HeldArgs
 from .config import PPOConfig
 from .data import (PromptCollator, RefillPrompts, RolloutPrompts, RolloutRepeatSampler, check_prompt_columns,
                    prepare_datasets)
@@ -71,6 +72,7 @@ class PPOLMTrainer(StepAPI, SavingSeams, Trainer):
 
     # compute_loss already divides by the minibatch's token (or sequence) count, so Trainer must not divide again.
     loss_is_scaled_for_ga = True
+    args = HeldArgs()  # once built, a setting it took cannot change under it (trainer/config.py)
 
     # A refused trainer leaves os.environ and accelerate's state as it found them: an Accelerator sets
     # ACCELERATE_USE_FSDP and fills accelerate's process-wide state before later checks may refuse the run.
@@ -155,6 +157,7 @@ class PPOLMTrainer(StepAPI, SavingSeams, Trainer):
         self._metrics: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._reward_logs = RewardLogs()  # what reward functions log (TRL's log_metric / log_extra)
         self._train_phase_start = None
+        after_build.hold(args)  # built: a setting taken above is refused on assignment from here on
 
     # ---- data: one rollout batch per iteration, repeated for every micro-batch ---------------------------------------
     def _get_train_sampler(self, train_dataset=None):

@@ -563,8 +563,9 @@ def test_the_run_record_carries_how_the_run_prompted_and_sampled(tiny_models, tm
     record = json.loads((folder / "hf_ppo_run.json").read_text())
     assert record["prompts"] == {"column": "question", "system_prompt": SYSTEM, "apply_chat_template_to_text": None,
                                  "format": "chat", "max_prompt_length": 512}
-    assert record["sampling"] == {"response_length": 3, "temperature": 0.9, "top_k": 7, "top_p": 1.0,
-                                  "stop_token": "eos", "stop_token_ids": None}
+    assert record["sampling"] == {"response_length": 3, "temperature": 0.9, "top_k": 7, "top_p": 1.0, "min_p": 0.0,
+                                  "forward_batch_size": 64, "rollout_engine": "kv_cache", "stop_token": "eos",
+                                  "stop_token_ids": None}
     assert record["global_step"] == 1
 
 
@@ -858,3 +859,34 @@ def test_hf_ppo_evaluate_warns_on_the_training_file_and_names_the_held_out_one(t
     dataset, _, warning = resolved("--dataset", "org/prompts", "--dataset_config", "other", "--dataset_split",
                                    "validation")
     assert dataset["config"] == "other" and dataset["split"] == "validation" and warning is None
+
+
+def test_every_sampling_setting_of_the_record_is_an_evaluate_option_and_its_default(tmp_path):
+    """A sampling setting (`SamplingSettings`, min_p included) reaches `hf-ppo evaluate` without being named there:
+    an option of its name, the run record's value as its default, PPOConfig's default without a record."""
+    from hf_ppo.cli.command import PROMPTING_DEFAULTS, evaluate_parser, recorded_prompting
+    from hf_ppo.rollout.engines import SAMPLING_FIELDS
+
+    assert "min_p" in SAMPLING_FIELDS
+    (tmp_path / "hf_ppo_run.json").write_text(json.dumps({"sampling": {"min_p": 0.1, "top_p": 0.9}}))
+    base = ["--policy", str(tmp_path), "--dataset", "p.jsonl"]
+    settings, recorded = recorded_prompting(str(tmp_path), evaluate_parser().parse_args(base))
+    assert (settings["min_p"], settings["top_p"]) == (0.1, 0.9) and {"min_p", "top_p"} <= set(recorded)
+    settings, _ = recorded_prompting(str(tmp_path), evaluate_parser().parse_args([*base, "--min_p", "0.2"]))
+    assert settings["min_p"] == 0.2
+    assert set(SAMPLING_FIELDS) <= set(PROMPTING_DEFAULTS)  # a new sampling setting is added to SAMPLING_DEFAULTS
+    assert all(PROMPTING_DEFAULTS[name] == getattr(PPOConfig, name) for name in SAMPLING_FIELDS)
+
+
+def test_the_sampling_options_parse_as_their_fields_types_whatever_parsed_ppoconfig_before():
+    """HfArgumentParser resolves PPOConfig's field types in place: the options' types must not depend on it."""
+    from transformers import HfArgumentParser
+
+    from hf_ppo.cli.command import evaluate_parser
+
+    for _ in range(2):
+        args = evaluate_parser().parse_args(["--policy", "p", "--dataset", "d", "--response_length", "4",
+                                             "--top_k", "3", "--temperature", "1", "--top_p", "1", "--min_p", "0"])
+        assert [type(getattr(args, n)) for n in ("response_length", "top_k", "temperature", "top_p", "min_p")] == \
+            [int, int, float, float, float]
+        HfArgumentParser(PPOConfig)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.rollout.engines import KVCacheSampler, StaticCacheSampler
+from hf_ppo.rollout.engines import KVCacheSampler, SamplingSettings, StaticCacheSampler
 from hf_ppo.runtime.versions import CHECKPOINTING_ARG
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -71,11 +71,11 @@ def test_compiled_engine_samples_the_kv_engines_tokens_on_cuda(tiny_models, toke
     model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear")).eval()
     batch = tokenizer(["the movie was", "the food was great and the service", "a"], return_tensors="pt",
                       padding=True).to("cuda")
-    settings = dict(response_length=16, temperature=1.0, top_k=1, top_p=1.0, pad_token_id=tokenizer.pad_token_id,
-                    stop_token_ids=None, batch_size=8)
+    settings = SamplingSettings(response_length=16, temperature=1.0, top_k=1, top_p=1.0, forward_batch_size=8)
+    stops = dict(pad_token_id=tokenizer.pad_token_id, stop_token_ids=None)
     ids, mask = batch["input_ids"], batch["attention_mask"].bool()
-    expected = KVCacheSampler(**settings).generate(model, ids, mask)
-    engine = StaticCacheSampler(**settings)
+    expected = KVCacheSampler(settings, **stops).generate(model, ids, mask)
+    engine = StaticCacheSampler(settings, **stops)
     for _ in range(3):  # compile, record the CUDA graph, replay it
         assert torch.equal(engine.generate(model, ids, mask), expected)
     assert engine.compile

@@ -13,7 +13,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
 from hf_ppo import PPOConfig, PPOLMTrainer
-from hf_ppo.rollout.engines import KVCacheSampler, RolloutEngine, StaticCacheSampler
+from hf_ppo.rollout.engines import KVCacheSampler, RolloutEngine, SamplingSettings, StaticCacheSampler
 from tests.scripted_engine import ScriptedEngine, fingerprint
 
 PROMPTS = ["the movie was", "the food was great", "bad", "the show was"]
@@ -144,10 +144,11 @@ def test_the_interface_raises_until_implemented():
 
 # ---- KVCacheSampler, the default engine ----------------------------------------------------------------------------
 def sampler(tokenizer, **overrides) -> KVCacheSampler:
-    settings = dict(response_length=8, temperature=1.0, top_k=None, top_p=1.0, pad_token_id=tokenizer.pad_token_id,
-                    stop_token_ids=None, batch_size=8)
+    settings = dict(response_length=8, temperature=1.0, top_k=None, top_p=1.0, forward_batch_size=8)
+    stop_token_ids = overrides.pop("stop_token_ids", None)
     settings.update(overrides)
-    return KVCacheSampler(**settings)
+    return KVCacheSampler(SamplingSettings(**settings), pad_token_id=tokenizer.pad_token_id,
+                          stop_token_ids=stop_token_ids)
 
 
 @torch.no_grad()
@@ -220,7 +221,7 @@ def test_left_padding_does_not_change_the_sampled_tokens(name, policy, gpt2, tok
     batch_ids, batch_mask = encode(tokenizer, ["the food was great and the plot was fun and the music", PROMPTS[1]])
     assert not batch_mask[1].all()
     for batch_size in (1, 8):
-        out = sampler(tokenizer, top_k=1, batch_size=batch_size).generate(model, batch_ids, batch_mask)
+        out = sampler(tokenizer, top_k=1, forward_batch_size=batch_size).generate(model, batch_ids, batch_mask)
         assert torch.equal(out[1:], alone)
 
 
@@ -242,10 +243,12 @@ def test_rows_stop_at_any_stop_token_and_the_rest_is_padding(policy, tokenizer):
 
 # ---- StaticCacheSampler (rollout_engine="static") ------------------------------------------------------------------
 def static(tokenizer, compile=False, **overrides) -> StaticCacheSampler:
-    settings = dict(response_length=12, temperature=1.0, top_k=None, top_p=1.0, pad_token_id=tokenizer.pad_token_id,
-                    stop_token_ids=None, batch_size=8)
+    settings = dict(response_length=12, temperature=1.0, top_k=None, top_p=1.0, forward_batch_size=8)
+    stop_token_ids = overrides.pop("stop_token_ids", None)
+    extra = {k: overrides.pop(k) for k in ("check_every", "prompt_bucket") if k in overrides}
     settings.update(overrides)
-    return StaticCacheSampler(compile=compile, **settings)
+    return StaticCacheSampler(SamplingSettings(**settings), pad_token_id=tokenizer.pad_token_id,
+                              stop_token_ids=stop_token_ids, compile=compile, **extra)
 
 
 def lora_model(name: str):
@@ -309,7 +312,7 @@ def test_a_step_that_cannot_be_compiled_runs_eagerly_after_one_warning(policy, t
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: cannot)
     ids, mask = encode(tokenizer, PROMPTS)
-    engine = static(tokenizer, compile=True, top_k=1, batch_size=2)
+    engine = static(tokenizer, compile=True, top_k=1, forward_batch_size=2)
     with pytest.warns(UserWarning, match="could not be compiled .*Params4bit") as caught:
         out = engine.generate(policy, ids, mask)
     assert len([w for w in caught if "compiled" in str(w.message)]) == 1  # once, not once per micro-batch
@@ -342,8 +345,8 @@ def test_sampling_reports_rows_and_tokens_per_decode_step(engine, policy, tokeni
 
     cls = KVCacheSampler if engine == "kv_cache" else StaticCacheSampler
     extra = {} if engine == "kv_cache" else {"compile": False}
-    sampler = cls(response_length=5, temperature=1.0, top_k=None, top_p=1.0, pad_token_id=tokenizer.pad_token_id,
-                  stop_token_ids=None, batch_size=2, **extra)
+    sampler = cls(SamplingSettings(response_length=5, temperature=1.0, forward_batch_size=2),
+                  pad_token_id=tokenizer.pad_token_id, stop_token_ids=None, **extra)
     queries = torch.tensor([[5, 6, 7]] * 3)
     mask = torch.ones_like(queries, dtype=torch.bool)
     seen = []

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from hf_ppo import Environment, EnvSample, PPOLMTrainer
 from hf_ppo.algorithms.estimators import EstimatorSettings
 from hf_ppo.algorithms.ppo_math import LossSettings, ppo_loss
-from hf_ppo.rollout.engines import KVCacheSampler, RolloutEngine, StaticCacheSampler
+from hf_ppo.rollout.engines import KVCacheSampler, RolloutEngine, SamplingSettings, StaticCacheSampler
 from hf_ppo.rollout.environments import collate, credit_to_policy_tokens
 from hf_ppo.rollout.steps import RolloutParts, compute_advantages, environment_samples, sample_and_score
 from tests.devices import device_of
@@ -474,12 +474,13 @@ class Holder(nn.Module):
 
 
 def engine(kind: str, tokenizer, **overrides):
-    settings = dict(response_length=R, temperature=1.0, top_k=1, top_p=1.0, pad_token_id=tokenizer.pad_token_id,
-                    stop_token_ids=[tokenizer.eos_token_id], batch_size=8)
+    settings = dict(response_length=R, temperature=1.0, top_k=1, top_p=1.0, forward_batch_size=8)
+    extra = {k: overrides.pop(k) for k in ("check_every",) if k in overrides}
     settings.update(overrides)
+    stops = dict(pad_token_id=tokenizer.pad_token_id, stop_token_ids=[tokenizer.eos_token_id])
     if kind == "static":
-        return StaticCacheSampler(compile=False, prompt_bucket=16, **settings)
-    return KVCacheSampler(**settings)
+        return StaticCacheSampler(SamplingSettings(**settings), compile=False, prompt_bucket=16, **stops, **extra)
+    return KVCacheSampler(SamplingSettings(**settings), **stops)
 
 
 @torch.no_grad()

@@ -7,7 +7,7 @@ from dataclasses import fields
 import pytest
 import torch
 
-from hf_ppo.rollout.engines import generate, sample_token
+from hf_ppo.rollout.engines import generate, sample_token, sampling_logits
 from hf_ppo.algorithms.ppo_math import LOSS_AGGREGATIONS
 from hf_ppo.algorithms.estimators import EstimatorSettings
 from hf_ppo.rollout.engines import SamplingSettings
@@ -28,8 +28,9 @@ def policy(tiny_models):
 def test_greedy_decoding_matches_hf_generate(policy, tokenizer):
     """top_k=1 makes sampling greedy: the lean decode loop must produce HF generate's tokens, left padding included."""
     batch = tokenizer(["the movie was", "a", "the food was very"], return_tensors="pt", padding=True)
-    ours = generate(policy, batch["input_ids"], batch["attention_mask"].bool(), response_length=10, temperature=0.7,
-                    top_k=1, top_p=1.0, pad_token_id=tokenizer.pad_token_id, stop_token_ids=None, batch_size=2)
+    ours = generate(policy, batch["input_ids"], batch["attention_mask"].bool(),
+                    SamplingSettings(response_length=10, temperature=0.7, top_k=1, forward_batch_size=2),
+                    pad_token_id=tokenizer.pad_token_id, stop_token_ids=None)
     theirs = policy.generate(**batch, max_new_tokens=10, do_sample=False, pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=None)[:, batch["input_ids"].shape[1]:]
     assert torch.equal(ours, theirs)
@@ -37,24 +38,44 @@ def test_greedy_decoding_matches_hf_generate(policy, tokenizer):
 
 def test_rows_stop_at_the_stop_token_and_pad_after(policy, tokenizer):
     batch = tokenizer(["the movie was", "the food was"], return_tensors="pt", padding=True)
-    greedy = generate(policy, batch["input_ids"], batch["attention_mask"].bool(), response_length=6, temperature=1.0,
-                      top_k=1, top_p=1.0, pad_token_id=tokenizer.pad_token_id, stop_token_ids=None, batch_size=8)
+    s = SamplingSettings(response_length=6, temperature=1.0, top_k=1, forward_batch_size=8)
+    greedy = generate(policy, batch["input_ids"], batch["attention_mask"].bool(), s,
+                      pad_token_id=tokenizer.pad_token_id, stop_token_ids=None)
     stop = int(greedy[0, 2])  # pretend the third greedy token of row 0 is the stop token
-    out = generate(policy, batch["input_ids"], batch["attention_mask"].bool(), response_length=6, temperature=1.0,
-                   top_k=1, top_p=1.0, pad_token_id=tokenizer.pad_token_id, stop_token_ids=stop, batch_size=8)
+    out = generate(policy, batch["input_ids"], batch["attention_mask"].bool(), s,
+                   pad_token_id=tokenizer.pad_token_id, stop_token_ids=stop)
     first = (greedy[0] == stop).nonzero()[0].item()
     assert torch.equal(out[0, :first + 1], greedy[0, :first + 1])
     assert (out[0, first + 1:] == tokenizer.pad_token_id).all()
 
 
+@pytest.mark.parametrize("min_p", [0.05, 0.3, 0.9, 1.0])
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_min_p_keeps_the_tokens_transformers_min_p_warper_keeps(min_p, temperature):
+    """min_p as transformers samples it: temperature first, then MinPLogitsWarper on the same logits; the kept logits
+    (and so the distribution drawn from) are the same, and the off value 0.0 changes nothing."""
+    from transformers import MinPLogitsWarper, TemperatureLogitsWarper
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50) * 3
+    theirs = MinPLogitsWarper(min_p)(None, TemperatureLogitsWarper(temperature)(None, logits.clone()))
+    ours = sampling_logits(logits, SamplingSettings(temperature=temperature, min_p=min_p))
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs)) and (~torch.isinf(ours)).sum() < logits.numel()
+    torch.testing.assert_close(ours[~torch.isinf(ours)], theirs[~torch.isinf(theirs)])
+    off = sampling_logits(logits, SamplingSettings(temperature=temperature, min_p=0.0))
+    torch.testing.assert_close(off, logits / temperature)
+    draws = sample_token(logits.repeat(200, 1), SamplingSettings(temperature=temperature, min_p=min_p))
+    assert not torch.isinf(ours.repeat(200, 1).gather(1, draws[:, None])).any()  # never a token min_p dropped
+
+
 def test_sample_token_top_k_and_top_p():
     torch.manual_seed(0)
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
-    assert set(sample_token(logits, 1.0, top_k=2, top_p=1.0).tolist()) == {0, 1}
+    assert set(sample_token(logits, SamplingSettings(temperature=1.0, top_k=2)).tolist()) == {0, 1}
     # Nucleus 0.7: 0.5 alone is below it, 0.5 + 0.3 reaches it -> tokens {0, 1}.
-    assert set(sample_token(logits, 1.0, top_k=None, top_p=0.7).tolist()) == {0, 1}
-    assert set(sample_token(logits, 1.0, top_k=None, top_p=0.4).tolist()) == {0}
-    counts = torch.bincount(sample_token(logits, 1.0, top_k=None, top_p=1.0), minlength=4).float() / 2000
+    assert set(sample_token(logits, SamplingSettings(temperature=1.0, top_p=0.7)).tolist()) == {0, 1}
+    assert set(sample_token(logits, SamplingSettings(temperature=1.0, top_p=0.4)).tolist()) == {0}
+    counts = torch.bincount(sample_token(logits, SamplingSettings(temperature=1.0)), minlength=4).float() / 2000
     torch.testing.assert_close(counts, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.04, rtol=0)
 
 

@@ -264,7 +264,7 @@ def test_stops_at_every_stop_id_pads_after_it_and_never_stops_without_one(engine
 @pytest.mark.vllm
 def test_top_k_and_top_p_restrict_the_draw(engine, lora_policy, vllm_tokenizer):
     queries, query_mask = left_padded(vllm_tokenizer, PROMPTS, k=1)
-    for restricted in (dict(top_k=1), dict(top_p=1e-6)):  # each leaves only the most likely token
+    for restricted in (dict(top_k=1), dict(top_p=1e-6), dict(min_p=1.0)):  # each leaves only the most likely token
         greedy = copy.copy(engine)
         greedy.sampling = SamplingSettings(response_length=4, temperature=TEMPERATURE, forward_batch_size=8,
                                            rollout_engine="vllm", **restricted)

@@ -21,7 +21,7 @@ from packaging.version import Version
 
 from hf_ppo import AutoModelForCausalLMWithValueHead
 from hf_ppo.runtime import ranges, versions
-from hf_ppo.rollout.engines import generate
+from hf_ppo.rollout.engines import SamplingSettings, generate
 from hf_ppo.cli.tiny import build_causal_lm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,8 +74,9 @@ def test_kv_sampler_and_value_head_use_the_installed_cache_name(tok, inputs, dep
             step = wrapper(input_ids=last, attention_mask=mask, use_cache=True, **{name: getattr(again, name)})
             full = wrapper(input_ids=torch.cat([inputs["input_ids"], last], 1), attention_mask=mask)
             torch.testing.assert_close(step.logits[:, -1], full.logits[:, -1], rtol=1e-4, atol=1e-5)
-        generate(model, inputs["input_ids"], inputs["attention_mask"].bool(), response_length=4, batch_size=2,
-                 temperature=1.0, top_k=None, top_p=1.0, stop_token_ids=[], pad_token_id=0)
+        generate(model, inputs["input_ids"], inputs["attention_mask"].bool(),
+                 SamplingSettings(response_length=4, forward_batch_size=2, temperature=1.0), stop_token_ids=[],
+                 pad_token_id=0)
     assert _cache_news(deprecations()) == []
 
 

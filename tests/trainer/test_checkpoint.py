@@ -373,7 +373,7 @@ def test_nonfinite_weights_are_never_saved(tiny_models, tokenizer, lora_config, 
     ("gamma", -0.1), ("lam", 1.01), ("kl_target", 0.0), ("kl_horizon", 0), ("top_k", -1), ("vf_coef", -1.0),
     ("entropy_coef", float("inf")), ("missing_eos_penalty", float("nan")), ("critic_learning_rate", 0.0),
     ("local_rollout_forward_batch_size", 0), ("num_ppo_epochs", 0), ("num_mini_batches", 0), ("response_length", 0),
-    ("temperature", 0.0), ("top_p", 0.0), ("max_consecutive_nonfinite", 0), ("num_sample_generations", -1),
+    ("temperature", 0.0), ("top_p", 0.0), ("min_p", -0.1), ("min_p", 1.5), ("max_consecutive_nonfinite", 0), ("num_sample_generations", -1),
     ("stop_token_id", -2), ("per_device_train_batch_size", 0),
 ])
 def test_each_bad_config_value_is_refused(tmp_path, field, value):
@@ -590,7 +590,7 @@ BAD_VALUES = {
     "entropy_coef": float("inf"), "missing_eos_penalty": -1.0,
     "critic_learning_rate": -1.0, "critic_warmup_steps": -1, "num_generations": 0, "overlong_penalty_factor": -1.0,
     "local_rollout_forward_batch_size": 0, "num_ppo_epochs": 0, "num_mini_batches": 0, "response_length": 0,
-    "temperature": 0.0, "top_p": 0.0, "max_consecutive_nonfinite": 0, "num_sample_generations": -1, "num_eval_samples": 0,
+    "temperature": 0.0, "top_p": 0.0, "min_p": 1.5, "max_consecutive_nonfinite": 0, "num_sample_generations": -1, "num_eval_samples": 0,
     "stop_token_id": -2, "logits_memory_mb": 0, "dataset_num_proc": 0, "sft_model_path": "", "reward_model_path": " ",
     "lam_critic": 1.5, "lam_length_alpha": 0.0, "critic_updates_per_step": 0, "max_refill_rounds": -1,
     "importance_sampling_level": "group", "use_kl_loss": "yes", "use_bias_correction_kl": 1,

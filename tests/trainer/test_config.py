@@ -23,7 +23,7 @@ FIXED_HERE = {"device": "the run's device (TrainingArguments.device): the CPU on
               "world_size": "the number of processes: 1 in a test",
               "enable_sleep_mode": "vllm_enable_sleep_mode needs a GPU (refused on a CPU)"}
 
-GAE = dict(response_length=17, temperature=0.9, local_rollout_forward_batch_size=3, top_k=5, top_p=0.9,
+GAE = dict(response_length=17, temperature=0.9, local_rollout_forward_batch_size=3, top_k=5, top_p=0.9, min_p=0.05,
            rollout_engine="vllm", vllm_gpu_memory_utilization=0.5, vllm_max_model_len=300, vllm_dtype="float32",
            vllm_importance_sampling_cap=2.0,
            kl_coef=0.3, num_generations=2, gamma=0.99, lam=0.9, lam_critic=0.5,
@@ -125,3 +125,68 @@ def test_a_config_converted_from_training_arguments_has_no_placeholder_token(tmp
     assert args.to_dict()["hub_token"] == "<HUB_TOKEN>"
     assert PPOConfig(**args.to_dict()).hub_token is None
     assert PPOConfig(**{**args.to_dict(), "hub_token": args.hub_token}).hub_token == "hf_real"
+
+
+# ---- a setting changed on a built trainer's args: read live by every step, or refused (issue 60 item 1) -------------
+# A valid new value for each live field (`LIVE` in its metadata): the step after the change must use it.
+LIVE_VALUES = {"cliprange": 0.3, "cliprange_value": 0.35, "vf_coef": 0.4, "entropy_coef": 0.02,
+               "use_bias_correction_kl": True}
+
+
+def _other_value(value):
+    """A value of another type than `value` (so never equal to it): a refused assignment fails before any check."""
+    return ("changed",) if not isinstance(value, tuple) else "changed"
+
+
+def test_every_setting_changed_after_construction_is_used_by_the_next_step_or_refused(tiny_models, tokenizer,
+                                                                                         tmp_path, monkeypatch):
+    """Every PPOConfig field (a field added later included: the loop reads the dataclass) is either live, and the
+    next step's loss reads the new value, or refused on assignment and on `trainer.args = replace(...)`, naming a fix,
+    with the trainer's value unchanged."""
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from hf_ppo import PPOLMTrainer
+    from hf_ppo.trainer import ppo_trainer as ppo_trainer_module
+    from hf_ppo.trainer.after_build import live_fields, settled_fields
+
+    args = PPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_mini_batches=1, num_ppo_epochs=1,
+                     max_steps=1, response_length=3, report_to=[], save_strategy="no", num_sample_generations=0,
+                     disable_tqdm=True, use_kl_loss=True, use_cpu=True)
+    trainer = PPOLMTrainer(model=tiny_models["policy"], args=args, processing_class=tokenizer,
+                           reward_model=lambda prompts, completions, **kw: [float(len(c)) for c in completions],
+                           train_dataset=Dataset.from_dict({"prompt": ["the movie was", "the food was"]}))
+    own = {f.name for f in dataclasses.fields(PPOConfig)} - {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert set(LIVE_VALUES) == live_fields(PPOConfig), "each live field needs a new value here"
+    assert own <= live_fields(PPOConfig) | settled_fields(PPOConfig)
+    for name in sorted(settled_fields(PPOConfig)):
+        before = getattr(trainer.args, name)
+        with pytest.raises(AttributeError, match=rf"trainer\.args\.{name} = .* is refused: .*To change it, "):
+            setattr(trainer.args, name, _other_value(before))
+        assert getattr(trainer.args, name) == before
+        setattr(trainer.args, name, before)  # the same value again changes nothing: allowed
+    for name, value in {"temperature": 0.3, "response_length": 5, "top_k": 2, "kl_coef": 0.5}.items():
+        with pytest.raises(AttributeError, match=rf"trainer\.args\.{name} = {value!r} is refused"):
+            trainer.args = dataclasses.replace(trainer.args, **{name: value})
+    with pytest.raises(AttributeError, match=r"trainer\.kl_ctl\.value = 0\.5"):
+        trainer.args.kl_coef = 0.5
+    assert trainer.args is args and trainer.args.temperature == 0.7
+    with pytest.raises(ValueError, match=r"trainer\.args\.vf_coef: vf_coef=-1\.0: must be >= 0"):
+        trainer.args.vf_coef = -1.0
+    assert trainer.args.vf_coef == 0.1
+
+    for name, value in LIVE_VALUES.items():
+        setattr(trainer.args, name, value)
+    used = []
+    real_loss = ppo_trainer_module.ppo_loss
+
+    def spy(*call_args, **kwargs):
+        used.extend(a for a in call_args if type(a).__name__ == "LossSettings")
+        return real_loss(*call_args, **kwargs)
+
+    monkeypatch.setattr(ppo_trainer_module, "ppo_loss", spy)
+    trainer.train()
+    assert used and all(getattr(settings, name) == value for settings in used for name, value in LIVE_VALUES.items())
+    trainer.args = dataclasses.replace(trainer.args)  # a copy that changes nothing settled is taken, and held too
+    with pytest.raises(AttributeError, match="is refused"):
+        trainer.args.temperature = 0.3
