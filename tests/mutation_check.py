@@ -233,7 +233,7 @@ SUBSET = [
             "test_of_an_equation_of_two_numbers_the_last_side_is_the_answer",
             "test_a_conversational_completion_with_several_messages_is_read_from_the_last"),
     # subset:loss-family (issue 62): the loss family's oracles and its settings' way down
-    "tests/algorithms/test_loss_family.py",
+    "tests/algorithms/test_policy_losses.py",
     # subset:i61 (auto: tests/algorithms/test_estimators.py above; the no-signal watch and the closing line,
     # evaluation's log_metric per side, the card of a flat reward, TRL GRPO names, one-line refusals)
     *select("tests/trainer/test_watch.py",
@@ -319,9 +319,14 @@ SV = "trainer/saving.py"
 CR = "models/critics.py"
 M = "models/value_head.py"
 P = "algorithms/ppo_math.py"
+MA = "algorithms/masked.py"
+AD = "algorithms/advantages.py"
+PL = "algorithms/policy_losses.py"
 E = "algorithms/estimators.py"
 C = "trainer/config.py"
 CC = "trainer/config_checks.py"
+CN = "trainer/config_names.py"
+RC = "trainer/config_records.py"
 D = "trainer/data.py"
 GU = "trainer/guard.py"
 CK = "trainer/checkpoint.py"
@@ -413,7 +418,7 @@ MUTATIONS = [
                '"advantages": whitened, "returns": torch.where(mask, masked_whiten(advantages, mask) + values, '
                'torch.zeros_like(advantages))}')]),
     Mutation("gamma_lam_swapped", "GAE hyperparameters swapped",
-             [(C, "gamma=self.gamma,\n                                 lam=self.lam,",
+             [(RC, "gamma=self.gamma,\n                                 lam=self.lam,",
                "gamma=self.lam,\n                                 lam=self.gamma,")]),
     # -- KL controller ------------------------------------------------------------------------------------------------
     Mutation("kl_ctl_fed_entropy", "the KL controller fed the wrong KL (the entropy)",
@@ -472,7 +477,7 @@ MUTATIONS = [
              [(AS, "    if not ESTIMATORS[args.advantage_estimator].needs_critic:\n        policy = without_critic(",
                "    if False:\n        policy = without_critic(")]),
     Mutation("groups_ignored", "the group estimators see k=1 (each response its own group)",
-             [(C, "num_generations=self.num_generations, gamma=", "num_generations=1, gamma=")]),
+             [(RC, "num_generations=self.num_generations, gamma=", "num_generations=1, gamma=")]),
     # -- critics, mixed rewards ---------------------------------------------------------------------------------------
     Mutation("critic_adapter_scores", "the reward scored with the reward_lora critic's adapter enabled",
              [(W, "as_loaded = self.scoring_context() if isinstance(reward, nn.Module) else contextlib.nullcontext()",
@@ -502,20 +507,20 @@ MUTATIONS = [
              [(T, "            self.rewards.load_state_dict(each_moments)\n", "")]),
     # -- the objective's options on their way from PPOConfig to the loss -------------------------------------------------
     Mutation("clip_higher_swapped", "clip-higher wired backwards (low and high bounds swapped on the way to the loss)",
-             [(C, "cliprange_low=self.cliprange_low, cliprange_high=self.cliprange_high,",
+             [(RC, "cliprange_low=self.cliprange_low, cliprange_high=self.cliprange_high,",
                "cliprange_low=self.cliprange_high, cliprange_high=self.cliprange_low,")]),
     Mutation("dual_clip_dropped", "the dual-clip setting never reaches the loss",
-             [(C, "dual_clip=self.dual_clip,", "dual_clip=None,")]),
+             [(RC, "dual_clip=self.dual_clip,", "dual_clip=None,")]),
     Mutation("loss_aggregation_ignored", "loss_aggregation not passed to the loss (token_mean always)",
-             [(C, "loss_aggregation=self.loss_aggregation, response_length",
+             [(RC, "loss_aggregation=self.loss_aggregation, response_length",
                'loss_aggregation="token_mean", response_length')]),
     Mutation("normalizer_token_count", "the minibatch normalizer always counts tokens, whatever the aggregation",
-             [(C, "loss_aggregation=self.loss_aggregation, critic_passes",
+             [(RC, "loss_aggregation=self.loss_aggregation, critic_passes",
                'loss_aggregation="token_mean", critic_passes')]),
     Mutation("cliprange_value_is_cliprange", "the value loss clipped with the policy's clip range",
-             [(C, "cliprange_value=self.cliprange_value,", "cliprange_value=self.cliprange,")]),
+             [(RC, "cliprange_value=self.cliprange_value,", "cliprange_value=self.cliprange,")]),
     Mutation("entropy_coef_dropped", "entropy_coef never reaches the loss",
-             [(C, "entropy_coef=self.entropy_coef,", "entropy_coef=0.0,")]),
+             [(RC, "entropy_coef=self.entropy_coef,", "entropy_coef=0.0,")]),
     Mutation("kl_loss_initial_coef", "grpo's KL loss term at the initial kl_coef, not the controller's",
              [(T, "kl_loss_coef(args.estimator_settings._replace(kl_coef=self.kl_ctl.value))",
                "kl_loss_coef(args.estimator_settings)")]),
@@ -523,11 +528,12 @@ MUTATIONS = [
              [(E, "return s.kl_coef if s.use_kl_loss or ESTIMATORS[s.advantage_estimator].kl_in_loss else 0.0",
                "return s.kl_coef if ESTIMATORS[s.advantage_estimator].kl_in_loss else 0.0")]),
     Mutation("bias_correction_kl_ignored", "use_bias_correction_kl never reaches the loss",
-             [(C, "use_bias_correction_kl=self.use_bias_correction_kl,", "use_bias_correction_kl=False,")]),
+             [(RC, "use_bias_correction_kl=self.use_bias_correction_kl,", "use_bias_correction_kl=False,")]),
     Mutation("sequence_ratio_ignored", "importance_sampling_level never reaches the loss",
-             [(C, "importance_sampling_level=self.importance_sampling_level,", 'importance_sampling_level="token",')]),
+             [(RC, "importance_sampling_level=self.importance_sampling_level,",
+                   'importance_sampling_level="token",')]),
     Mutation("whiten_rewards_ignored", "whiten_rewards never reaches the estimator",
-             [(C, "whiten_rewards=self.whiten_rewards", "whiten_rewards=False")]),
+             [(RC, "whiten_rewards=self.whiten_rewards", "whiten_rewards=False")]),
     Mutation("reward_clip_ignored", "reward_clip not applied to normalised scores",
              [(T, "reward_clip=self.args.reward_clip,", "reward_clip=None,")]),
     Mutation("normalize_rewards_ignored", "normalize_rewards builds no running moments",
@@ -667,7 +673,7 @@ MUTATIONS = [
     Mutation("grpo_bias_correction_refused", "grpo with use_bias_correction_kl refused (only use_kl_loss counted)",
              [(CC, 'or config.advantage_estimator == "grpo"):', "or False):")]),
     Mutation("bias_correction_only_with_use_kl_loss", "the bias-corrected KL applied with use_kl_loss only, not grpo",
-             [(C, "use_bias_correction_kl=self.use_bias_correction_kl,",
+             [(RC, "use_bias_correction_kl=self.use_bias_correction_kl,",
                "use_bias_correction_kl=self.use_bias_correction_kl and self.use_kl_loss,")]),
     Mutation("repeated_reward_names_collide", "rewards with the same name not numbered: one overwrites the other",
              [(W, '        unique.append(f"{name}_{number}")', "        unique.append(name)")]),
@@ -730,7 +736,7 @@ MUTATIONS = [
              [(SV, "saved_locally=saved_locally,\n                                           chat_prompts=self._chat_prompts)",
                "saved_locally=saved_locally)")]),
     Mutation("card_unused_run_length", "the card lists the unused run length (epochs of a max_steps run)",
-             [(C, 'unused = "num_train_epochs" if self.max_steps > 0 else "max_steps"',
+             [(RC, 'unused = "num_train_epochs" if self.max_steps > 0 else "max_steps"',
                'unused = "max_steps" if self.max_steps > 0 else "num_train_epochs"')]),
     Mutation("tokenizer_padding_not_saved", "the copy pads left in memory but saves without padding_side",
              [("models/tokenizers.py", 'tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "left"',
@@ -820,12 +826,13 @@ MUTATIONS = [
     Mutation("length_alpha_inverted", "alpha inverted in the lambda (1 - alpha / l)",
              [(P, "(1.0 - 1.0 / (alpha * lengths))", "(1.0 - alpha / lengths)")]),
     Mutation("length_alpha_not_passed", "lam_length_alpha dropped on its way from PPOConfig to the rollout",
-             [(C, " lam_length_alpha=self.lam_length_alpha,", "")]),
+             [(RC, " lam_length_alpha=self.lam_length_alpha,", "")]),
     Mutation("use_kl_loss_not_in_records", "use_kl_loss dropped where PPOConfig builds the estimator's record",
-             [(C, "                                 use_kl_loss=self.use_kl_loss, auto_ev_threshold",
+             [(RC, "                                 use_kl_loss=self.use_kl_loss, auto_ev_threshold",
                "                                 use_kl_loss=False, auto_ev_threshold")]),
     Mutation("eval_seed_constant", "evaluation seeded with a constant instead of the run's seed",
-             [(C, "num_eval_samples=self.num_eval_samples, seed=self.seed,", "num_eval_samples=self.num_eval_samples, seed=42,")]),
+             [(RC, "num_eval_samples=self.num_eval_samples, seed=self.seed,",
+                   "num_eval_samples=self.num_eval_samples, seed=42,")]),
     # -- files hf_ppo did not write, a LoRA critic's base, the evaluated precision ------------------------------------
     # mutations:own-files
     Mutation("users_readme_overwritten", "a README.md the user keeps in output_dir is replaced by the card",
@@ -1149,7 +1156,7 @@ MUTATIONS = [
     Mutation("i63_head_dim_accepted", "vLLM on the CPU with head_dim 16 is accepted, then dies at the first rollout",
              [("rollout/vllm_engine.py", "    if on_cpu and head_dim not in cpu_head_sizes():", "    if False:")]),
     Mutation("i63_max_model_len_prompt_alone", "vLLM's max_model_len, unset, holds the prompt alone, not its response",
-             [(C, "(self.max_prompt_length and self.max_prompt_length + self.response_length)",
+             [(RC, "(self.max_prompt_length and self.max_prompt_length + self.response_length)",
                "(self.max_prompt_length)")]),
     Mutation("i63_reference_weights_untold", "evaluation's reference side is not told which weights it samples: the "
              "engine guesses (vLLM samples its copy of the policy as the reference)",
@@ -1166,7 +1173,7 @@ MUTATIONS = [
              "whitening (their placeholder 0 scores move every other row's advantage)",
              [(R, "        update_mask = policy_mask & ~unscored.unsqueeze(1)", "        update_mask = policy_mask")]),
     Mutation("i63_card_rollout_batch", "the card's rollout batch is the per-device batch, not the responses sampled "
-             "per iteration", [(C, 'values["rollout_batch_size (per device)"] = self.rollout_batch_size',
+             "per iteration", [(RC, 'values["rollout_batch_size (per device)"] = self.rollout_batch_size',
                                 'values["rollout_batch_size (per device)"] = self.per_device_train_batch_size')]),
     Mutation("i63_log_metric_last", "log_metric called twice in an iteration logs the last value, not the mean",
              [("rollout/reward_calls.py", "        return {name: sum(values) / len(values) for name, values in "
@@ -1219,30 +1226,32 @@ MUTATIONS = [
              [(P, "    mask = as_bool_mask(mask)\n    zeros = torch.zeros_like(values[:, 0])",
                "    zeros = torch.zeros_like(values[:, 0])")]),
     Mutation("i62_cispo_weight_differentiated", "CISPO's weight not stop-gradient: the clipped ratio's gradient too",
-             [(P, "weight = ratio.clamp(max=clip_max).detach()", "weight = ratio.clamp(max=clip_max)")]),
+             [(PL, "weight = ratio.clamp(max=clip_max).detach()", "weight = ratio.clamp(max=clip_max)")]),
     Mutation("i62_sapo_temperatures_swapped", "SAPO's positive and negative temperatures swapped",
-             [(P, "torch.full_like(ratio, temperature_pos), torch.full_like(ratio, temperature_neg)",
+             [(PL, "torch.full_like(ratio, temperature_pos), torch.full_like(ratio, temperature_neg)",
                "torch.full_like(ratio, temperature_neg), torch.full_like(ratio, temperature_pos)")]),
     Mutation("i62_gmpo_unclipped", "GMPO's token log-ratios never clipped",
-             [(P, "bounded = sign * torch.minimum(sign * log_ratio, sign * clipped)", "bounded = log_ratio")]),
+             [(PL, "bounded = sign * torch.minimum(sign * log_ratio, sign * clipped)", "bounded = log_ratio")]),
     Mutation("i62_seq_mean_token_sum_is_a_mean", "seq_mean_token_sum divides each response's sum by its length",
              [(P, "        per_sequence = masked_sum(per_token, mask, dim=1)\n    else:",
                "        per_sequence = masked_sum(per_token, mask, dim=1) / mask.sum(dim=1).clamp(min=1)\n    else:")]),
     Mutation("i62_mask_mode_keeps_all", "the mask modes reject nothing: every ratio kept",
-             [(P, "return torch.where(keep, weights, torch.zeros_like(weights)).detach()", "return weights.detach()")]),
+             [(PL, "return torch.where(keep, weights, torch.zeros_like(weights)).detach()",
+                   "return weights.detach()")]),
     Mutation("i62_sequence_ratio_per_token", "the sequence modes use each token's ratio",
-             [(P, "        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(logprobs)\n",
+             [(PL, "        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(logprobs)\n",
                "        pass\n")]),
     Mutation("i62_policy_loss_dropped", "policy_loss never reaches the loss: PPO's runs under every name",
-             [(C, "kl_loss_estimator=self.kl_loss_estimator, policy_loss=self.policy_loss,",
+             [(RC, "kl_loss_estimator=self.kl_loss_estimator, policy_loss=self.policy_loss,",
                "kl_loss_estimator=self.kl_loss_estimator, policy_loss=\"ppo\",")]),
     Mutation("i62_batch_scale_is_group", "scale_rewards='batch' divides by each group's std",
-             [(P, "centred = centred / (grouped.std() + eps)", "centred = centred / (grouped.std(dim=1, keepdim=True) + eps)")]),
+             [(AD, "centred = centred / (grouped.std() + eps)",
+                   "centred = centred / (grouped.std(dim=1, keepdim=True) + eps)")]),
     Mutation("i62_reinforce_gamma_ignored", "REINFORCE++ ignores gamma (always the plain sum)",
              [(E, "reinforce_pp_advantages(scores, kl, mask, s.kl_coef, k=k, gamma=s.gamma)",
                "reinforce_pp_advantages(scores, kl, mask, s.kl_coef, k=k)")]),
     Mutation("i62_group_of_one_centred", "a group of one is centred on itself (advantage 0) instead of passing through",
-             [(P, "centred = scores - torch.where(alone, torch.zeros_like(mean), mean)", "centred = scores - mean")]),
+             [(AD, "centred = scores - torch.where(alone, torch.zeros_like(mean), mean)", "centred = scores - mean")]),
     Mutation("i62_old_aggregation_name_unexplained", "the renamed seq_mean_token_sum_norm refused without its fix",
              [(P, "    if name in RENAMED_LOSS_AGGREGATIONS:\n        raise", "    if False:\n        raise")]),
     Mutation("i62_variant_old_logprobs_recomputed", "a policy loss other than PPO's reads the current log-probs as "
@@ -1365,7 +1374,7 @@ MUTATIONS = [
     # -- i59: every forward counts (the passes no update reads are skipped) ------------------------------------------
     Mutation("i59_skip_with_two_epochs", "the old-log-prob pass is skipped where a rollout feeds several optimizer "
              "steps: every later step's ratio is 1 in silence",
-             [(C, "not estimator.needs_critic and self.optimizer_steps_per_iteration == 1",
+             [(RC, "not estimator.needs_critic and self.optimizer_steps_per_iteration == 1",
                "not estimator.needs_critic")]),
     Mutation("i59_loss_reads_placeholder", "without the old-log-prob pass the loss reads the rollout's placeholder "
              "log-probs as the old ones",
@@ -1374,7 +1383,8 @@ MUTATIONS = [
              "its placeholders",
              [(R, "    for name in skipped_stats(skip_old, settings.skip_reference):\n        del stats[name]\n", "")]),
     Mutation("i59_reference_skipped_with_kl", "the reference pass is skipped at kl_coef > 0: the KL penalty reads 0",
-             [(C, "        return self.kl_coef == 0 and not self.adaptive_kl", "        return not self.adaptive_kl")]),
+             [(RC, "        return self.kl_coef == 0 and not self.adaptive_kl",
+                   "        return not self.adaptive_kl")]),
     Mutation("i59_no_stats_pass", "stats_pass_every is never honoured: the skipped passes' metrics never logged",
              [(T, "        if args.stats_pass_every and self.iteration % args.stats_pass_every == 0:",
                "        if False:")]),

@@ -17,59 +17,29 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-
-# ---- Masked statistics ------------------------------------------------------------------------------------------
-def as_bool_mask(mask: torch.Tensor) -> torch.Tensor:
-    """`mask` as bool: a bool mask as it is; a 0/1 float or integer mask (TRL's convention) converted.
-
-    Any other value is an error rather than a weight: these are selections, and treating 0.5 as "selected" (or as
-    half a token) would silently change every statistic. Only non-bool masks pay for the check.
-    """
-    if mask.dtype == torch.bool:
-        return mask
-    if not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError("A mask must hold only 0 and 1 (or True/False); to weight entries, multiply the values "
-                         "by the weights and pass a 0/1 mask.")
-    return mask != 0
-
-
-def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """sum(values * mask); masked entries (even NaN/inf) contribute exactly 0. `mask`: bool or 0/1."""
-    mask = as_bool_mask(mask)
-    zeros = torch.zeros((), dtype=values.dtype, device=values.device)
-    masked = torch.where(mask, values, zeros)
-    return masked.sum() if dim is None else masked.sum(dim)
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean over the True entries of `mask` (over `dim`, or all entries). 0 where nothing is selected."""
-    mask = as_bool_mask(mask)
-    count = mask.sum() if dim is None else mask.sum(dim)
-    return masked_sum(values, mask, dim) / count.clamp(min=1)
-
-
-def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """Variance over the True entries of `mask`, with Bessel's correction when `unbiased` (n / (n - 1))."""
-    mask = as_bool_mask(mask)
-    mean = masked_mean(values, mask)
-    var = masked_mean((values - mean) ** 2, mask)
-    if unbiased:
-        n = mask.sum()
-        var = var * n / (n - 1).clamp(min=1)
-    return var
-
-
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """(values - mean) / std over the masked entries; with `shift_mean=False` the mean is added back (scale only).
-
-    Masked positions are returned as 0. Used for advantages (shift) and, optionally, rewards (no shift: N+ paper).
-    """
-    mask = as_bool_mask(mask)
-    mean, var = masked_mean(values, mask), masked_var(values, mask)
-    whitened = (values - mean) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        whitened = whitened + mean
-    return torch.where(mask, whitened, torch.zeros_like(whitened))
+# The masked statistics (`masked`), the group advantages (`advantages`) and the policy-loss family (`policy_losses`)
+# live in their own modules. Besides the names used here, ppo_math hands on those the package has always read from it.
+from .advantages import (
+    SCALE_REWARDS,
+    group_centred,
+    grpo_advantages,
+    rloo_advantages,
+    sequence_to_token_advantages,
+    uniform_groups,
+)
+from .masked import as_bool_mask, masked_mean, masked_sum, masked_var, masked_whiten
+from .policy_losses import (
+    POLICY_LOSSES,
+    ROLLOUT_CORRECTIONS,
+    cispo_per_token,
+    clip_cov_per_token,
+    gmpo_per_token,
+    gpg_per_token,
+    importance_ratio,
+    kl_cov_per_token,
+    rollout_correction_weights,
+    sapo_per_token,
+)
 
 
 # ---- Log-probabilities, entropy, KL ----------------------------------------------------------------------------
@@ -283,135 +253,6 @@ def compute_gae(
     return advantages, returns
 
 
-# ---- Critic-free advantage estimators ----------------------------------------------------------------------------
-# Group layout, shared by every group estimator: the k responses to one prompt are k consecutive rows, so row
-# i * k + j is response j of prompt i. Scores come flat, (num_prompts * k,), or already grouped, (num_prompts, k);
-# the result has the input's shape.
-def _grouped(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """`scores` as (num_prompts, k), with the errors a wrong layout deserves."""
-    if k < 2:
-        raise ValueError(f"k={k}: a group estimator needs k >= 2 responses per prompt (one response has no baseline "
-                         "from its group).")
-    if scores.dim() == 2 and scores.shape[1] != k:
-        raise ValueError(f"scores of shape {tuple(scores.shape)} are not grouped by k={k}: pass (num_prompts, k) or "
-                         "a flat (num_prompts * k,) tensor.")
-    if scores.dim() not in (1, 2) or scores.numel() % k:
-        raise ValueError(f"scores of shape {tuple(scores.shape)} cannot be split into groups of k={k}: pass "
-                         "(num_prompts * k,) or (num_prompts, k), the k responses of a prompt in consecutive rows.")
-    return scores.reshape(-1, k)
-
-
-def group_centred(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """R_i - mean_group(R) over groups of k consecutive rows: (num_prompts * k,) or (num_prompts, k) -> same shape.
-    Example: k = 2, R = [1, 3, 5, 5] -> [-1, 1, 0, 0]."""
-    grouped = _grouped(scores, k)
-    return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(scores.shape)
-
-
-def uniform_groups(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """True on every row of a group whose k scores are all equal (no signal for a group baseline: DAPO's dynamic
-    sampling, Yu et al. 2025, drops them): (num_prompts * k,) -> (num_prompts * k,) bool.
-    Example: k = 2, R = [1, 1, 0, 2] -> [True, True, False, False]."""
-    grouped = _grouped(scores, k)
-    uniform = grouped.amax(dim=1) == grouped.amin(dim=1)
-    return uniform.repeat_interleave(k).reshape(scores.shape)
-
-
-def rloo_advantages(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """REINFORCE leave-one-out advantages (Ahmadian et al. 2024, "Back to Basics").
-
-    A_i = R_i - 1/(k-1) * sum_{j != i} R_j over the k responses to the same prompt, which equals
-    k/(k-1) * (R_i - mean_group(R)). scores: (num_prompts * k,) or (num_prompts, k), k consecutive rows per prompt
-    -> same shape. Any KL penalty is the caller's: pass R_i - beta * sum_t KL_t to follow the paper.
-    Example: k = 3, R = [1, 2, 6] -> [1 - 4, 2 - 3.5, 6 - 1.5] = [-3, -1.5, 4.5].
-    """
-    grouped = _grouped(scores, k)
-    others_mean = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)  # baseline: mean of the other k - 1
-    return (grouped - others_mean).reshape(scores.shape)
-
-
-SCALE_REWARDS = ("group", "batch", "none")
-
-
-def scale_rewards_name(scale_rewards: bool | str) -> str:
-    """TRL's `scale_rewards` as one of `SCALE_REWARDS`: True is "group", False "none" (TRL maps them so too)."""
-    name = {True: "group", False: "none"}.get(scale_rewards, scale_rewards) if isinstance(scale_rewards, bool) \
-        else scale_rewards
-    if name not in SCALE_REWARDS:
-        raise ValueError(f"scale_rewards={scale_rewards!r}: choose 'group' (True), 'batch' or 'none' (False).")
-    return name
-
-
-def grpo_advantages(scores: torch.Tensor, k: int, scale_rewards: bool | str = True, eps: float = 1e-4) -> torch.Tensor:
-    """Group-relative advantages (Shao et al. 2024, GRPO; Liu et al. 2025, Dr. GRPO; TRL's `scale_rewards`).
-
-    A_i = (R_i - mean_group(R)) / (std + eps), std = std_group(R) with `scale_rewards` True / "group", the std of
-    every score of the batch with "batch" (TRL's; PPO Lite, Liu et al. 2025), no division with False / "none"
-    (Dr. GRPO: the std division favours groups whose rewards barely differ). std is the sample std (Bessel's
-    correction, n - 1), as TRL's GRPO; a group of equal scores gets A = 0 either way. scores: (num_prompts * k,) or
-    (num_prompts, k), k consecutive rows per prompt -> same shape.
-    Example: k = 3, R = [1, 2, 6]: mean 3, std sqrt(7) -> [-2, -1, 3] / (sqrt(7) + eps).
-    """
-    grouped = _grouped(scores, k)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
-    scale = scale_rewards_name(scale_rewards)
-    if scale == "group":
-        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
-    elif scale == "batch":
-        centred = centred / (grouped.std() + eps)
-    return centred.reshape(scores.shape)
-
-
-def _index_groups(scores: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row: its group's size, mean and sample std (0 for a group of one), the groups named by `index` (batch,)
-    (any integer ids, rows of a group anywhere, groups of any size)."""
-    _, group = torch.unique(index, return_inverse=True)
-    n = int(group.max()) + 1 if group.numel() else 0
-    ones = torch.ones_like(scores)
-    size = torch.zeros(n, dtype=scores.dtype, device=scores.device).index_add(0, group, ones)
-    mean = torch.zeros_like(size).index_add(0, group, scores) / size
-    square = torch.zeros_like(size).index_add(0, group, (scores - mean[group]) ** 2)
-    std = torch.sqrt(square / (size - 1).clamp(min=1))
-    return size[group], mean[group], std[group]
-
-
-def grpo_advantages_by_index(scores: torch.Tensor, index: torch.Tensor, scale_rewards: bool | str = True,
-                             eps: float = 1e-4) -> torch.Tensor:
-    """`grpo_advantages` with the groups named by `index` (batch,) instead of k consecutive rows: groups of unequal
-    size (dynamic sampling's filtered batches, environments that ended early), and a group of one passes its score
-    through (its baseline 0, its std 1, as verl's `index`-grouped GRPO). scores (batch,) -> (batch,).
-    Example: index [0, 0, 1], R = [1, 3, 5], scale "none" -> [-1, 1, 5]."""
-    size, mean, std = _index_groups(scores, index)
-    alone = size == 1
-    centred = scores - torch.where(alone, torch.zeros_like(mean), mean)
-    scale = scale_rewards_name(scale_rewards)
-    if scale == "group":
-        centred = centred / (torch.where(alone, torch.ones_like(std), std) + eps)
-    elif scale == "batch":
-        centred = centred / (scores.std() + eps)
-    return centred
-
-
-def rloo_advantages_by_index(scores: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """`rloo_advantages` with the groups named by `index` (batch,): A_i = n/(n-1) * (R_i - mean_group(R)) in a group
-    of n >= 2, R_i itself in a group of one (no other response to compare with: verl's RLOO passes it through).
-    scores (batch,) -> (batch,). Example: index [0, 0, 0, 1], R = [1, 2, 6, 4] -> [-3, -1.5, 4.5, 4]."""
-    size, mean, _ = _index_groups(scores, index)
-    return torch.where(size > 1, size / (size - 1).clamp(min=1) * (scores - mean), scores)
-
-
-def remax_advantages(scores: torch.Tensor, greedy_scores: torch.Tensor) -> torch.Tensor:
-    """ReMax (Li et al. 2024): each sampled response's score minus the score of the greedy (temperature 0) response
-    to the same prompt, A_i = R_i - R_greedy(prompt of i). scores (num_prompts * k,), k consecutive rows per prompt;
-    greedy_scores (num_prompts,) -> (num_prompts * k,). Example: k = 2, R = [1, 3, 0, 2], greedy [2, 1] ->
-    [-1, 1, -1, 1]. The estimator only: the rollout does not yet sample the greedy response (docs: what is left)."""
-    k, rest = divmod(scores.numel(), greedy_scores.numel())
-    if rest or k < 1:
-        raise ValueError(f"{scores.numel()} scores cannot be split over {greedy_scores.numel()} prompts: pass one "
-                         "greedy score per prompt, its responses in consecutive rows.")
-    return scores - greedy_scores.repeat_interleave(k)
-
-
 def reinforce_pp_advantages(
     scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float, k: int | None = None,
     gamma: float = 1.0,
@@ -437,14 +278,6 @@ def reinforce_pp_advantages(
         returns.append(torch.where(mask[:, t], running, torch.zeros_like(running)))
     returns = torch.stack(returns[::-1], dim=1)
     return masked_whiten(returns, mask), returns
-
-
-def sequence_to_token_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Give every real response token its sequence's advantage: (batch,) and (batch, len) -> (batch, len), 0 where
-    `mask` is False (True = a real response token)."""
-    mask = as_bool_mask(mask)
-    token_advantages = advantages.unsqueeze(1).expand(mask.shape)
-    return torch.where(mask, token_advantages, torch.zeros_like(token_advantages))
 
 
 # ---- Losses ---------------------------------------------------------------------------------------------------
@@ -576,132 +409,6 @@ def policy_loss(
     return loss, clipfrac, approxkl
 
 
-def importance_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
-    """The policy ratio on each token from log_ratio = logp - logp_old (batch, len) -> (batch, len).
-
-    "token": PPO's exp(log_ratio_t); "sequence": GSPO's (Zheng et al. 2025) one ratio per response,
-    exp(mean over its real tokens of log_ratio), on each of its tokens."""
-    if level == "sequence":
-        return torch.exp(masked_mean(log_ratio, mask, dim=1)).unsqueeze(1).expand_as(log_ratio)
-    if level == "token":
-        return torch.exp(log_ratio)
-    raise ValueError(f"Unknown importance_sampling_level {level!r}: choose 'token' or 'sequence'.")
-
-
-# ---- Policy losses beside PPO's clipped surrogate (`policy_loss`): each gives per-token losses (batch, len) and a
-# (batch, len) bool of the tokens its clipping or selection touched; `aggregate_loss` reduces them as PPO's are.
-POLICY_LOSSES = ("ppo", "cispo", "sapo", "gmpo", "gpg", "clip_cov", "kl_cov")
-
-
-def cispo_per_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                    mask: torch.Tensor, clip_max: float = 5.0,
-                    importance_sampling_level: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
-    """CISPO (MiniMax-M1, Chen et al. 2025; TRL's `loss_type="cispo"`): the importance weight is clipped and
-    stop-gradient, and multiplies the REINFORCE term, so every token keeps a gradient (PPO's clip zeroes it):
-
-    l_t = -sg(min(r_t, clip_max)) * A_t * logp_t,  r_t = pi / pi_old.
-
-    `clip_max` is the cap on the weight itself (ScaleRL's and TRL's epsilon_max, recommended 5.0; MiniMax-M1's
-    1 + eps_high with no lower bound). Returns (per-token loss, tokens whose weight was capped)."""
-    ratio = importance_ratio(logprobs - old_logprobs, mask, importance_sampling_level)
-    weight = ratio.clamp(max=clip_max).detach()
-    return -weight * advantages * logprobs, (ratio > clip_max).detach()
-
-
-def sapo_per_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                   mask: torch.Tensor, temperature_pos: float = 1.0, temperature_neg: float = 1.05,
-                   importance_sampling_level: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
-    """SAPO (Soft Adaptive Policy Optimization, Gao et al. 2025; TRL's `loss_type="sapo"`): a smooth gate replaces
-    the hard clip,
-
-    l_t = -f(r_t) * A_t,  f(r) = 4 / tau * sigmoid(tau * (r - 1)),  tau = tau_pos if A_t > 0 else tau_neg,
-
-    whose gradient is the ratio's at r = 1 and fades as r leaves it (faster for tau_neg > tau_pos: the paper's 1.0
-    and 1.05). Nothing is clipped: the second result is all False."""
-    ratio = importance_ratio(logprobs - old_logprobs, mask, importance_sampling_level)
-    tau = torch.where(advantages > 0, torch.full_like(ratio, temperature_pos), torch.full_like(ratio, temperature_neg))
-    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
-    return -gate * advantages, torch.zeros_like(mask, dtype=torch.bool)
-
-
-def gmpo_per_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                   mask: torch.Tensor, cliprange_low: float = 0.4,
-                   cliprange_high: float = 0.4) -> tuple[torch.Tensor, torch.Tensor]:
-    """GMPO (Geometric-Mean Policy Optimization, Zhao et al. 2025): the geometric mean of the token ratios of a
-    response, each clipped in log space to [-eps_low, eps_high] (the paper's (e^-0.4, e^0.4)) on the side PPO's
-    min picks:
-
-    c_t = sgn(A_t) * min(sgn(A_t) * log r_t, sgn(A_t) * clip(log r_t, -eps_low, eps_high));
-    l_t = -A_t * exp(mean over the response's real tokens of c_t)
-
-    (the response's loss on each of its tokens: with a sequence-level advantage, `seq_mean_token_mean` gives the
-    paper's mean over responses). Returns (per-token loss, tokens whose log-ratio was clipped)."""
-    log_ratio = logprobs - old_logprobs
-    clipped = log_ratio.clamp(-cliprange_low, cliprange_high)
-    sign = torch.where(advantages >= 0, torch.ones_like(log_ratio), -torch.ones_like(log_ratio))
-    bounded = sign * torch.minimum(sign * log_ratio, sign * clipped)
-    sequence_ratio = torch.exp(masked_mean(bounded, mask, dim=1)).unsqueeze(1)
-    return -advantages * sequence_ratio, (bounded != log_ratio).detach()
-
-
-def gpg_per_token(logprobs: torch.Tensor, advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPG (Group Policy Gradient, Chu et al. 2025): the plain policy gradient, no ratio and no clip,
-    l_t = -A_t * logp_t (its value is not PPO's; its gradient is -A_t * grad logp_t). Nothing is clipped."""
-    return -advantages * logprobs, torch.zeros_like(logprobs, dtype=torch.bool)
-
-
-def token_covariance(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Each real token's centred product (A_t - mean A) * (logp_t - mean logp), the means over the batch's real tokens
-    (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning Language Models": the covariance that drives the
-    entropy's change). (batch, len) -> (batch, len), detached, 0 at masked positions."""
-    mask = as_bool_mask(mask)
-    logprobs = logprobs.detach()
-    cov = (advantages - masked_mean(advantages, mask)) * (logprobs - masked_mean(logprobs, mask))
-    return torch.where(mask, cov, torch.zeros_like(cov))
-
-
-def clip_cov_per_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                       mask: torch.Tensor, cliprange_low: float = 0.2, cliprange_high: float = 0.2,
-                       ratio: float = 2e-4, cov_low: float = 1.0,
-                       cov_high: float = 5.0, generator: torch.Generator | None = None,
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clip-Cov (Cui et al. 2025): PPO's clipped loss, except that max(1, floor(ratio * N)) tokens (N real tokens)
-    drawn at random among those whose covariance (`token_covariance`) lies in (cov_low, cov_high) and that PPO did
-    not clip lose their gradient (loss 0), against entropy collapse. The paper's r = 2e-4, (1, 5).
-    Returns (per-token loss, the tokens PPO clipped or this detached)."""
-    mask = as_bool_mask(mask)
-    ppo_ratio = torch.exp(logprobs - old_logprobs)
-    unclipped = -advantages * ppo_ratio
-    clipped = -advantages * ppo_ratio.clamp(1.0 - cliprange_low, 1.0 + cliprange_high)
-    per_token = torch.maximum(unclipped, clipped)
-    by_clip = (clipped > unclipped) & mask
-    cov = token_covariance(logprobs, advantages, mask)
-    candidates = torch.nonzero((mask & ~by_clip & (cov > cov_low) & (cov < cov_high)).flatten()).squeeze(1)
-    count = min(max(1, int(ratio * int(mask.sum()))), candidates.numel())
-    chosen = candidates[torch.randperm(candidates.numel(), generator=generator)[:count].to(candidates.device)]
-    detached = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
-    detached[chosen] = True
-    detached = detached.reshape(mask.shape)
-    return torch.where(detached, torch.zeros_like(per_token), per_token), (by_clip | detached).detach()
-
-
-def kl_cov_per_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                     mask: torch.Tensor, ratio: float = 2e-3, coef: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """KL-Cov (Cui et al. 2025): the unclipped surrogate -A_t * r_t on every token, plus coef * |log r_t| on the
-    max(1, floor(ratio * N)) real tokens of largest covariance (`token_covariance`), which pulls exactly those tokens
-    back to pi_old. The paper's k = 2e-3 (Qwen2.5-7B; 2e-4 at 32B) and beta = 1.
-    Returns (per-token loss, the tokens that carry the KL term)."""
-    mask = as_bool_mask(mask)
-    log_ratio = logprobs - old_logprobs
-    per_token = -advantages * torch.exp(log_ratio)
-    cov = torch.where(mask, token_covariance(logprobs, advantages, mask), torch.full_like(log_ratio, -math.inf))
-    count = min(max(1, int(ratio * int(mask.sum()))), int(mask.sum()))
-    selected = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
-    selected[torch.topk(cov.flatten(), count).indices] = True
-    selected = selected.reshape(mask.shape) & mask
-    return per_token + torch.where(selected, coef * log_ratio.abs(), torch.zeros_like(log_ratio)), selected
-
-
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
@@ -803,51 +510,6 @@ class RunningMoments:
 
     def load_state_dict(self, state: dict) -> None:
         self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
-
-
-def truncated_importance_weights(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
-    Training"; TRL's and verl's correction for a vLLM sampler):
-
-    w_t = min(pi_old(a_t) / pi_sampler(a_t), cap) = min(exp(logp_old_t - logp_sampler_t), cap),
-
-    the tokens having been drawn by the sampler, whose numerics differ from the training model's. logprobs,
-    sampling_logprobs (B, R) -> w (B, R), detached (a weight on each token's policy loss, never differentiated).
-    """
-    return torch.exp(logprobs - sampling_logprobs).clamp(max=cap).detach()
-
-
-ROLLOUT_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-
-
-def rollout_correction_weights(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor,
-                               mode: str = "token_truncate", clip_max: float | None = None,
-                               clip_min: float | None = None) -> torch.Tensor:
-    """Importance weights that correct for a sampler whose numerics differ from the training model's (TRL's
-    `vllm_importance_sampling_mode`; verl's `rollout_is` token/sequence levels and `rollout_rs` rejection).
-
-    The ratio is pi_old / pi_sampler: per token, w_t = exp(logp_old_t - logp_sampler_t), or per response ("sequence_*"),
-    w = exp(sum over its real tokens of (logp_old_t - logp_sampler_t)) (the probability ratio of the whole response)
-    on each of its tokens. "*_truncate": w clipped to [clip_min, clip_max] (`truncated_importance_weights` is
-    token_truncate without a floor); "*_mask": w kept where clip_min <= w <= clip_max, else 0 (the token, or the
-    whole response, is rejected: it leaves the loss but still counts in its mean, as in TRL). A bound left None does
-    not bind. logprobs, sampling_logprobs, mask (B, R) -> (B, R), detached.
-    """
-    if mode not in ROLLOUT_CORRECTIONS:
-        raise ValueError(f"Unknown rollout correction mode {mode!r}: choose one of {', '.join(ROLLOUT_CORRECTIONS)}.")
-    mask = as_bool_mask(mask)
-    log_ratio = torch.where(mask, logprobs - sampling_logprobs, torch.zeros_like(logprobs))
-    if mode.startswith("sequence"):
-        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(logprobs)
-    weights = torch.exp(log_ratio)
-    if mode.endswith("truncate"):
-        return weights.clamp(min=clip_min, max=clip_max).detach()
-    keep = torch.ones_like(mask)
-    if clip_min is not None:
-        keep = keep & (weights >= clip_min)
-    if clip_max is not None:
-        keep = keep & (weights <= clip_max)
-    return torch.where(keep, weights, torch.zeros_like(weights)).detach()
 
 
 class Experience(NamedTuple):

@@ -820,7 +820,7 @@ def test_loss_aggregation_gradient_accumulation_invariance(aggregation):
 
 
 def test_truncated_importance_weights_hand_example():
-    from hf_ppo.algorithms.ppo_math import truncated_importance_weights
+    from hf_ppo.algorithms.policy_losses import truncated_importance_weights
 
     # pi_old / pi_sampler per token: 1 (the same distribution), 0.5, 1.5, and 4 (above the cap of 2: truncated to 2)
     old = t64([[math.log(0.2), math.log(0.1), math.log(0.3), math.log(0.4)]])

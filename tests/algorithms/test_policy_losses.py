@@ -29,9 +29,9 @@ from hf_ppo.algorithms.ppo_math import (
     ppo_loss,
     rollout_correction_weights,
     sapo_per_token,
-    token_covariance,
     variant_policy_loss,
 )
+from hf_ppo.algorithms.policy_losses import token_covariance
 from hf_ppo.trainer.checkpoint import compare_settings
 
 F64 = torch.float64
@@ -373,7 +373,7 @@ def test_scale_rewards_batch_is_trls_definition(tmp_path):
 
 
 def test_groups_named_by_an_index_of_unequal_size_and_groups_of_one():
-    from hf_ppo.algorithms.ppo_math import grpo_advantages, grpo_advantages_by_index, rloo_advantages, \
+    from hf_ppo.algorithms.advantages import grpo_advantages, grpo_advantages_by_index, rloo_advantages, \
         rloo_advantages_by_index
     scores, index = t64([1.0, 2.0, 6.0, 4.0, 0.0, 2.0]), torch.tensor([7, 7, 7, 3, 9, 9])
     # group 7: [1, 2, 6] (mean 3, std sqrt 7); group 3: [4] alone (passes through); group 9: [0, 2] (mean 1, std 2^.5)
@@ -390,7 +390,7 @@ def test_groups_named_by_an_index_of_unequal_size_and_groups_of_one():
 
 
 def test_remax_subtracts_the_greedy_responses_score():
-    from hf_ppo.algorithms.ppo_math import remax_advantages
+    from hf_ppo.algorithms.advantages import remax_advantages
     close(remax_advantages(t64([1.0, 3.0, 0.0, 2.0]), t64([2.0, 1.0])), [-1.0, 1.0, -1.0, 1.0])
     with pytest.raises(ValueError, match="one greedy score per prompt"):
         remax_advantages(t64([1.0, 3.0, 0.0]), t64([2.0, 1.0]))
