@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from transformers import TrainingArguments
 
 from hf_ppo import PPOConfig
 
@@ -83,8 +84,9 @@ def is_record(value) -> bool:
 
 def test_every_record_property_is_listed(tmp_path):
     args = config(tmp_path)
-    found = sorted(name for name, value in vars(PPOConfig).items()
-                   if isinstance(value, property) and is_record(getattr(args, name)))
+    own = [klass for klass in PPOConfig.__mro__ if klass not in TrainingArguments.__mro__]  # SettingsRecords too
+    found = sorted({name for klass in own for name, value in vars(klass).items()
+                    if isinstance(value, property) and is_record(getattr(args, name))})
     assert found == sorted(RECORDS)
 
 
