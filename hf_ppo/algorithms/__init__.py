@@ -1,5 +1,7 @@
-"""Floor 1, the algorithms: PPO's math as pure tensor functions (`ppo_math`) and the advantage estimators of step 8
-(`estimators`: GAE, RLOO, GRPO, REINFORCE++). Torch only: no config objects, no models, nothing of hf_ppo."""
+"""Floor 1, the algorithms: PPO's math as pure tensor functions (`ppo_math`, with the masked statistics in `masked`,
+the group advantages in `advantages` and the policy losses beside PPO's in `policy_losses`) and the advantage
+estimators of step 8 (`estimators`: GAE, RLOO, GRPO, REINFORCE++). Torch only: no config objects, no models, nothing
+of hf_ppo."""
 
 from .estimators import ESTIMATORS, Estimator, EstimatorSettings, estimate, kl_loss_coef
 from .ppo_math import (
