@@ -122,3 +122,31 @@ def test_a_row_scored_inf_leaves_its_group_alone_and_its_neighbour_trains_as_a_g
     got = [batch.advantages[row][batch.policy_mask[row]] for row in (0, 1, 3)]
     for value, tokens in zip(expected, got):
         assert torch.allclose(tokens, torch.full_like(tokens, value), atol=1e-4)
+
+
+def test_an_environment_episode_that_ends_early_without_a_score_leaves_only_itself(tiny_models, tokenizer, tmp_path):
+    """An environment that could not finish episode 2 gives it no usable score (NaN); under grpo with k = 2 the other
+    response to that prompt keeps training as a group of one (its score through), the first group as a pair."""
+    from hf_ppo.rollout.environments import EnvSample
+    from tests.rollout.test_environments import TwoTurn, env_trainer, rollout_batch as env_rollout_batch
+
+    class EndsEarly(TwoTurn):
+        def rollout(self, prompts, sample):
+            out = [episode._replace(rewards=None) for episode in super().rollout(prompts, sample)]  # the score alone
+            first = out[2]
+            cut = int(first.policy_mask.long().argmin()) or len(first.tokens)  # the first answer alone
+            out[2] = EnvSample(first.tokens[:cut], first.policy_mask[:cut], float("nan"), None)
+            return out
+
+    trainer = env_trainer(tiny_models, tokenizer, tmp_path, environment=EndsEarly(), advantage_estimator="grpo",
+                          num_generations=2, per_device_train_batch_size=4)
+    with pytest.warns(UserWarning, match="nan"):
+        batch = env_rollout_batch(trainer)
+    rows = [row for row in range(len(batch)) if row != 2]
+    assert not batch.policy_mask[2].any() and batch.policy_mask[rows].any(1).all()
+    scores = batch.scores.tolist()
+    expected = grpo_oracle([scores[row] for row in rows], [row // 2 for row in rows], "group")
+    assert expected[2] == pytest.approx(scores[3] / (1 + EPS))  # row 3: a group of one, its score through
+    for row, value in zip(rows, expected):
+        tokens = batch.advantages[row][batch.policy_mask[row]]
+        assert torch.allclose(tokens, torch.full_like(tokens, value), atol=1e-4), row
