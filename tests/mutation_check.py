@@ -234,6 +234,8 @@ SUBSET = [
             "test_a_conversational_completion_with_several_messages_is_read_from_the_last"),
     # subset:loss-family (issue 62): the loss family's oracles and its settings' way down
     "tests/algorithms/test_loss_family.py",
+    # subset:groups-by-index (issue 62): rloo and grpo grouped by the prompt's index in the rollout
+    "tests/rollout/test_groups_by_index.py",
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -1209,6 +1211,18 @@ MUTATIONS = [
                "            if self.group_size is not None:\n")]),
     Mutation("i62_loss_parameter_unchecked", "a policy loss's parameter set under another loss passes in silence",
              [(CC, "if owner != loss and getattr(config, name) != defaults[name].default:", "if False:")]),
+    # -- issue 62: groups by index in the rollout (unequal groups, groups of one) -----------------------------------
+    Mutation("i62b_rollout_groups_consecutive", "the rollout passes no index: a NaN/inf row's neighbours are "
+             "baselined with its placeholder 0",
+             [(R, "index=group_index(len(scores), k, unscored if left_out else None))", "index=None)")]),
+    Mutation("i62b_index_not_forwarded", "the advantage step drops the index: k consecutive rows whatever it says",
+             [(R, "extra = {\"index\": index} if index is not None and ESTIMATORS[s.advantage_estimator].by_index "
+                  "else {}", "extra = {}")]),
+    Mutation("i62b_unscored_takes_whole_group", "under grpo a NaN/inf row still takes its whole group out",
+             [(R, "if k > 1 and not estimator.needs_critic and not estimator.by_index and bad.any():",
+               "if k > 1 and not estimator.needs_critic and bad.any():")]),
+    Mutation("i62b_refill_replaces_partial_groups", "the refill replaces a group that still has rows to train on",
+             [(RF, "    return dropped.reshape(-1, k).all(1)", "    return dropped.reshape(-1, k).any(1)")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""
