@@ -280,6 +280,9 @@ SUBSET = [
     # subset:i58 (min_p against transformers' warper, its check)
     *select("tests/rollout/test_steps.py", "test_min_p_keeps_the_tokens_transformers_min_p_warper_keeps"),
     "tests/trainer/test_checkpoint.py::test_each_bad_config_value_is_refused[min_p-1.5]",
+    "tests/algorithms/test_loss_family.py",
+    # subset:groups-by-index (issue 62): rloo and grpo grouped by the prompt's index in the rollout
+    "tests/rollout/test_groups_by_index.py",
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -494,8 +497,8 @@ MUTATIONS = [
              [(R, "response_mask=batch.response_mask & kept, policy_mask=batch.policy_mask & kept),",
                "response_mask=batch.response_mask, policy_mask=batch.policy_mask),")]),
     Mutation("refill_takes_uniform_groups", "the refill puts groups without signal in the dropped places",
-             [(RF, "donors = (~extra_dropped.reshape(-1, k)[:, 0]).nonzero()",
-               "donors = (extra_dropped.reshape(-1, k)[:, 0]).nonzero()")]),
+             [(RF, "donors = (~whole_groups(extra_dropped, k)).nonzero()",
+               "donors = (whole_groups(extra_dropped, k)).nonzero()")]),
     Mutation("refill_prompts_repeat_each_round", "every refill round samples the same extra prompts",
              [(D, "key = [self.seed, self.step, round_, self.process]", "key = [self.seed, self.step, 0, self.process]")]),
     Mutation("lam_critic_ignored", "the critic's returns use lam, not lam_critic",
@@ -1425,6 +1428,18 @@ MUTATIONS = [
     Mutation("i60_live_unchecked", "a live setting assigned out of its range is taken",
              [("trainer/after_build.py", "        if errors:\n            object.__setattr__(config, name, old)",
                "        if False:\n            object.__setattr__(config, name, old)")]),
+    # -- issue 62: groups by index in the rollout (unequal groups, groups of one) -----------------------------------
+    Mutation("i62b_rollout_groups_consecutive", "the rollout passes no index: a NaN/inf row's neighbours are "
+             "baselined with its placeholder 0",
+             [(R, "index=group_index(len(scores), k, unscored if left_out else None))", "index=None)")]),
+    Mutation("i62b_index_not_forwarded", "the advantage step drops the index: k consecutive rows whatever it says",
+             [(R, "extra = {\"index\": index} if index is not None and ESTIMATORS[s.advantage_estimator].by_index "
+                  "else {}", "extra = {}")]),
+    Mutation("i62b_unscored_takes_whole_group", "under grpo a NaN/inf row still takes its whole group out",
+             [(R, "if k > 1 and not estimator.needs_critic and not estimator.by_index and bad.any():",
+               "if k > 1 and not estimator.needs_critic and bad.any():")]),
+    Mutation("i62b_refill_replaces_partial_groups", "the refill replaces a group that still has rows to train on",
+             [(RF, "    return dropped.reshape(-1, k).all(1)", "    return dropped.reshape(-1, k).any(1)")]),
 ]
 
 THREADS_PLUGIN = '''"""Loaded by tests/mutation_check.py with -p: one torch thread per run (two runs share the cores)."""

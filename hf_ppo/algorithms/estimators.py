@@ -3,7 +3,10 @@
 An estimator maps a rollout's shaped scores (B,), per-token KL (B, R), response mask (B, R) and the critic's
 values (B, R) (None for a critic-free estimator) to the per-token `rewards`, `non_score_rewards`, `advantages` and
 `returns` (B, R), 0 at masked positions. The B rows are grouped by prompt: with `k = num_generations` responses per
-prompt, rows `i*k .. i*k+k-1` answer prompt `i` (`trainer.data.RolloutRepeatSampler` lays them out so).
+prompt, rows `i*k .. i*k+k-1` answer prompt `i` (`trainer.data.RolloutRepeatSampler` lays them out so). rloo and
+grpo also take `index` (B,), each row's group id (verl's uid): the rollout passes it, so a row that left the update
+(a NaN/inf score) leaves only itself, and its group's other rows keep training as a smaller group (a group of one
+passes its score through).
 
 Where the KL penalty enters, as each method's paper / reference implementation does it:
 
@@ -37,11 +40,13 @@ from .ppo_math import (
     explained_variance,
     group_centred,
     grpo_advantages,
+    grpo_advantages_by_index,
     length_adaptive_lam,
     masked_sum,
     masked_whiten,
     reinforce_pp_advantages,
     rloo_advantages,
+    rloo_advantages_by_index,
     sequence_to_token_advantages,
 )
 
@@ -91,24 +96,31 @@ def gae(scores, kl, mask, values, s: EstimatorSettings, step_rewards=None) -> di
     return {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": whitened, "returns": returns}
 
 
-def rloo(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tensor]:
+def rloo(scores, kl, mask, values, s: EstimatorSettings, index=None) -> dict[str, torch.Tensor]:
     """RLOO: R_i = score_i - kl_coef * sum_t KL_t; A_i = R_i - mean of the other k-1 responses' R; A_i on every real
-    token, whitened over the batch's real tokens when `whiten_advantages` (TRL's `normalize_advantages`)."""
+    token, whitened over the batch's real tokens when `whiten_advantages` (TRL's `normalize_advantages`).
+    `index` (B,): each row's group id (`ppo_math.rloo_advantages_by_index`: groups of any size, a group of one
+    passes its R through); None: k consecutive rows."""
     rewards, non_score_rewards = compute_rewards(scores, kl, mask, s.kl_coef)
     sequence_returns = masked_sum(rewards, mask, dim=1)
-    advantages = sequence_to_token_advantages(rloo_advantages(sequence_returns, s.num_generations), mask)
+    baselined = rloo_advantages(sequence_returns, s.num_generations) if index is None \
+        else rloo_advantages_by_index(sequence_returns, index)
+    advantages = sequence_to_token_advantages(baselined, mask)
     advantages = masked_whiten(advantages, mask) if s.whiten_advantages else advantages
     return {"rewards": rewards, "non_score_rewards": non_score_rewards, "advantages": advantages,
             "returns": sequence_to_token_advantages(sequence_returns, mask)}
 
 
-def grpo(scores, kl, mask, values, s: EstimatorSettings) -> dict[str, torch.Tensor]:
+def grpo(scores, kl, mask, values, s: EstimatorSettings, index=None) -> dict[str, torch.Tensor]:
     """GRPO: A_i = (score_i - group mean) / (group std + eps), or without the division when `scale_rewards=False`
     (Dr. GRPO), on every real token. The KL penalty is a loss term (`kl_in_loss`), not part of the reward; the group
-    normalisation is the whole normalisation (`whiten_advantages` does not apply)."""
+    normalisation is the whole normalisation (`whiten_advantages` does not apply). `index` (B,): each row's group id
+    (`ppo_math.grpo_advantages_by_index`: groups of any size, a group of one passes its score through); None: k
+    consecutive rows."""
     rewards, _ = compute_rewards(scores, torch.zeros_like(kl), mask, 0.0)
     non_score_rewards = torch.where(mask, -s.kl_coef * kl, torch.zeros_like(kl))
-    advantages = grpo_advantages(scores, s.num_generations, scale_rewards=s.scale_rewards)
+    advantages = grpo_advantages(scores, s.num_generations, scale_rewards=s.scale_rewards) if index is None \
+        else grpo_advantages_by_index(scores, index, scale_rewards=s.scale_rewards)
     return {"rewards": rewards, "non_score_rewards": non_score_rewards,
             "advantages": sequence_to_token_advantages(advantages, mask),
             "returns": sequence_to_token_advantages(scores, mask)}
@@ -162,18 +174,21 @@ class Estimator(NamedTuple):
     """An advantage estimator: `compute(scores, kl, mask, values, settings)` -> {rewards, non_score_rewards,
     advantages, returns} (and, for `auto`, `stats`: its own metrics, scalar tensors); whether it needs a critic's
     values; whether its KL penalty is a loss term; whether it compares the responses to one prompt though it has a
-    critic (a NaN score then takes its whole group out of the update: `rollout.steps.unscored_rows`)."""
+    critic (a NaN score then takes its whole group out of the update: `rollout.steps.unscored_rows`); whether it
+    takes `index=` (B,), each row's group id, for groups of any size (`by_index`: the rollout then groups by prompt
+    index, so a row that leaves the update leaves its group alone, not the whole group)."""
 
     compute: Callable[..., dict[str, torch.Tensor]]
     needs_critic: bool
     kl_in_loss: bool
     compares_groups: bool = False  # with a critic: auto's group baseline; without one, every estimator with k > 1
+    by_index: bool = False
 
 
 ESTIMATORS: dict[str, Estimator] = {
     "gae": Estimator(gae, needs_critic=True, kl_in_loss=False),
-    "rloo": Estimator(rloo, needs_critic=False, kl_in_loss=False),
-    "grpo": Estimator(grpo, needs_critic=False, kl_in_loss=True),
+    "rloo": Estimator(rloo, needs_critic=False, kl_in_loss=False, by_index=True),
+    "grpo": Estimator(grpo, needs_critic=False, kl_in_loss=True, by_index=True),
     "reinforce_pp": Estimator(reinforce_pp, needs_critic=False, kl_in_loss=False),
     "auto": Estimator(auto, needs_critic=True, kl_in_loss=False, compares_groups=True),
 }
@@ -188,7 +203,7 @@ def kl_loss_coef(s: EstimatorSettings) -> float:
 def estimate(scores, kl, mask, values, s: EstimatorSettings, **extra) -> dict[str, torch.Tensor]:
     """Run `s.advantage_estimator`. With `s.use_kl_loss` the KL leaves the reward for a loss term in the update (verl's
     and OpenRLHF's `use_kl_loss`): the estimator sees no KL, and `non_score_rewards` still reports -kl_coef * KL_t,
-    as grpo's do. `extra`: the estimator's own keyword arguments (gae's `step_rewards`)."""
+    as grpo's do. `extra`: the estimator's own keyword arguments (gae's `step_rewards`, rloo's and grpo's `index`)."""
     estimator = ESTIMATORS[s.advantage_estimator]
     if not s.use_kl_loss or estimator.kl_in_loss:
         return estimator.compute(scores, kl, mask, values, s, **extra)

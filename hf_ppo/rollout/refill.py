@@ -43,7 +43,7 @@ def rollout_with_refill(policy: nn.Module, queries, query_mask, prompts: list, p
                          "drop_uniform_groups=True and extra_prompts (a source of prompt groups).")
     k, gather, pad_token_id = settings.estimator.num_generations, parts.gather, parts.tokenizer.pad_token_id
     batch, dropped, refilled, rounds = result.batch, result.dropped, 0, 0
-    while rounds < max_refill_rounds and _anywhere(dropped.any(), gather):
+    while rounds < max_refill_rounds and _anywhere(whole_groups(dropped, k).any(), gather):
         extra = extra_prompts(rounds)
         more = rollout(policy, extra["queries"].to(queries.device), extra["query_mask"].to(query_mask.device),
                        extra["prompts"], parts, settings, extra.get("columns"))
@@ -55,7 +55,7 @@ def rollout_with_refill(policy: nn.Module, queries, query_mask, prompts: list, p
         result.reference_seconds += more.reference_seconds
         result.generated_tokens += more.generated_tokens
     device = result.stats["rollout/groups_dropped"].device
-    result.stats.update({"rollout/groups_dropped": dropped.sum().float() / k,
+    result.stats.update({"rollout/groups_dropped": whole_groups(dropped, k).sum().float(),
                          "rollout/groups_refilled": torch.tensor(float(refilled), device=device),
                          "rollout/refill_rounds": torch.tensor(float(rounds), device=device)})
     result.batch, result.dropped = batch, dropped
@@ -68,17 +68,25 @@ def _anywhere(flag: torch.Tensor, gather: Callable | None) -> bool:
     return bool((gather(flag) if gather is not None else flag).sum() > 0)
 
 
+def whole_groups(dropped: torch.Tensor, k: int) -> torch.Tensor:
+    """The groups (B // k,) bool of `k` consecutive rows whose rows are all `dropped` (B,): the holes a refill fills.
+    A group with some rows left (the others scored NaN/inf: rloo and grpo group by index, `steps.group_index`)
+    trains on them and is no hole. Example: k = 2, dropped [T, T, F, T] -> [T, F]."""
+    return dropped.reshape(-1, k).all(1)
+
+
 def merge_groups(batch: RolloutBatch, dropped: torch.Tensor, extra: RolloutBatch, extra_dropped: torch.Tensor,
                  k: int, pad_token_id: int) -> tuple[RolloutBatch, torch.Tensor, int]:
-    """One refill: the dropped groups of `batch` (`dropped` (B,) bool, whole groups of `k` rows) take, in order, the
-    groups of `extra` (B', ...) with signal (`extra_dropped` False), as many as both have.
+    """One refill: the wholly dropped groups of `batch` (`dropped` (B,) bool, `whole_groups` of `k` rows) take, in
+    order, the groups of `extra` (B', ...) with signal (not wholly `extra_dropped`), as many as both have; a donor's
+    rows dropped alone (scored NaN/inf) stay dropped in their new place.
 
     The result has the wider prompts (left-padded) and responses (right-padded) of the two (`padded`). Returns it,
     the rows still dropped (B,) bool, and the number of groups refilled. Example, k = 1: dropped [T, F, T], extra
     dropped [T, F, F] -> rows 0 and 2 become extra's rows 1 and 2; nothing stays dropped; 2 refilled.
     """
-    holes = dropped.reshape(-1, k)[:, 0].nonzero().flatten()
-    donors = (~extra_dropped.reshape(-1, k)[:, 0]).nonzero().flatten()
+    holes = whole_groups(dropped, k).nonzero().flatten()
+    donors = (~whole_groups(extra_dropped, k)).nonzero().flatten()
     count = min(len(holes), len(donors))
     if count == 0:
         return batch, dropped, 0
@@ -91,7 +99,7 @@ def merge_groups(batch: RolloutBatch, dropped: torch.Tensor, extra: RolloutBatch
         merged[f.name] = getattr(batch, f.name).clone()
         merged[f.name][into] = getattr(extra, f.name)[take.to(merged[f.name].device)]
     left = dropped.clone()
-    left[into] = False
+    left[into] = extra_dropped[take.to(extra_dropped.device)].to(left.device)  # a donor's own unscored rows
     return RolloutBatch(**merged), left, count
 
 

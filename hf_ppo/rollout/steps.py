@@ -122,7 +122,8 @@ def reference_logprobs(policy: nn.Module, ref_model: nn.Module | None, queries, 
 
 @torch.no_grad()
 def compute_advantages(logprobs, ref_logprobs, values, response_mask, shaped_scores: torch.Tensor, s: EstimatorSettings,
-                       step_rewards: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                       step_rewards: torch.Tensor | None = None,
+                       index: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Step 8: the per-token KL (B, R) and {rewards, non_score_rewards, advantages, returns} (B, R) of a rollout,
     from `s.advantage_estimator` (see `algorithms/estimators.py`: where its KL penalty enters, what it normalises).
 
@@ -130,11 +131,13 @@ def compute_advantages(logprobs, ref_logprobs, values, response_mask, shaped_sco
     consecutive responses per prompt. `response_mask` is the policy's tokens (`RolloutBatch.policy_mask`).
     `step_rewards` (B, R): an environment's per-position rewards, on policy tokens; with gae they join the per-token
     rewards where they were given, a critic-free estimator (sequence-level) gets their sum added to the score.
+    `index` (B,): each row's group id (`group_index`), for the estimators that group by it (`Estimator.by_index`:
+    rloo, grpo; groups of any size); None: k consecutive rows.
     """
     kl = kl_estimate(logprobs, ref_logprobs, s.kl_estimator)
-    extra = {}
+    extra = {"index": index} if index is not None and ESTIMATORS[s.advantage_estimator].by_index else {}
     if step_rewards is not None and ESTIMATORS[s.advantage_estimator].needs_critic:
-        extra = {"step_rewards": step_rewards}
+        extra = {**extra, "step_rewards": step_rewards}
     elif step_rewards is not None:
         shaped_scores = shaped_scores + masked_sum(step_rewards, response_mask, dim=1)
     return kl, estimate(shaped_scores, kl, response_mask, values, s, **extra)
@@ -204,16 +207,36 @@ def combined_reward_stats(scores: torch.Tensor, gather: Callable | None = None) 
 
 
 def unscored_rows(scores: torch.Tensor, s: EstimatorSettings) -> torch.Tensor:
-    """The rows (B,) bool whose score is NaN/inf (a reward scored them so), and for an estimator that compares the
-    responses of one prompt (rloo, grpo, reinforce_pp with `num_generations` k > 1) every row of their group: a
-    group baseline with a NaN/inf in it is no baseline. The rollout leaves them out of the update (their masks
-    cleared), so the rest of it trains."""
+    """The rows (B,) bool whose score is NaN/inf (a reward or an environment scored them so), and for an estimator
+    that compares the responses of one prompt in k consecutive rows (reinforce_pp with `num_generations` k > 1)
+    every row of their group: a group baseline with a NaN/inf in it is no baseline. rloo and grpo group by index
+    (`group_index`): the row leaves its group alone, and the others keep training as a smaller group. The rollout
+    leaves them out of the update (their masks cleared), so the rest of it trains."""
     bad = ~torch.isfinite(scores)
     k = s.num_generations
     estimator = ESTIMATORS[s.advantage_estimator]
-    if k > 1 and (not estimator.needs_critic or estimator.compares_groups) and bad.any():
+    if k > 1 and (not estimator.needs_critic or estimator.compares_groups) and not estimator.by_index and bad.any():
         bad = bad.reshape(-1, k).any(1, keepdim=True).expand(-1, k).reshape(bad.shape)
     return bad
+
+
+def group_index(batch_size: int, k: int, alone: torch.Tensor | None = None) -> torch.Tensor:
+    """Each row's group id (B,) long, verl's uid: row i answers prompt i // k (`data.RolloutRepeatSampler`'s
+    layout), and each row of `alone` (B,) bool (rows that left the update) is a group of its own, so it enters no
+    other row's baseline. Example: B = 4, k = 2, alone [F, T, F, F] -> [0, 4, 1, 1]."""
+    index = torch.arange(batch_size) // k
+    if alone is None:
+        return index
+    return torch.where(alone.cpu(), torch.arange(batch_size) + batch_size, index).to(alone.device)
+
+
+def uniform_scored_groups(scores: torch.Tensor, unscored: torch.Tensor, k: int) -> torch.Tensor:
+    """DAPO's test for a group without signal, over the rows still in the update: True on every row of a group of
+    `k` whose scored rows (`unscored` (B,) False) all have one score, or that has none (a group of one has no
+    spread). Example: k = 3, scores [1, 0, 1, 2, 0, 2], unscored [F, T, F, F, F, F] -> [T, T, T, F, F, F]."""
+    low = torch.where(unscored, torch.full_like(scores, float("inf")), scores).reshape(-1, k).amin(1)
+    high = torch.where(unscored, torch.full_like(scores, float("-inf")), scores).reshape(-1, k).amax(1)
+    return (high <= low).repeat_interleave(k)
 
 
 def reward_stats(each_reward: dict, gather: Callable | None = None) -> dict[str, torch.Tensor]:
@@ -422,12 +445,14 @@ def environment_samples(parts: RolloutParts, policy: nn.Module, queries, query_m
                    out.policy_mask, out.step_rewards, every)
 
 
-def without_uniform_groups(batch: RolloutBatch, scores: torch.Tensor, k: int) -> tuple[RolloutBatch, torch.Tensor]:
+def without_uniform_groups(batch: RolloutBatch, scores: torch.Tensor, k: int,
+                           uniform: torch.Tensor | None = None) -> tuple[RolloutBatch, torch.Tensor]:
     """DAPO's dynamic sampling, the dropping half (the refill: `rollout_with_refill`): the rows of every group of `k`
     whose `scores` (B,) are all equal get an all-False response_mask and policy_mask, so they leave every loss term
-    and its normaliser (the minibatch's real tokens or responses); the batch keeps its size. Returns the batch and the
-    number of groups dropped (a float tensor)."""
-    kept = ~uniform_groups(scores, k).unsqueeze(1)
+    and its normaliser (the minibatch's real tokens or responses); the batch keeps its size. `uniform` (B,) bool:
+    those rows, when the caller has them (`uniform_scored_groups`: over the rows still in the update). Returns the
+    batch and the number of groups dropped (a float tensor)."""
+    kept = ~(uniform_groups(scores, k) if uniform is None else uniform).unsqueeze(1)
     return (replace(batch, response_mask=batch.response_mask & kept, policy_mask=batch.policy_mask & kept),
             (~kept).sum().float() / k)
 
@@ -537,7 +562,8 @@ def rollout(policy: nn.Module, queries, query_mask, prompts: list, parts: Rollou
         shaped = torch.where(torch.isfinite(shaped), shaped, torch.zeros_like(shaped))
         update_mask = policy_mask & ~unscored.unsqueeze(1)
     kl, rewards = compute_advantages(logprobs, ref_logprobs, values, update_mask, shaped, estimator,
-                                     step_rewards=samples.step_rewards)
+                                     step_rewards=samples.step_rewards,
+                                     index=group_index(len(scores), k, unscored if left_out else None))
     estimator_stats = rewards.pop("stats", {})  # an estimator's own metrics (auto: which advantages it used)
     values = values if has_critic else torch.zeros_like(logprobs)
     batch = RolloutBatch(queries, query_mask, responses, response_mask, logprobs, ref_logprobs, values, scores,
@@ -565,8 +591,8 @@ def rollout(policy: nn.Module, queries, query_mask, prompts: list, parts: Rollou
     uniform = uniform_rewards(samples.scores, samples.each_reward or {}, parts.gather)
     dropped = None
     if settings.drop_uniform_groups:
-        dropped = uniform_groups(shaped, k)
-        batch, stats["rollout/groups_dropped"] = without_uniform_groups(batch, shaped, k)
+        dropped = uniform_scored_groups(shaped, unscored, k) if left_out else uniform_groups(shaped, k)
+        batch, stats["rollout/groups_dropped"] = without_uniform_groups(batch, shaped, k, dropped)
         dropped = dropped | (unscored if left_out else torch.zeros_like(dropped))  # the refill fills them too
     return Rollout(batch, stats, samples.generate_seconds, scored - start - samples.generate_seconds, each, dropped,
                    int(policy_mask.sum().item()), policy_forward_seconds=forwarded - scored,

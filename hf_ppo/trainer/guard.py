@@ -1,7 +1,8 @@
 """Non-finite numbers never reach the weights.
 
 - A row a reward scored NaN/inf leaves the update, not the rollout (`rollout.steps.unscored_rows`: its masks are
-  cleared; with a group estimator, its prompt's whole group), with a one-time warning per reward naming the row;
+  cleared; with reinforce_pp's groups, its prompt's whole group; rloo and grpo group by index and keep the rest),
+  with a one-time warning per reward naming the row;
   the rows left out are counted (`nonfinite/unscored_rows`).
 - A rollout whose scores, log-probs, values, rewards, advantages or returns hold NaN/inf (every row unscored, or a
   model's numbers) is dropped and sampled again from the same prompts (Trainer's step count is untouched: every

@@ -177,14 +177,16 @@ def settings_of(trainer, overrides: dict):
     kl_value = overrides.pop("kl_ctl_value", trainer.kl_ctl.value)
     saved = {name: getattr(trainer.args, name) for name in overrides}
     saved_kl = trainer.kl_ctl.value
+    # object.__setattr__: a built trainer refuses most of these (they are settled at construction, see
+    # hf_ppo/trainer/after_build.py); this test asks only what compute_loss reads, so it goes around that refusal.
     try:
         for name, value in overrides.items():
-            setattr(trainer.args, name, value)
+            object.__setattr__(trainer.args, name, value)
         trainer.kl_ctl.value = kl_value
         yield
     finally:
         for name, value in saved.items():
-            setattr(trainer.args, name, value)
+            object.__setattr__(trainer.args, name, value)
         trainer.kl_ctl.value = saved_kl
 
 

@@ -309,8 +309,10 @@ def test_unscored_rows_are_the_nonfinite_ones_and_for_group_estimators_their_gro
 
     scores = torch.tensor([1.0, float("inf"), 0.0, 2.0, float("nan"), 3.0])
     assert unscored_rows(scores, EstimatorSettings(kl_coef=0.0)).tolist() == [False, True, False, False, True, False]
-    grpo = EstimatorSettings(kl_coef=0.0, num_generations=2, advantage_estimator="grpo")
-    assert unscored_rows(scores, grpo).tolist() == [True, True, False, False, True, True]
+    grpo = EstimatorSettings(kl_coef=0.0, num_generations=2, advantage_estimator="grpo")  # groups by index: the row
+    assert unscored_rows(scores, grpo).tolist() == [False, True, False, False, True, False]
+    reinforce_pp = EstimatorSettings(kl_coef=0.0, num_generations=2, advantage_estimator="reinforce_pp")
+    assert unscored_rows(scores, reinforce_pp).tolist() == [True, True, False, False, True, True]
     gae_k2 = EstimatorSettings(kl_coef=0.0, num_generations=2)  # gae reads no group: the row alone
     assert unscored_rows(scores, gae_k2).tolist() == [False, True, False, False, True, False]
 

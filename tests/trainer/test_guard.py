@@ -4,7 +4,7 @@ gradients.
 - A non-finite loss or gradient skips the optimizer step: the weights AND the optimizer state (Adam's moments and
   step count, which weight decay and momentum would otherwise move) are bitwise what they were before it.
 - A row with a non-finite score leaves the update, not the rollout: the rest trains (with a group estimator, the
-  row's group leaves with it), one warning per reward names the row, and `nonfinite/unscored_rows` counts them.
+  row's group leaves with it, except under rloo and grpo, which group by index), one warning per reward names the row, and `nonfinite/unscored_rows` counts them.
 - A rollout with no finite score is dropped and sampled again: every running statistic it touched (the reward
   normalisation's moments, each reward's own moments, the KL controller) is back to what it was before it.
 """
@@ -168,7 +168,8 @@ class InfOnRow:
 def test_one_inf_row_every_rollout_leaves_that_row_out_and_training_goes_on(paths, tmp_path, recwarn, estimator):
     """Twelve rollouts, each with one +inf row: none is dropped (twelve drops in a row would stop the run at
     max_consecutive_nonfinite=10), one warning names the function and the row, every update trains on the finite
-    rows (the weights move and stay finite), and the rows left out are counted (with grpo, the row's group of 2)."""
+    rows (the weights move and stay finite), and the rows left out are counted (with grpo too the row alone: it
+    groups by index, and the other row of its group trains as a group of one)."""
     reward = InfOnRow(row=1)
     args = config(tmp_path, per_device_train_batch_size=4, max_steps=12, response_length=4, learning_rate=1e-2,
                   **estimator)
@@ -178,7 +179,7 @@ def test_one_inf_row_every_rollout_leaves_that_row_out_and_training_goes_on(path
     trainer.train()
     assert trainer.iteration == 12 and reward.calls == 13  # the probe, then one call per rollout: none sampled again
     history = [h for h in trainer.state.log_history if "nonfinite/unscored_rows" in h]
-    per_rollout = 2 if estimator else 1
+    per_rollout = 1
     assert history[-1]["nonfinite/unscored_rows"] == 12 * per_rollout
     assert history[-1]["nonfinite/dropped_rollouts"] == 0
     named = [str(w.message) for w in recwarn if "returned inf for row 1 of the batch" in str(w.message)]
