@@ -280,9 +280,9 @@ SUBSET = [
     # subset:i58 (min_p against transformers' warper, its check)
     *select("tests/rollout/test_steps.py", "test_min_p_keeps_the_tokens_transformers_min_p_warper_keeps"),
     "tests/trainer/test_checkpoint.py::test_each_bad_config_value_is_refused[min_p-1.5]",
-    "tests/algorithms/test_loss_family.py",
+    "tests/algorithms/test_policy_losses.py",
     # subset:groups-by-index (issue 62): rloo and grpo grouped by the prompt's index in the rollout
-    "tests/rollout/test_groups_by_index.py",
+    "tests/algorithms/test_advantages.py",
 ]
 COPIED = ["hf_ppo", "tests", "pyproject.toml", "recipes"]  # recipes/ppo.py: tests/cli/test_train.py loads it
 
@@ -1279,8 +1279,8 @@ MUTATIONS = [
              [(E, "    return ev > threshold, ev", "    return ev >= threshold, ev")]),
     Mutation("i61_auto_nan_row_alone", "with auto, a NaN score leaves its row out but the rest of its group in: the "
              "group baseline is over k - 1 responses",
-             [(R, "    if k > 1 and (not estimator.needs_critic or estimator.compares_groups) and bad.any():",
-               "    if k > 1 and not estimator.needs_critic and bad.any():")]),
+             [(R, "(not estimator.needs_critic or estimator.compares_groups) and not estimator.by_index",
+               "not estimator.needs_critic and not estimator.by_index")]),
     Mutation("i61_auto_k1_accepted", "advantage_estimator='auto' with num_generations=1 is accepted: its group "
              "baseline compares one response with itself",
              [(CC, '    if config.advantage_estimator == "auto" and isinstance(config.num_generations, int) \\\n',
@@ -1436,8 +1436,8 @@ MUTATIONS = [
              [(R, "extra = {\"index\": index} if index is not None and ESTIMATORS[s.advantage_estimator].by_index "
                   "else {}", "extra = {}")]),
     Mutation("i62b_unscored_takes_whole_group", "under grpo a NaN/inf row still takes its whole group out",
-             [(R, "if k > 1 and not estimator.needs_critic and not estimator.by_index and bad.any():",
-               "if k > 1 and not estimator.needs_critic and bad.any():")]),
+             [(R, "estimator.compares_groups) and not estimator.by_index and bad.any():",
+               "estimator.compares_groups) and bad.any():")]),
     Mutation("i62b_refill_replaces_partial_groups", "the refill replaces a group that still has rows to train on",
              [(RF, "    return dropped.reshape(-1, k).all(1)", "    return dropped.reshape(-1, k).any(1)")]),
 ]

@@ -34,19 +34,18 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from .advantages import grpo_advantages_by_index, rloo_advantages_by_index
 from .ppo_math import (
     compute_gae,
     compute_rewards,
     explained_variance,
     group_centred,
     grpo_advantages,
-    grpo_advantages_by_index,
     length_adaptive_lam,
     masked_sum,
     masked_whiten,
     reinforce_pp_advantages,
     rloo_advantages,
-    rloo_advantages_by_index,
     sequence_to_token_advantages,
 )
 
@@ -99,7 +98,7 @@ def gae(scores, kl, mask, values, s: EstimatorSettings, step_rewards=None) -> di
 def rloo(scores, kl, mask, values, s: EstimatorSettings, index=None) -> dict[str, torch.Tensor]:
     """RLOO: R_i = score_i - kl_coef * sum_t KL_t; A_i = R_i - mean of the other k-1 responses' R; A_i on every real
     token, whitened over the batch's real tokens when `whiten_advantages` (TRL's `normalize_advantages`).
-    `index` (B,): each row's group id (`ppo_math.rloo_advantages_by_index`: groups of any size, a group of one
+    `index` (B,): each row's group id (`advantages.rloo_advantages_by_index`: groups of any size, a group of one
     passes its R through); None: k consecutive rows."""
     rewards, non_score_rewards = compute_rewards(scores, kl, mask, s.kl_coef)
     sequence_returns = masked_sum(rewards, mask, dim=1)
@@ -115,7 +114,7 @@ def grpo(scores, kl, mask, values, s: EstimatorSettings, index=None) -> dict[str
     """GRPO: A_i = (score_i - group mean) / (group std + eps), or without the division when `scale_rewards=False`
     (Dr. GRPO), on every real token. The KL penalty is a loss term (`kl_in_loss`), not part of the reward; the group
     normalisation is the whole normalisation (`whiten_advantages` does not apply). `index` (B,): each row's group id
-    (`ppo_math.grpo_advantages_by_index`: groups of any size, a group of one passes its score through); None: k
+    (`advantages.grpo_advantages_by_index`: groups of any size, a group of one passes its score through); None: k
     consecutive rows."""
     rewards, _ = compute_rewards(scores, torch.zeros_like(kl), mask, 0.0)
     non_score_rewards = torch.where(mask, -s.kl_coef * kl, torch.zeros_like(kl))
