@@ -58,7 +58,6 @@ GRPO_NAMES: dict[str, str] = {
                                            "capped there; unset: off)",
     "vllm_importance_sampling_clip_max": "hf_ppo calls it vllm_importance_sampling_cap",
     "vllm_importance_sampling_clip_min": "hf_ppo calls it vllm_importance_sampling_min",
-    "min_p": "not implemented in hf_ppo (top_k and top_p are)",
     "repetition_penalty": "not implemented in hf_ppo: it would make the sampling distribution differ from the "
                           "policy's log-probs that PPO's ratio uses",
     "generation_kwargs": "hf_ppo takes the sampling settings as keys of their own (temperature, top_k, top_p, "
