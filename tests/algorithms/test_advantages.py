@@ -14,7 +14,7 @@ from hf_ppo.rollout.refill import merge_groups, whole_groups
 from hf_ppo.rollout.steps import (RolloutParts, RolloutSettings, compute_advantages, group_index, rollout,
                                   uniform_scored_groups, unscored_rows)
 from tests.algorithms.test_estimators import rollout_batch
-from tests.rollout.test_steps import PROMPTS, R, length_and_e, lora_policy, prompt_batch, script  # noqa: F401
+from tests.rollout.test_steps import PROMPTS, R, length_and_e, lora_policy, one_inf, prompt_batch, script  # noqa: F401
 from tests.scripted_engine import ScriptedEngine
 
 EPS = 1e-4
@@ -103,11 +103,6 @@ def test_a_refill_fills_only_groups_with_no_row_left():
 def test_a_row_scored_inf_leaves_its_group_alone_and_its_neighbour_trains_as_a_group_of_one(lora_policy, tokenizer):
     """grpo, k = 2: row 2 is scored inf; row 3, the other response to its prompt, keeps its masks and gets its own
     score through (a group of one), and the first group is unchanged."""
-    def one_inf(prompts, completions):
-        scores = length_and_e(prompts, completions)
-        scores[2] = float("inf")
-        return scores
-
     queries, query_mask = prompt_batch(tokenizer)
     parts = RolloutParts(ScriptedEngine(script(tokenizer)), one_inf, tokenizer, [tokenizer.eos_token_id])
     settings = RolloutSettings(SamplingSettings(response_length=R, temperature=0.7, forward_batch_size=3),

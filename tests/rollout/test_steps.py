@@ -317,12 +317,14 @@ def test_unscored_rows_are_the_nonfinite_ones_and_for_group_estimators_their_gro
     assert unscored_rows(scores, gae_k2).tolist() == [False, True, False, False, True, False]
 
 
-def test_a_row_scored_inf_leaves_the_update_and_the_rest_stays_finite(lora_policy, tokenizer):
-    def one_inf(prompts, completions):
-        scores = length_and_e(prompts, completions)
-        scores[2] = float("inf")
-        return scores
+def one_inf(prompts, completions):
+    """A reward that scores row 2 inf and the others as `length_and_e` does."""
+    scores = length_and_e(prompts, completions)
+    scores[2] = float("inf")
+    return scores
 
+
+def test_a_row_scored_inf_leaves_the_update_and_the_rest_stays_finite(lora_policy, tokenizer):
     queries, query_mask = prompt_batch(tokenizer)
     parts = RolloutParts(ScriptedEngine(script(tokenizer)), one_inf, tokenizer, [tokenizer.eos_token_id])
     settings = RolloutSettings(SamplingSettings(response_length=R, temperature=0.7, forward_batch_size=3),
@@ -475,11 +477,6 @@ def test_uniform_rewards_names_each_reward_and_the_score_that_gave_every_sample_
 def test_the_estimators_output_is_the_same_with_an_unscored_row_as_without_it(lora_policy, tokenizer):
     """Whitened GAE advantages of the scored rows: a rollout where row 2 is scored inf gives them exactly what a
     rollout of the other three rows alone gives (the unscored row enters no mean, variance or return)."""
-    def one_inf(prompts, completions):
-        scores = length_and_e(prompts, completions)
-        scores[2] = float("inf")
-        return scores
-
     queries, query_mask = prompt_batch(tokenizer)
     settings = RolloutSettings(SamplingSettings(response_length=R, temperature=0.7, forward_batch_size=3),
                                EstimatorSettings(kl_coef=0.05, gamma=1.0, lam=0.95, whiten_advantages=True,
